@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/tenure-dev/tenure/internal/devbroker"
+)
+
+func init() {
+	register(command{name: "broker", summary: "run a local development broker (kfake; not for production)", run: runBroker})
+}
+
+func runBroker(ctx context.Context, e *env, args []string) error {
+	f := newFlagSet(e, "broker", "[--listen 127.0.0.1:9092] [--data-dir DIR] [--partitions N]")
+	listen := f.String("listen", "127.0.0.1:9092", "address to listen on")
+	dataDir := f.String("data-dir", "", "persist the broker's data here and reload it on start (default: in memory)")
+	partitions := f.Int("partitions", 3, "partition count of topics created by --topic or by producing to a new topic")
+	topics := f.String("topic", "", "topics to create at start, comma separated")
+	session := f.Duration("consumer-session-timeout", 45*time.Second, "KIP-848 group session timeout (group.consumer.session.timeout.ms)")
+	heartbeat := f.Duration("consumer-heartbeat-interval", 5*time.Second, "KIP-848 heartbeat interval (group.consumer.heartbeat.interval.ms)")
+	if err := f.parse(args, 0); err != nil {
+		return err
+	}
+	if *partitions < 1 {
+		return usagef("--partitions must be at least 1")
+	}
+	c, err := devbroker.Start(devbroker.Config{
+		Listen: *listen, DataDir: *dataDir, Partitions: *partitions, Topics: splitList(*topics),
+		ConsumerSessionTimeout: *session, ConsumerHeartbeat: *heartbeat,
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Fprintf(e.stdout, "development broker (kfake) listening on %s; not for production. Ctrl-C stops it.\n", strings.Join(c.ListenAddrs(), ","))
+	<-ctx.Done()
+	return nil
+}

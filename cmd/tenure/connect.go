@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// openDB opens a pool and proves the database answers, turning the usual
+// failures into one sentence.
+func openDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("the database URL is not valid: %s", pgxCause(err))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("the database URL is not valid: %s", pgxCause(err))
+	}
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot reach the database at %s:%d: %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, pgxCause(err))
+	}
+	return pool, nil
+}
+
+// pgxCause strips pgx's long connection preamble down to the reason.
+func pgxCause(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Message
+	}
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 && strings.HasPrefix(s, "failed to connect") {
+		s = s[i+2:]
+	}
+	return s
+}
+
+// kafkaClient makes a plain client for admin calls.
+func kafkaClient(brokers []string, opts ...kgo.Opt) (*kgo.Client, error) {
+	for _, b := range brokers {
+		if !strings.Contains(b, ":") {
+			return nil, usagef("broker %q is not host:port", b)
+		}
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID("tenure-cli")}, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	return cl, nil
+}
+
+// checkTopics returns the partition count of each topic, or one sentence:
+// unreachable brokers, or a missing topic and the command that creates it.
+func checkTopics(ctx context.Context, cl *kgo.Client, brokers, topics []string) (map[string]int32, error) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	td, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the Kafka brokers %s: %v", strings.Join(brokers, ","), err)
+	}
+	out := map[string]int32{}
+	for _, t := range topics {
+		d, ok := td[t]
+		if !ok || d.Err != nil {
+			return nil, fmt.Errorf("topic %q does not exist: create it with `tenure admin topic create --brokers %s --topic %s --partitions N`",
+				t, strings.Join(brokers, ","), t)
+		}
+		out[t] = int32(len(d.Partitions))
+	}
+	return out, nil
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+func init() {
+	register(command{name: "migrate", summary: "apply (up), revert one (down) or list (status) schema migrations", run: runMigrate})
+}
+
+func runMigrate(ctx context.Context, e *env, args []string) error {
+	f := newFlagSet(e, "migrate", "--database-url URL [--schema S] [up|down|status]")
+	dbURL := f.String("database-url", "", "PostgreSQL URL")
+	schema := f.String("schema", sink.DefaultSchema, "Postgres schema of tenure's tables")
+	if err := f.parse(args, 1); err != nil {
+		return err
+	}
+	action := "up"
+	if f.NArg() == 1 {
+		action = f.Arg(0)
+	}
+	if action != "up" && action != "down" && action != "status" {
+		return usagef("unknown action %q: use up, down or status", action)
+	}
+	if err := required("database-url", *dbURL); err != nil {
+		return err
+	}
+	if err := sink.ValidateSchema(*schema); err != nil {
+		return usageError{err.Error()}
+	}
+	pool, err := openDB(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	switch action {
+	case "up":
+		applied, err := sink.Migrate(ctx, pool, *schema)
+		if err != nil {
+			return err
+		}
+		if len(applied) == 0 {
+			fmt.Fprintf(e.stdout, "schema %s is up to date\n", *schema)
+		}
+		for _, v := range applied {
+			fmt.Fprintf(e.stdout, "applied migration %03d to schema %s\n", v, *schema)
+		}
+	case "down":
+		v, err := sink.MigrateDown(ctx, pool, *schema)
+		if err != nil {
+			return err
+		}
+		if v == 0 {
+			fmt.Fprintf(e.stdout, "schema %s has no migrations to revert\n", *schema)
+		} else {
+			fmt.Fprintf(e.stdout, "reverted migration %03d of schema %s\n", v, *schema)
+		}
+	case "status":
+		st, err := sink.MigrationStatus(ctx, pool, *schema)
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED")
+		for _, m := range st {
+			at := "pending"
+			if m.Applied {
+				at = m.AppliedAt.UTC().Format("2006-01-02 15:04:05Z")
+			}
+			fmt.Fprintf(tw, "%03d\t%s\t%s\n", m.Version, m.Name, at)
+		}
+		return tw.Flush()
+	}
+	return nil
+}

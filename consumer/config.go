@@ -1,0 +1,196 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// Protocol selects the consumer group protocol.
+type Protocol string
+
+const (
+	// Classic is the client-driven protocol with the cooperative-sticky
+	// balancer. The token is the group generation.
+	Classic Protocol = "classic"
+	// NextGen is KIP-848's broker-driven protocol (Kafka 4.0+). The token is
+	// the member epoch at which the partition was assigned.
+	NextGen Protocol = "consumer"
+)
+
+// Config configures a Consumer. Zero values mean the documented defaults.
+type Config struct {
+	// Brokers are the seed brokers, host:port. Required.
+	Brokers []string
+	// Group is the consumer group. Required. Every replica of a worker uses
+	// the same group; the group's assignment decides who owns each partition.
+	Group string
+	// Topics to consume. Required.
+	Topics []string
+	// Store is the fencing state in Postgres. Required; its pool also runs the
+	// handler's transactions.
+	Store *sink.Store
+	// Handler processes batches. Required.
+	Handler Handler
+
+	// Protocol is Classic (default) or NextGen.
+	Protocol Protocol
+	// SessionTimeout is the classic protocol's session timeout (default
+	// 45s, kgo's). Under NextGen the broker sets it
+	// (group.consumer.session.timeout.ms) and this is ignored.
+	SessionTimeout time.Duration
+	// RebalanceTimeout is the classic protocol's rebalance timeout (default
+	// 60s). Revoked partitions get at most half of it to finish their
+	// in-flight batch.
+	RebalanceTimeout time.Duration
+
+	// BatchMax is the most records handed to one Handle call (default 500).
+	BatchMax int
+	// MaxAttempts is how many times a failing batch is tried before its lane
+	// stalls (default 5). A stalled partition is logged at error level and
+	// resumes on its next assignment or worker restart; nothing is skipped.
+	MaxAttempts int
+	// RetryBackoff is the first retry's delay (default 100ms); it doubles per
+	// attempt up to RetryBackoffMax (default 5s).
+	RetryBackoff, RetryBackoffMax time.Duration
+	// ClaimTimeout bounds the claims made when partitions are assigned
+	// (default 30s). Transient database errors are retried within it; past
+	// it the group session is abandoned and rejoined, so nothing is ever
+	// processed unclaimed.
+	ClaimTimeout time.Duration
+	// IdleInTxTimeout is set as Postgres's idle_in_transaction_session_timeout
+	// on every batch transaction (default 60s; negative disables). A worker
+	// paused in the middle of a transaction would otherwise hold its row
+	// locks, and the new owner would wait for a zombie.
+	IdleInTxTimeout time.Duration
+	// ShutdownTimeout bounds how long a graceful stop lets in-flight batches
+	// finish before abandoning them (default 30s).
+	ShutdownTimeout time.Duration
+	// MirrorOffsets, when true (the default is false), also commits the
+	// Postgres offsets to Kafka after they land, so that lag tools that
+	// read the group's committed offsets see progress. Kafka's copy is never
+	// read back except as the start of a partition that has no fencing row.
+	MirrorOffsets bool
+
+	// ClientID is kgo's client id (default "tenure").
+	ClientID string
+	// Logger receives structured logs (default: none).
+	Logger *zap.Logger
+	// KgoOpts are extra client options (TLS, SASL, ...). Group and consume
+	// options are tenure's to set; static membership (kgo.InstanceID) is
+	// refused, see ErrStaticMembership.
+	KgoOpts []kgo.Opt
+	// Hooks observe a batch's life; nil hooks are skipped.
+	Hooks Hooks
+}
+
+// Hooks are called on a partition's lane. They exist for instrumentation,
+// demos and tests (tenure's own tests pause a worker inside BeforeCommit).
+type Hooks struct {
+	// BeforeClaim runs when a newly assigned partition is about to be
+	// claimed with token t.
+	BeforeClaim func(ctx context.Context, p sink.Partition, t sink.Token)
+	// BeforeBatch runs when a batch is formed, before its transaction begins.
+	BeforeBatch func(ctx context.Context, b *Batch)
+	// BeforeCommit runs after Handle returned nil, inside the transaction,
+	// just before the fenced commit.
+	BeforeCommit func(ctx context.Context, b *Batch)
+	// AfterBatch runs once a batch's fate is known: err is nil when it
+	// committed, matches sink.ErrFenced when it was rejected.
+	AfterBatch func(b *Batch, err error)
+}
+
+// ErrStaticMembership is returned for a configuration with a group instance
+// id. With static membership a restarted member gets the same generation (or
+// member epoch) as the process it replaces, with no rebalance, so the epoch
+// cannot tell a zombie from its successor and cannot fence it.
+var ErrStaticMembership = errors.New("static group membership (group.instance.id) is not supported: a restarted member reuses its predecessor's epoch, so the epoch cannot fence the old process")
+
+func (c *Config) setDefaults() {
+	if c.Protocol == "" {
+		c.Protocol = Classic
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = 60 * time.Second
+	}
+	if c.BatchMax == 0 {
+		c.BatchMax = 500
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = 100 * time.Millisecond
+	}
+	if c.RetryBackoffMax == 0 {
+		c.RetryBackoffMax = 5 * time.Second
+	}
+	if c.ClaimTimeout == 0 {
+		c.ClaimTimeout = 30 * time.Second
+	}
+	if c.IdleInTxTimeout == 0 {
+		c.IdleInTxTimeout = 60 * time.Second
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.ClientID == "" {
+		c.ClientID = "tenure"
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []string
+	if len(c.Brokers) == 0 {
+		errs = append(errs, "at least one broker is required")
+	}
+	for _, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" || !strings.Contains(b, ":") {
+			errs = append(errs, fmt.Sprintf("broker %q is not host:port", b))
+		}
+	}
+	if strings.TrimSpace(c.Group) == "" {
+		errs = append(errs, "a consumer group is required")
+	}
+	if len(c.Topics) == 0 {
+		errs = append(errs, "at least one topic is required")
+	}
+	for _, t := range c.Topics {
+		if strings.TrimSpace(t) == "" {
+			errs = append(errs, "topic names must not be empty")
+		}
+	}
+	if c.Store == nil {
+		errs = append(errs, "a sink.Store is required")
+	}
+	if c.Handler == nil {
+		errs = append(errs, "a Handler is required")
+	}
+	if c.Protocol != Classic && c.Protocol != NextGen {
+		errs = append(errs, fmt.Sprintf("protocol %q is not %q or %q", c.Protocol, Classic, NextGen))
+	}
+	if c.SessionTimeout < 0 || c.RebalanceTimeout < 0 || c.ClaimTimeout < 0 || c.ShutdownTimeout < 0 ||
+		c.RetryBackoff < 0 || c.RetryBackoffMax < 0 {
+		errs = append(errs, "timeouts and backoffs must not be negative")
+	}
+	if c.BatchMax < 0 {
+		errs = append(errs, "BatchMax must be positive")
+	}
+	if c.MaxAttempts < 0 {
+		errs = append(errs, "MaxAttempts must be positive")
+	}
+	if len(errs) > 0 {
+		return errors.New("consumer config: " + strings.Join(errs, "; "))
+	}
+	return nil
+}

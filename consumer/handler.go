@@ -1,0 +1,64 @@
+package consumer
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// Handler processes the jobs of one partition, one batch at a time.
+//
+// Handle writes its effects through tx and returns. The framework then
+// advances the partition's next offset in the same transaction, conditioned
+// on b.Token, and commits: the effects and the progress land together or not
+// at all. Handle must not commit or roll back tx itself.
+//
+// Handle must honour ctx: it is cancelled when the partition is lost or the
+// worker stops hard, and then nothing of the batch will be committed.
+//
+// Returning an error rolls the batch back; the framework retries it with
+// backoff. Handle may therefore run more than once for the same records, but
+// at most one run's effects in tx are ever committed. Effects outside tx (an
+// HTTP call, an e-mail) are not fenced: pass b.Token and JobID to
+// destinations that can check them.
+//
+// Handlers of different partitions run concurrently; one partition's batches
+// run one at a time, in offset order.
+type Handler interface {
+	Handle(ctx context.Context, tx pgx.Tx, b *Batch) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, b *Batch) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, b *Batch) error { return f(ctx, tx, b) }
+
+// Batch is a run of consecutive records of one partition.
+type Batch struct {
+	Group     string
+	Topic     string
+	Partition int32
+	// Token is the fencing token this worker claimed the partition with. Pass
+	// it to anything outside Postgres that can reject stale owners.
+	Token sink.Token
+	// Owner is this worker's group member id.
+	Owner string
+	// From is the partition's next offset before this batch; To is the next
+	// offset after it. To is the last record's offset + 1. The range may hold
+	// offsets with no record (compaction, transaction markers).
+	From, To int64
+	// Records are in offset order. Do not keep them after Handle returns.
+	Records []*kgo.Record
+}
+
+// JobID is a record's stable identity: "topic/partition/offset". It is the
+// same on every attempt and every worker, so a destination can deduplicate
+// on it.
+func JobID(r *kgo.Record) string {
+	return r.Topic + "/" + strconv.FormatInt(int64(r.Partition), 10) + "/" + strconv.FormatInt(r.Offset, 10)
+}

@@ -1,0 +1,228 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tenure-dev/tenure/internal/history"
+)
+
+// keys of the jobs: a handful, so that every key gets many export versions.
+var keys = []string{"acme", "globex", "initech", "umbrella", "hooli"}
+
+// The seeds' scenario, with real processes. Worker A takes a batch and is
+// frozen with SIGSTOP after it has the jobs and before it commits. Past the
+// session timeout the group gives the partition to B at a higher epoch; B
+// claims it, does A's jobs and newer ones. Then A is resumed and goes on to
+// commit its old batch: Postgres rejects it, and no key's export moves
+// backwards.
+func TestPausedWorkerIsFenced(t *testing.T) {
+	for _, proto := range []string{"classic", "consumer"} {
+		t.Run(proto, func(t *testing.T) {
+			t.Parallel()
+			testPausedWorkerIsFenced(t, proto)
+		})
+	}
+}
+
+func testPausedWorkerIsFenced(t *testing.T, proto string) {
+	e := newEnv(t, 1)
+	if proto == "consumer" && e.real {
+		t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
+	}
+	e.produce(jobsFor(keys, 0, 20)...)
+
+	a := e.startWorker("A", "--protocol", proto, "--hold-once", "before-batch")
+	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
+	// B joins while A is still alive: the group keeps the partition with A,
+	// so the hand-off below is caused by A's pause alone.
+	b := e.startWorker("B", "--protocol", proto)
+	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+	waitForMembers(t, e, 2)
+	a.pause()
+	t.Logf("A frozen holding jobs [%v,%v) with token %v", held["from"], held["to"], held["token"])
+
+	claimed := b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	if !tokenLess(t, fmt.Sprint(held["token"]), fmt.Sprint(claimed["token"])) {
+		t.Fatalf("B claimed with token %v, not above A's %v", claimed["token"], held["token"])
+	}
+	// B does A's jobs and the newer ones, while A is still frozen.
+	waitCommitted(t, e, 0, e.highWatermark(0), "B")
+	e.produce(jobsFor(keys, 20, 10)...)
+	waitCommitted(t, e, 0, e.highWatermark(0), "B")
+
+	a.resume()
+	// A either is rejected or (were the fence broken) commits its stale
+	// batch; either way the history below is checked.
+	a.waitLogAny(30*time.Second, rejected, batchCommitted)
+	if rej := a.findLog(rejected); rej == nil {
+		t.Errorf("A's late batch was not rejected")
+	} else if s := fmt.Sprint(rej["error"]); !strings.Contains(s, fmt.Sprint(held["token"])) || !strings.Contains(s, fmt.Sprint(claimed["token"])) {
+		t.Errorf("A's rejection should name its token %v and the winner %v: %s", held["token"], claimed["token"], s)
+	}
+	b.stop(30 * time.Second)
+	a.stop(30 * time.Second)
+
+	checkHistory(t, e, 0)
+}
+
+// G3: B has claimed the partition but has not written anything yet (it is
+// held before its first batch). A's late batch is rejected all the same.
+func TestClaimFencesBeforeFirstWrite(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(jobsFor(keys, 0, 20)...)
+
+	a := e.startWorker("A", "--hold-once", "before-batch")
+	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
+	b := e.startWorker("B", "--hold-once", "before-batch")
+	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+	waitForMembers(t, e, 2)
+	a.pause()
+
+	b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	b.waitLog(30*time.Second, map[string]any{"msg": "holding"})
+	if n := committedLogCount(t, e); n != 0 {
+		t.Fatalf("nothing should be committed yet, found %d commits", n)
+	}
+
+	a.resume()
+	a.waitLogAny(30*time.Second, rejected, batchCommitted)
+	if a.findLog(rejected) == nil {
+		t.Errorf("A's late batch was not rejected after B's claim")
+	} else {
+		t.Logf("A's batch [%v,%v) rejected after B's claim, before B wrote anything", held["from"], held["to"])
+	}
+	if n := committedLogCount(t, e); n != 0 {
+		t.Errorf("A's batch must not have committed: found %d commits", n)
+	}
+
+	b.resume() // releases B's hold
+	waitCommitted(t, e, 0, e.highWatermark(0), "")
+	b.stop(30 * time.Second)
+	a.stop(30 * time.Second)
+	checkHistory(t, e, 0)
+}
+
+// What the fence does not promise, shown: A's batch arrives after the group
+// gave the partition to B but before B claimed it. It is accepted, and B
+// resumes after it: nothing is lost or done twice (G1).
+func TestCommitBeforeClaimIsAcceptedAndContinued(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(jobsFor(keys, 0, 20)...)
+
+	a := e.startWorker("A", "--hold-once", "before-batch")
+	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
+	b := e.startWorker("B", "--hold-once", "before-claim")
+	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+	waitForMembers(t, e, 2)
+	a.pause()
+
+	// The coordinator has given B the partition; B has not claimed it.
+	b.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
+	a.resume()
+	to := int64(held["to"].(float64))
+	waitFor(t, 30*time.Second, "A's late batch to commit", func() bool {
+		f := fenceRow(t, e, 0)
+		return f.next >= to
+	})
+	b.resume()
+	waitCommitted(t, e, 0, e.highWatermark(0), "")
+	b.stop(30 * time.Second)
+	a.stop(30 * time.Second)
+	h := checkHistory(t, e, 0)
+	// The history shows A's commit and, after it, a claim that starts at
+	// A's end: B continued after A.
+	var sawA bool
+	for _, en := range h.Log {
+		if en.Kind == "commit" && en.From == int64(held["from"].(float64)) && en.To == to {
+			sawA = true
+		}
+	}
+	if !sawA {
+		t.Errorf("A's batch [%v,%d) is not in the fence log: %+v", held["from"], to, h.Log)
+	}
+}
+
+// The log lines a worker writes when a batch is rejected or committed.
+var (
+	rejected       = map[string]any{"msg": "batch rejected: fenced; dropping this partition's buffered records until it is assigned again", "fenced": true}
+	batchCommitted = map[string]any{"msg": "batch committed"}
+)
+
+// checkHistory loads what Postgres recorded and verifies G1-G3 and that no
+// export went backwards; every produced job up to the high watermark must be
+// committed exactly once.
+func checkHistory(t *testing.T, e *env, partition int32) *history.History {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := history.Load(ctx, e.pool, e.schema, e.group, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hwm := e.highWatermark(partition)
+	offs := make([]int64, hwm)
+	for i := range offs {
+		offs[i] = int64(i)
+	}
+	produced := map[history.TopicPartition][]int64{{Topic: e.topic, Partition: partition}: offs}
+	for _, v := range h.Check(produced) {
+		t.Errorf("violation: %s", v)
+	}
+	if got := len(h.Writes); got != int(hwm) {
+		t.Errorf("%d jobs produced, %d export writes committed", hwm, got)
+	}
+	return h
+}
+
+type fence struct {
+	next  int64
+	owner string
+}
+
+func fenceRow(t *testing.T, e *env, partition int32) fence {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var f fence
+	err := e.pool.QueryRow(ctx, `SELECT next_offset, owner FROM "`+e.schema+`".fences WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
+		e.group, e.topic, partition).Scan(&f.next, &f.owner)
+	if err != nil {
+		return fence{next: -1}
+	}
+	return f
+}
+
+func committedLogCount(t *testing.T, e *env) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+e.schema+`".fence_log WHERE kind = 'commit' AND consumer_group = $1`, e.group).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitCommitted waits until the partition's stored next offset reaches off.
+func waitCommitted(t *testing.T, e *env, partition int32, off int64, _ string) {
+	t.Helper()
+	waitFor(t, 60*time.Second, fmt.Sprintf("next offset of partition %d to reach %d", partition, off), func() bool {
+		return fenceRow(t, e, partition).next >= off
+	})
+}
+
+func tokenLess(t *testing.T, a, b string) bool {
+	t.Helper()
+	var ai, ae, bi, be int64
+	if _, err := fmt.Sscanf(a, "%d.%d", &ai, &ae); err != nil {
+		t.Fatalf("token %q: %v", a, err)
+	}
+	if _, err := fmt.Sscanf(b, "%d.%d", &bi, &be); err != nil {
+		t.Fatalf("token %q: %v", b, err)
+	}
+	return ai < bi || (ai == bi && ae < be)
+}

@@ -1,0 +1,246 @@
+// Package history checks tenure's guarantee over what Postgres recorded:
+// the fence log (every accepted claim and commit), the export versions and
+// the ledger. Tests and the chaos run load a history and call Check; the
+// checks are pure functions so that they can be fed broken histories too.
+package history
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// Entry is one accepted claim or commit, in the order Postgres applied them
+// to the partition's fencing row (the row lock serialises them, so the log's
+// id order is that order).
+type Entry struct {
+	ID        int64
+	Kind      string // "claim" or "commit"
+	Partition sink.Partition
+	Token     sink.Token
+	Owner     string
+	From, To  int64
+}
+
+// Write is one job's visible effect: an export version or a ledger row.
+type Write struct {
+	Key       string
+	Version   int64 // export version of Key (0 for ledger rows)
+	Topic     string
+	Partition int32
+	Offset    int64
+	Token     sink.Token
+}
+
+// Violation is one broken promise.
+type Violation struct {
+	Rule   string // G1, G2, G3, export-regressed, duplicate, missing
+	Detail string
+}
+
+func (v Violation) String() string { return v.Rule + ": " + v.Detail }
+
+// History is everything recorded for one schema.
+type History struct {
+	Log    []Entry
+	Fences []sink.Fence
+	Writes []Write // export versions, or ledger rows
+}
+
+// CheckLog verifies, per partition: commits cover consecutive offset ranges
+// with no gap and no overlap, ending at the fencing row's next offset (G1);
+// no commit carries a token lower than an earlier commit's (G2) or an
+// earlier claim's (G3).
+func CheckLog(log []Entry, fences []sink.Fence) []Violation {
+	var out []Violation
+	byPart := map[sink.Partition][]Entry{}
+	for _, e := range log {
+		byPart[e.Partition] = append(byPart[e.Partition], e)
+	}
+	final := map[sink.Partition]int64{}
+	for _, f := range fences {
+		final[f.Partition] = f.NextOffset
+	}
+	for p, es := range byPart {
+		sort.Slice(es, func(i, j int) bool { return es[i].ID < es[j].ID })
+		var (
+			maxCommit, maxClaim sink.Token
+			seenCommit          bool
+			next                int64 = -1
+		)
+		for _, e := range es {
+			switch e.Kind {
+			case "claim":
+				if next < 0 {
+					next = e.From
+				}
+				if e.Token.Less(maxClaim) || e.Token.Less(maxCommit) {
+					out = append(out, Violation{"G2", fmt.Sprintf("%s: claim #%d with token %s after token %s", p, e.ID, e.Token, maxToken(maxClaim, maxCommit))})
+				}
+				if maxClaim.Less(e.Token) {
+					maxClaim = e.Token
+				}
+			case "commit":
+				if seenCommit && e.Token.Less(maxCommit) {
+					out = append(out, Violation{"G2", fmt.Sprintf("%s: commit #%d [%d,%d) with token %s after a commit with token %s", p, e.ID, e.From, e.To, e.Token, maxCommit)})
+				}
+				if e.Token.Less(maxClaim) {
+					out = append(out, Violation{"G3", fmt.Sprintf("%s: commit #%d [%d,%d) with token %s after a claim with token %s", p, e.ID, e.From, e.To, e.Token, maxClaim)})
+				}
+				if next >= 0 && e.From != next {
+					kind := "gap"
+					if e.From < next {
+						kind = "overlap"
+					}
+					out = append(out, Violation{"G1", fmt.Sprintf("%s: commit #%d [%d,%d) leaves a %s after %d", p, e.ID, e.From, e.To, kind, next)})
+				}
+				if e.To <= e.From {
+					out = append(out, Violation{"G1", fmt.Sprintf("%s: commit #%d [%d,%d) does not advance", p, e.ID, e.From, e.To)})
+				}
+				next = e.To
+				seenCommit = true
+				if maxCommit.Less(e.Token) {
+					maxCommit = e.Token
+				}
+			}
+		}
+		if f, ok := final[p]; ok && next >= 0 && f != next {
+			out = append(out, Violation{"G1", fmt.Sprintf("%s: the log ends at %d but the fencing row says %d", p, next, f)})
+		}
+	}
+	sortViolations(out)
+	return out
+}
+
+func maxToken(a, b sink.Token) sink.Token {
+	if a.Less(b) {
+		return b
+	}
+	return a
+}
+
+// CheckWrites verifies that every job below its partition's next offset
+// that exists in produced has exactly one write, that no write exists at or
+// beyond the next offset, and that per key the export versions' offsets only
+// go forward. produced maps topic/partition to the offsets that hold jobs;
+// nil skips the "missing" check.
+func CheckWrites(writes []Write, fences []sink.Fence, produced map[TopicPartition][]int64) []Violation {
+	var out []Violation
+	next := map[TopicPartition]int64{}
+	for _, f := range fences {
+		next[TopicPartition{f.Topic, f.Partition.Partition}] = f.NextOffset
+	}
+	count := map[TopicPartition]map[int64]int{}
+	byKey := map[string][]Write{}
+	for _, w := range writes {
+		tp := TopicPartition{w.Topic, w.Partition}
+		if count[tp] == nil {
+			count[tp] = map[int64]int{}
+		}
+		count[tp][w.Offset]++
+		if n, ok := next[tp]; ok && w.Offset >= n {
+			out = append(out, Violation{"G1", fmt.Sprintf("%s/%d: job at offset %d has a committed effect but the next offset is %d", w.Topic, w.Partition, w.Offset, n)})
+		}
+		if w.Version > 0 {
+			byKey[w.Key] = append(byKey[w.Key], w)
+		}
+	}
+	for tp, offs := range count {
+		for off, n := range offs {
+			if n > 1 {
+				out = append(out, Violation{"duplicate", fmt.Sprintf("%s/%d: job at offset %d has %d committed effects", tp.Topic, tp.Partition, off, n)})
+			}
+		}
+	}
+	for tp, offs := range produced {
+		n := next[tp]
+		for _, off := range offs {
+			if off < n && count[tp][off] == 0 {
+				out = append(out, Violation{"missing", fmt.Sprintf("%s/%d: job at offset %d is below the next offset %d but has no effect", tp.Topic, tp.Partition, off, n)})
+			}
+		}
+	}
+	for key, ws := range byKey {
+		sort.Slice(ws, func(i, j int) bool { return ws[i].Version < ws[j].Version })
+		for i := 1; i < len(ws); i++ {
+			a, b := ws[i-1], ws[i]
+			if b.Partition == a.Partition && b.Topic == a.Topic && b.Offset <= a.Offset {
+				out = append(out, Violation{"export-regressed", fmt.Sprintf("key %q: version %d (offset %d, token %s) follows version %d (offset %d, token %s)",
+					key, b.Version, b.Offset, b.Token, a.Version, a.Offset, a.Token)})
+			}
+		}
+	}
+	sortViolations(out)
+	return out
+}
+
+// TopicPartition names a partition of a topic.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+func sortViolations(v []Violation) {
+	sort.Slice(v, func(i, j int) bool {
+		if v[i].Rule != v[j].Rule {
+			return v[i].Rule < v[j].Rule
+		}
+		return v[i].Detail < v[j].Detail
+	})
+}
+
+// Load reads schema's history for group: the fence log, the fencing rows and
+// the export versions (ledger rows instead when ledger is true).
+func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger bool) (*History, error) {
+	if err := sink.ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	q := pgx.Identifier{schema}.Sanitize()
+	h := &History{}
+	rows, err := pool.Query(ctx, `SELECT id, kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset
+		FROM `+q+`.fence_log WHERE consumer_group = $1 ORDER BY id`, group)
+	if err != nil {
+		return nil, err
+	}
+	var e Entry
+	if _, err := pgx.ForEachRow(rows, []any{&e.ID, &e.Kind, &e.Partition.Group, &e.Partition.Topic, &e.Partition.Partition,
+		&e.Token.Incarnation, &e.Token.Epoch, &e.Owner, &e.From, &e.To}, func() error {
+		h.Log = append(h.Log, e)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	store, err := sink.NewStore(pool, schema)
+	if err != nil {
+		return nil, err
+	}
+	if h.Fences, err = store.List(ctx, group); err != nil {
+		return nil, err
+	}
+	sql := `SELECT job_key, version, topic, partition, job_offset, incarnation, epoch FROM ` + q + `.export_versions`
+	if ledger {
+		sql = `SELECT job_key, 0, topic, partition, job_offset, incarnation, epoch FROM ` + q + `.ledger`
+	}
+	rows, err = pool.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	var w Write
+	if _, err := pgx.ForEachRow(rows, []any{&w.Key, &w.Version, &w.Topic, &w.Partition, &w.Offset, &w.Token.Incarnation, &w.Token.Epoch}, func() error {
+		h.Writes = append(h.Writes, w)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// Check runs every check over h.
+func (h *History) Check(produced map[TopicPartition][]int64) []Violation {
+	return append(CheckLog(h.Log, h.Fences), CheckWrites(h.Writes, h.Fences, produced)...)
+}

@@ -1,0 +1,138 @@
+// Package jobs holds tenure's built-in handlers, the ones `tenure worker
+// --handler NAME` runs:
+//
+//   - export: the seeds' scenario. For each job's key it overwrites the key's
+//     current export document and appends a row to export_versions. The
+//     write is deliberately naive, a plain overwrite: the fence in the same
+//     transaction is what keeps a paused, superseded worker from moving a key's
+//     export backwards.
+//   - ledger: one row per job, with no unique constraint on the job's position,
+//     so a job committed twice would show as two rows. Use it to verify tenure.
+//   - noop: commits progress and nothing else (benchmarks, smoke tests).
+//
+// Their tables are created by sink's migrations, in the same schema as the
+// fencing state.
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// Names lists the built-in handlers.
+func Names() []string {
+	n := []string{"export", "ledger", "noop"}
+	sort.Strings(n)
+	return n
+}
+
+// New returns the built-in handler called name, writing to schema. worker is
+// recorded with every row it writes (a name for this replica).
+func New(name, schema, worker string) (consumer.Handler, error) {
+	if err := sink.ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	q := pgx.Identifier{schema}.Sanitize()
+	switch name {
+	case "export":
+		return &Export{schema: q, worker: worker}, nil
+	case "ledger":
+		return &Ledger{schema: schema, worker: worker}, nil
+	case "noop":
+		return consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Batch) error { return nil }), nil
+	}
+	return nil, fmt.Errorf("unknown handler %q: choose one of %s", name, strings.Join(Names(), ", "))
+}
+
+// ErrNoKey is returned for a job without a key: a job's key decides its
+// partition and so its owner, and the export is kept per key.
+var ErrNoKey = errors.New("job has no key")
+
+// Export keeps, per job key, the current export document and the job and
+// token that produced it.
+type Export struct {
+	schema string // quoted
+	worker string
+}
+
+// Handle writes one export per record, in one round trip.
+func (e *Export) Handle(ctx context.Context, tx pgx.Tx, b *consumer.Batch) error {
+	sql := `WITH up AS (
+	INSERT INTO ` + e.schema + `.exports AS e
+		(job_key, document, topic, partition, job_offset, incarnation, epoch, worker, version)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1)
+	ON CONFLICT (job_key) DO UPDATE SET
+		document = excluded.document, topic = excluded.topic, partition = excluded.partition,
+		job_offset = excluded.job_offset, incarnation = excluded.incarnation, epoch = excluded.epoch,
+		worker = excluded.worker, version = e.version + 1, updated_at = now()
+	RETURNING version
+)
+INSERT INTO ` + e.schema + `.export_versions
+	(job_key, version, topic, partition, job_offset, incarnation, epoch, worker)
+SELECT $1, version, $3, $4, $5, $6, $7, $8 FROM up`
+	var batch pgx.Batch
+	for _, r := range b.Records {
+		if len(r.Key) == 0 {
+			return fmt.Errorf("%s: %w", consumer.JobID(r), ErrNoKey)
+		}
+		if !utf8.Valid(r.Key) {
+			return fmt.Errorf("%s: job key is not valid UTF-8", consumer.JobID(r))
+		}
+		doc, err := json.Marshal(exportDocument{
+			Key: string(r.Key), Job: consumer.JobID(r), Token: b.Token.String(),
+			Worker: e.worker, Payload: payload(r.Value),
+		})
+		if err != nil {
+			return err
+		}
+		batch.Queue(sql, string(r.Key), doc, r.Topic, r.Partition, r.Offset,
+			b.Token.Incarnation, b.Token.Epoch, e.worker)
+	}
+	return tx.SendBatch(ctx, &batch).Close()
+}
+
+type exportDocument struct {
+	Key     string          `json:"key"`
+	Job     string          `json:"job"`
+	Token   string          `json:"token"`
+	Worker  string          `json:"worker"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+// payload keeps a JSON job value as JSON and wraps anything else as a string.
+func payload(v []byte) json.RawMessage {
+	if len(v) > 0 && json.Valid(v) {
+		return v
+	}
+	s, _ := json.Marshal(string(v)) // invalid UTF-8 becomes U+FFFD, never an error
+	return s
+}
+
+// Ledger appends one row per job.
+type Ledger struct {
+	schema string // unquoted; pgx.Identifier quotes it for COPY
+	worker string
+}
+
+// Handle copies the batch's rows in with COPY, in the batch's transaction.
+func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, b *consumer.Batch) error {
+	rows := make([][]any, len(b.Records))
+	for i, r := range b.Records {
+		rows[i] = []any{r.Topic, r.Partition, r.Offset, strings.ToValidUTF8(string(r.Key), "\uFFFD"),
+			b.Token.Incarnation, b.Token.Epoch, l.worker}
+	}
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{l.schema, "ledger"},
+		[]string{"topic", "partition", "job_offset", "job_key", "incarnation", "epoch", "worker"},
+		pgx.CopyFromRows(rows))
+	return err
+}

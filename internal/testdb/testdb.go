@@ -1,0 +1,94 @@
+// Package testdb gives tests a real Postgres: a pool on
+// TENURE_TEST_DATABASE_URL (default: the local server) and a fresh, migrated
+// schema per test, dropped when the test ends.
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// DefaultURL is used when TENURE_TEST_DATABASE_URL is not set.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// URL is the database tests run against.
+func URL() string {
+	if u := os.Getenv("TENURE_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// Pool opens a pool on URL, closed when the test ends. A database that is
+// not reachable fails the test: these tests exist to talk to a real one.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		t.Fatalf("TENURE_TEST_DATABASE_URL: %v", err)
+	}
+	// A statement that forgets its schema must fail, not find a table in
+	// public by luck.
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("connecting to test database: %v", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		t.Fatalf("test database %s is not reachable (run scripts/ensure-postgres.sh): %v", redact(URL()), err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// NewSchemaName returns a schema name no other test uses.
+func NewSchemaName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// Schema creates and migrates a fresh schema, dropped when the test ends
+// (kept if the test failed and TENURE_TEST_KEEP is set, for inspection).
+func Schema(t testing.TB, pool *pgxpool.Pool) string {
+	t.Helper()
+	name := NewSchemaName("tenure_test")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := sink.Migrate(ctx, pool, name); err != nil {
+		t.Fatalf("migrating schema %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() && os.Getenv("TENURE_TEST_KEEP") != "" {
+			t.Logf("keeping schema %s", name)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+name+`" CASCADE`); err != nil {
+			t.Logf("dropping schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+func redact(u string) string {
+	if i := strings.Index(u, "@"); i > 0 {
+		if j := strings.Index(u, "://"); j > 0 && j < i {
+			return u[:j+3] + "…" + u[i:]
+		}
+	}
+	return u
+}

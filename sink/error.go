@@ -1,0 +1,61 @@
+package sink
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrFenced is matched (errors.Is) by every error that means "this
+// claimant no longer owns the partition": its claim or commit was rejected
+// because another token or owner holds the fencing row. The transaction it
+// belonged to has been, or must be, rolled back. The right reaction is to drop
+// the partition's buffered records and stop processing it until the group
+// assigns it again.
+var ErrFenced = errors.New("fenced")
+
+// ErrOffsetMismatch is matched by a commit whose token and owner still hold
+// the row but whose starting offset is not the stored next offset. It means
+// the caller's view of its own progress is wrong (a bug, or a commit whose
+// outcome it did not learn); the partition must be claimed again to resume
+// from the stored offset. It also matches ErrFenced, because the reaction is
+// the same: drop buffered records and re-read from the stored offset.
+var ErrOffsetMismatch = errors.New("offset mismatch")
+
+// FencedError says which claim or commit was rejected and what won.
+type FencedError struct {
+	Op        string // "claim" or "commit"
+	Partition Partition
+	Presented Token
+	Owner     string
+	From      int64 // the next offset the caller believed in (commit only)
+
+	// What the fencing row held when the rejection was inspected. Found is
+	// false if the row does not exist (it was deleted by an operator).
+	Found        bool
+	Current      Token
+	CurrentOwner string
+	NextOffset   int64
+}
+
+func (e *FencedError) Error() string {
+	if !e.Found {
+		return fmt.Sprintf("%s of %s with token %s by %q rejected: no fencing row (deleted?)",
+			e.Op, e.Partition, e.Presented, e.Owner)
+	}
+	if e.mismatch() {
+		return fmt.Sprintf("%s of %s with token %s by %q rejected: it started at offset %d but the stored next offset is %d",
+			e.Op, e.Partition, e.Presented, e.Owner, e.From, e.NextOffset)
+	}
+	return fmt.Sprintf("%s of %s with token %s by %q rejected: token %s held by %q won (next offset %d)",
+		e.Op, e.Partition, e.Presented, e.Owner, e.Current, e.CurrentOwner, e.NextOffset)
+}
+
+func (e *FencedError) mismatch() bool {
+	return e.Op == "commit" && e.Found && e.Current == e.Presented && e.CurrentOwner == e.Owner
+}
+
+// Is makes errors.Is(err, ErrFenced) true, and ErrOffsetMismatch true when the
+// token still held but the offset did not.
+func (e *FencedError) Is(target error) bool {
+	return target == ErrFenced || (target == ErrOffsetMismatch && e.mismatch())
+}

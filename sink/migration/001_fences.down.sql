@@ -1,0 +1,2 @@
+DROP TABLE {{schema}}.fence_log;
+DROP TABLE {{schema}}.fences;

@@ -1,0 +1,283 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Store reads and writes the fencing state of one schema.
+type Store struct {
+	pool   *pgxpool.Pool
+	schema string
+
+	claimSQL, commitSQL, getSQL, listSQL string
+}
+
+// NewStore returns a Store for schema ("" means DefaultSchema). It does not
+// touch the database; see Migrate and CheckSchema.
+func NewStore(pool *pgxpool.Pool, schema string) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("sink: a pgx pool is required")
+	}
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	q := quote(schema)
+	return &Store{
+		pool:   pool,
+		schema: schema,
+		// The ON CONFLICT ... WHERE is the whole check: a claim takes the row
+		// only from a strictly lower token, or re-takes it at the same token
+		// by the same owner (a retried claim). partition_count is kept as it
+		// was first recorded, so that a change can be detected by comparing.
+		claimSQL: `WITH c AS (
+	INSERT INTO ` + q + `.fences AS f
+		(consumer_group, topic, partition, incarnation, epoch, owner, next_offset, partition_count)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+	ON CONFLICT (consumer_group, topic, partition) DO UPDATE
+		SET incarnation = excluded.incarnation, epoch = excluded.epoch,
+		    owner = excluded.owner, claimed_at = now()
+		WHERE (f.incarnation, f.epoch) < (excluded.incarnation, excluded.epoch)
+		   OR ((f.incarnation, f.epoch) = (excluded.incarnation, excluded.epoch) AND f.owner = excluded.owner)
+	RETURNING f.next_offset, f.partition_count
+), l AS (
+	INSERT INTO ` + q + `.fence_log
+		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset)
+	SELECT 'claim', $1, $2, $3, $4, $5, $6, c.next_offset, c.next_offset FROM c
+)
+SELECT next_offset, partition_count FROM c`,
+		// Token, owner and the offset this owner last saw must all still
+		// match: any other claim in between, or a commit this caller does not
+		// know about, leaves zero rows and the caller rolls back.
+		commitSQL: `WITH u AS (
+	UPDATE ` + q + `.fences
+	SET next_offset = $8, committed_at = now()
+	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
+	  AND incarnation = $4 AND epoch = $5 AND owner = $6 AND next_offset = $7
+	RETURNING 1
+), l AS (
+	INSERT INTO ` + q + `.fence_log
+		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset)
+	SELECT 'commit', $1, $2, $3, $4, $5, $6, $7, $8 FROM u
+)
+SELECT count(*) FROM u`,
+		getSQL: `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
+	partition_count, created_at, claimed_at, committed_at
+FROM ` + q + `.fences WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
+		listSQL: `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
+	partition_count, created_at, claimed_at, committed_at
+FROM ` + q + `.fences WHERE ($1 = '' OR consumer_group = $1)
+ORDER BY consumer_group, topic, partition`,
+	}, nil
+}
+
+// Schema is the schema the store works in.
+func (s *Store) Schema() string { return s.schema }
+
+// Pool is the pool the store was built with.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Fence is one row of fencing state.
+type Fence struct {
+	Partition
+	Token          Token
+	Owner          string
+	NextOffset     int64
+	PartitionCount int32
+	CreatedAt      time.Time
+	ClaimedAt      time.Time
+	CommittedAt    *time.Time
+}
+
+// ClaimRequest asks for ownership of a partition.
+type ClaimRequest struct {
+	Partition Partition
+	Token     Token
+	Owner     string
+	// StartOffset is the next offset recorded when the partition has no
+	// fencing row yet (the first claim ever). Later claims ignore it.
+	StartOffset int64
+	// PartitionCount is the topic's partition count as the claimant sees it;
+	// it is recorded on the first claim and returned by every claim.
+	PartitionCount int32
+}
+
+// Claimed is the result of an accepted claim.
+type Claimed struct {
+	NextOffset int64 // resume fetching here
+	// PartitionCount is the count recorded on the first claim. A value other
+	// than the request's means the topic's partitions changed since.
+	PartitionCount int32
+}
+
+// Claim takes ownership of a partition for req.Token and req.Owner and returns
+// the offset to resume from. A claim with a token lower than the stored one,
+// or equal to it but by another owner, is rejected with an error matching
+// ErrFenced. An accepted claim fences every earlier token at once, even before
+// the new owner commits anything.
+func (s *Store) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
+	if req.Owner == "" {
+		return Claimed{}, errors.New("sink: claim needs an owner")
+	}
+	if req.StartOffset < 0 {
+		return Claimed{}, fmt.Errorf("sink: claim start offset %d is negative", req.StartOffset)
+	}
+	if req.PartitionCount <= 0 {
+		return Claimed{}, fmt.Errorf("sink: claim partition count %d must be positive", req.PartitionCount)
+	}
+	p := req.Partition
+	var c Claimed
+	err := s.pool.QueryRow(ctx, s.claimSQL, p.Group, p.Topic, p.Partition,
+		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.StartOffset, req.PartitionCount).
+		Scan(&c.NextOffset, &c.PartitionCount)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Claimed{}, s.fenced(ctx, "claim", p, req.Token, req.Owner, -1)
+	}
+	if err != nil {
+		return Claimed{}, fmt.Errorf("claim of %s: %w", p, err)
+	}
+	return c, nil
+}
+
+// CommitRequest advances a partition's next offset.
+type CommitRequest struct {
+	Partition Partition
+	Token     Token
+	Owner     string
+	From      int64 // the next offset this owner last saw (its claim, or its last commit's To)
+	To        int64 // the new next offset: the batch's last offset + 1
+}
+
+// Commit advances the partition's next offset from req.From to req.To inside
+// tx, only if req.Token and req.Owner still hold the partition and the stored
+// next offset is req.From. Call it last in the handler's transaction, just
+// before tx.Commit, so that the fencing row is locked for as short a time as
+// possible. On rejection it returns an error matching ErrFenced and the caller
+// must roll tx back; nothing of the batch may be committed.
+func (s *Store) Commit(ctx context.Context, tx pgx.Tx, req CommitRequest) error {
+	if req.To <= req.From {
+		return fmt.Errorf("sink: commit of %s must advance: from %d to %d", req.Partition, req.From, req.To)
+	}
+	p := req.Partition
+	var n int64
+	if err := tx.QueryRow(ctx, s.commitSQL, p.Group, p.Topic, p.Partition,
+		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To).Scan(&n); err != nil {
+		return fmt.Errorf("commit of %s: %w", p, err)
+	}
+	if n == 1 {
+		return nil
+	}
+	// Report what won. The read runs outside tx: tx may have to be rolled
+	// back, and its snapshot could predate the winning claim.
+	return s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From)
+}
+
+// Outcome is what Resolve learned about a commit whose result was not seen.
+type Outcome int
+
+const (
+	// Committed: the fencing row shows this owner's commit took effect.
+	Committed Outcome = iota + 1
+	// NotCommitted: the row still shows this owner at the batch's start;
+	// the batch may be retried.
+	NotCommitted
+	// Fenced: another token or owner holds the row; Resolve's error says which.
+	Fenced
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Committed:
+		return "committed"
+	case NotCommitted:
+		return "not committed"
+	case Fenced:
+		return "fenced"
+	}
+	return "unknown"
+}
+
+// Resolve finds out from the fencing row whether a commit whose result was
+// lost (the connection broke during COMMIT) took effect. Only the holder of a
+// token can move the row's next offset, so the row alone answers: at req.To
+// with our token, it committed; at req.From with our token, it did not;
+// anything else, we are fenced.
+func (s *Store) Resolve(ctx context.Context, req CommitRequest) (Outcome, error) {
+	f, err := s.Get(ctx, req.Partition)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Fenced, &FencedError{Op: "commit", Partition: req.Partition, Presented: req.Token, Owner: req.Owner, From: req.From}
+	}
+	if err != nil {
+		return 0, err
+	}
+	if f.Token != req.Token || f.Owner != req.Owner {
+		return Fenced, fencedFrom("commit", req.Partition, req.Token, req.Owner, req.From, f)
+	}
+	switch f.NextOffset {
+	case req.To:
+		return Committed, nil
+	case req.From:
+		return NotCommitted, nil
+	}
+	return Fenced, fencedFrom("commit", req.Partition, req.Token, req.Owner, req.From, f)
+}
+
+// Get reads one fencing row; pgx.ErrNoRows if there is none.
+func (s *Store) Get(ctx context.Context, p Partition) (Fence, error) {
+	return scanFence(s.pool.QueryRow(ctx, s.getSQL, p.Group, p.Topic, p.Partition))
+}
+
+// List reads the fencing rows of group, or of every group when group is "".
+func (s *Store) List(ctx context.Context, group string) ([]Fence, error) {
+	rows, err := s.pool.Query(ctx, s.listSQL, group)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Fence
+	for rows.Next() {
+		f, err := scanFence(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	return out, rows.Err()
+}
+
+func scanFence(r pgx.Row) (Fence, error) {
+	var f Fence
+	err := r.Scan(&f.Group, &f.Topic, &f.Partition.Partition, &f.Token.Incarnation, &f.Token.Epoch,
+		&f.Owner, &f.NextOffset, &f.PartitionCount, &f.CreatedAt, &f.ClaimedAt, &f.CommittedAt)
+	return f, err
+}
+
+func (s *Store) fenced(ctx context.Context, op string, p Partition, t Token, owner string, from int64) error {
+	// Bounded: this read needs a second connection while the caller may hold
+	// one in a transaction, and a starved pool must not turn a rejection
+	// into a hang.
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	f, err := s.Get(rctx, p)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &FencedError{Op: op, Partition: p, Presented: t, Owner: owner, From: from}
+	}
+	if err != nil {
+		// The rejection stands; only the detail is missing.
+		return fmt.Errorf("%w (%s of %s with token %s by %q; reading the winner failed: %v)", ErrFenced, op, p, t, owner, err)
+	}
+	return fencedFrom(op, p, t, owner, from, f)
+}
+
+func fencedFrom(op string, p Partition, t Token, owner string, from int64, f Fence) *FencedError {
+	return &FencedError{Op: op, Partition: p, Presented: t, Owner: owner, From: from,
+		Found: true, Current: f.Token, CurrentOwner: f.Owner, NextOffset: f.NextOffset}
+}
