@@ -28,7 +28,8 @@ import (
 // from here makes kgo abandon the session and rejoin, so no partition is ever
 // fetched without a claim behind it.
 func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
-	member, epoch := c.cl.GroupMetadata()
+	cl := c.cl.Load() // set: kgo calls OnPartitionsAssigned first
+	member, epoch := cl.GroupMetadata()
 	if member == "" || epoch <= 0 {
 		return nil, fmt.Errorf("claiming partitions: not in the group yet (member %q, epoch %d)", member, epoch)
 	}
@@ -40,7 +41,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 	for t := range offsets {
 		topics = append(topics, t)
 	}
-	counts, err := c.partitionCountsOf(ctx, topics)
+	counts, err := c.partitionCountsOf(ctx, cl, topics)
 	if err != nil {
 		return nil, err
 	}
@@ -100,8 +101,8 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 	return offsets, nil
 }
 
-func (c *Consumer) partitionCountsOf(ctx context.Context, topics []string) (map[string]int32, error) {
-	adm := kadm.NewClient(c.cl)
+func (c *Consumer) partitionCountsOf(ctx context.Context, cl *kgo.Client, topics []string) (map[string]int32, error) {
+	adm := kadm.NewClient(cl)
 	var out map[string]int32
 	err := c.retry(ctx, "metadata", c.log, func() error {
 		td, err := adm.ListTopics(ctx, topics...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,7 +22,10 @@ type Consumer struct {
 	log   *zap.Logger
 	store *sink.Store
 
-	cl *kgo.Client
+	opts []kgo.Opt
+	// cl is set by Run, and by the first group callback: kgo starts joining
+	// inside NewClient, so a callback can run before NewClient returns.
+	cl atomic.Pointer[kgo.Client]
 
 	mu    sync.Mutex
 	lanes map[tp]*lane
@@ -92,23 +96,29 @@ func New(cfg Config) (*Consumer, error) {
 	} else {
 		opts = append(opts, kgo.Balancers(kgo.CooperativeStickyBalancer()))
 	}
-	opts = append(opts, cfg.KgoOpts...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka client: %w", err)
+	c.opts = append(opts, cfg.KgoOpts...)
+	if err := refuseStaticMembership(cfg.KgoOpts); err != nil {
+		return nil, err
 	}
-	if id := cl.OptValue(kgo.InstanceID); id != nil {
-		if s, ok := id.(*string); ok && s != nil {
-			cl.Close()
-			return nil, ErrStaticMembership
-		}
-	}
-	c.cl = cl
 	return c, nil
 }
 
-// Client is the underlying kgo client (for metrics and admin calls).
-func (c *Consumer) Client() *kgo.Client { return c.cl }
+// refuseStaticMembership inspects the user's options without joining
+// anything: a client without a group does not connect until used.
+func refuseStaticMembership(opts []kgo.Opt) error {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("kafka client options: %w", err)
+	}
+	defer cl.Close()
+	if id, _ := cl.OptValue(kgo.InstanceID).(string); id != "" {
+		return ErrStaticMembership
+	}
+	return nil
+}
+
+// Client is the underlying kgo client once Run has started (nil before).
+func (c *Consumer) Client() *kgo.Client { return c.cl.Load() }
 
 // Run consumes until ctx is cancelled or the client fails fatally, then stops
 // gracefully: in-flight batches get ShutdownTimeout to finish (their commits
@@ -121,16 +131,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 	default:
 		close(c.running)
 	}
-	defer c.shutdown()
+	cl, err := kgo.NewClient(c.opts...)
+	if err != nil {
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	c.cl.CompareAndSwap(nil, cl)
+	defer c.shutdown(cl)
 	for {
 		// PollRecords bounds a poll so that callbacks are never blocked by a
 		// huge hand-off.
-		fetches := c.cl.PollRecords(ctx, 10_000)
+		fetches := cl.PollRecords(ctx, 10_000)
 		if fetches.IsClientClosed() {
 			return errors.New("consumer: kafka client closed")
 		}
 		if ctx.Err() != nil {
-			c.cl.AllowRebalance()
+			cl.AllowRebalance()
 			return nil
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
@@ -153,13 +168,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			l.push(p.Records)
 		})
-		c.cl.AllowRebalance()
+		cl.AllowRebalance()
 	}
 }
 
 // shutdown stops every lane (soft, then hard after ShutdownTimeout), then
 // leaves the group and closes the client.
-func (c *Consumer) shutdown() {
+func (c *Consumer) shutdown(cl *kgo.Client) {
 	c.mu.Lock()
 	lanes := make([]*lane, 0, len(c.lanes))
 	for k, l := range c.lanes {
@@ -173,10 +188,10 @@ func (c *Consumer) shutdown() {
 	// LeaveGroupContext triggers the revoke callback (now a no-op: no lanes)
 	// and tells the coordinator to hand our partitions over at once rather
 	// than after a session timeout.
-	if err := c.cl.LeaveGroupContext(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	if err := cl.LeaveGroupContext(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		c.log.Warn("leaving group", zap.Error(err))
 	}
-	c.cl.Close()
+	cl.Close()
 	c.log.Info("worker stopped")
 }
 
@@ -184,9 +199,10 @@ func (c *Consumer) shutdown() {
 // (AdjustFetchOffsetsFn), which kgo calls next with the offsets it fetched:
 // that is the one place where the claimed offset can become the fetch
 // position before any record is fetched.
-func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	c.cl.CompareAndSwap(nil, cl)
 	if len(assigned) > 0 {
-		member, epoch := c.cl.GroupMetadata()
+		member, epoch := cl.GroupMetadata()
 		c.log.Info("partitions assigned", zap.Any("partitions", assigned), zap.String("member", member), zap.Int32("epoch", epoch))
 	}
 }

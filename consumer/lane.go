@@ -95,7 +95,7 @@ func (l *lane) push(recs []*kgo.Record) {
 	}
 	l.queue = append(l.queue, recs...)
 	if len(l.queue) >= l.highWater() && !l.paused {
-		l.c.cl.PauseFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+		l.c.cl.Load().PauseFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = true
 	}
 	select {
@@ -112,7 +112,7 @@ func (l *lane) end() {
 	l.ended = true
 	l.queue = nil
 	if !l.paused {
-		l.c.cl.PauseFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+		l.c.cl.Load().PauseFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = true
 	}
 }
@@ -125,7 +125,7 @@ func (l *lane) release() {
 	l.ended = true
 	l.queue = nil
 	if l.paused {
-		l.c.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+		l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = false
 	}
 }
@@ -155,7 +155,7 @@ func (l *lane) take() *Batch {
 				l.queue = nil // let the backing array go
 			}
 			if l.paused && !l.ended && len(l.queue) < l.highWater()/2 {
-				l.c.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+				l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 				l.paused = false
 			}
 			l.mu.Unlock()

@@ -152,6 +152,7 @@ func TestCommitBeforeClaimIsAcceptedAndContinued(t *testing.T) {
 var (
 	rejected       = map[string]any{"msg": "batch rejected: fenced; dropping this partition's buffered records until it is assigned again", "fenced": true}
 	batchCommitted = map[string]any{"msg": "batch committed"}
+	abandoned      = map[string]any{"msg": "batch abandoned: lane stopped"}
 )
 
 // checkHistory loads what Postgres recorded and verifies G1-G3 and that no
@@ -225,4 +226,43 @@ func tokenLess(t *testing.T, a, b string) bool {
 		t.Fatalf("token %q: %v", b, err)
 	}
 	return ai < bi || (ai == bi && ae < be)
+}
+
+// A worker frozen in the middle of its transaction holds row locks that the
+// new owner needs. Postgres ends the frozen session after the idle-in-
+// transaction timeout, B goes on, and when A wakes its commit finds the
+// connection gone: it learns from the fencing row that it was fenced, rather
+// than guessing.
+func TestPausedMidTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(jobsFor(keys, 0, 20)...)
+
+	a := e.startWorker("A", "--hold-once", "before-commit", "--idle-in-tx-timeout", "2s")
+	a.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "before-commit"})
+	b := e.startWorker("B", "--idle-in-tx-timeout", "2s")
+	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+	waitForMembers(t, e, 2)
+	a.pause()
+
+	b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	waitCommitted(t, e, 0, e.highWatermark(0), "B")
+
+	a.resume()
+	// Postgres has already ended A's session, so A's commit statement fails
+	// on a dead connection (nothing was sent to COMMIT: the outcome is
+	// certain) and the batch is retried or abandoned as A learns it lost
+	// the partition; a retry meets the fence.
+	a.waitLogAny(30*time.Second, rejected, batchCommitted, abandoned)
+	if a.findLog(batchCommitted) != nil {
+		t.Errorf("A's batch committed after it lost the partition")
+	}
+	b.stop(30 * time.Second)
+	a.stop(30 * time.Second)
+	h := checkHistory(t, e, 0)
+	for _, en := range h.Log {
+		if en.Kind == "commit" && strings.HasPrefix(en.Owner, "tenure-A-") {
+			t.Errorf("A committed %+v", en)
+		}
+	}
 }

@@ -169,6 +169,9 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, schema string) ([]
 	if err != nil {
 		return nil, err
 	}
+	if err := checkNotNewer(schema, applied, all); err != nil {
+		return nil, err
+	}
 	out := make([]MigrationState, len(all))
 	for i, m := range all {
 		at, ok := applied[m.Version]
@@ -238,12 +241,19 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, fn migrateF
 	if err != nil {
 		return nil, err
 	}
-	for v := range applied {
-		if v > len(all) {
-			return nil, fmt.Errorf("schema %q has migration version %d but this binary knows only up to %d: it was migrated by a newer tenure", schema, v, len(all))
-		}
+	if err := checkNotNewer(schema, applied, all); err != nil {
+		return nil, err
 	}
 	return fn(conn, applied, all)
+}
+
+func checkNotNewer(schema string, applied map[int]time.Time, all []Migration) error {
+	for v := range applied {
+		if v > len(all) {
+			return fmt.Errorf("schema %q has migration version %d but this binary knows only up to %d: it was migrated by a newer tenure", schema, v, len(all))
+		}
+	}
+	return nil
 }
 
 type querier interface {

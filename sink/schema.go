@@ -3,6 +3,7 @@ package sink
 import (
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -18,6 +19,9 @@ var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 func ValidateSchema(name string) error {
 	if !identRE.MatchString(name) {
 		return fmt.Errorf("schema name %q is not valid: use 1-63 lower-case letters, digits and underscores, not starting with a digit", name)
+	}
+	if strings.HasPrefix(name, "pg_") || name == "information_schema" {
+		return fmt.Errorf("schema name %q is reserved by PostgreSQL", name)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -170,6 +171,15 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx, req CommitRequest) error 
 	var n int64
 	if err := tx.QueryRow(ctx, s.commitSQL, p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To).Scan(&n); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "40001" {
+			// Under REPEATABLE READ or SERIALIZABLE a claim that landed after
+			// the transaction's snapshot shows up as a serialization failure.
+			// If the row has moved to another token, say so.
+			if ferr := s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From); isLost(ferr) {
+				return ferr
+			}
+		}
 		return fmt.Errorf("commit of %s: %w", p, err)
 	}
 	if n == 1 {
@@ -280,4 +290,11 @@ func (s *Store) fenced(ctx context.Context, op string, p Partition, t Token, own
 func fencedFrom(op string, p Partition, t Token, owner string, from int64, f Fence) *FencedError {
 	return &FencedError{Op: op, Partition: p, Presented: t, Owner: owner, From: from,
 		Found: true, Current: f.Token, CurrentOwner: f.Owner, NextOffset: f.NextOffset}
+}
+
+// isLost reports whether err is a FencedError that shows another token or
+// owner holding the row (not merely an offset mismatch).
+func isLost(err error) bool {
+	var fe *FencedError
+	return errors.As(err, &fe) && (!fe.Found || fe.Current != fe.Presented || fe.CurrentOwner != fe.Owner)
 }

@@ -45,7 +45,11 @@ func ParseToken(s string) (Token, error) {
 	if err != nil {
 		return Token{}, fmt.Errorf("token %q has a bad epoch", s)
 	}
-	return Token{Incarnation: i, Epoch: int32(e)}, nil
+	t := Token{Incarnation: i, Epoch: int32(e)}
+	if t.String() != s { // no signs, no leading zeros: one spelling per token
+		return Token{}, fmt.Errorf("token %q is not in canonical form (want %q)", s, t.String())
+	}
+	return t, nil
 }
 
 // Partition names one fenced unit of work.

@@ -1,0 +1,286 @@
+package sink_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+func TestClaim(t *testing.T) {
+	t.Parallel()
+	// step is a claim, optionally followed by a commit by the same claimant
+	// from the offset it was given up to commitTo.
+	type step struct {
+		owner    string
+		token    sink.Token
+		start    int64
+		count    int32
+		commitTo int64 // 0: no commit
+	}
+	for _, c := range []struct {
+		name   string
+		before []step // each must be accepted
+		claim  step
+		fenced bool
+		// For an accepted claim: what it returns. For a rejected one:
+		// NextOffset in the error. Either way the row ends as wantToken,
+		// wantOwner, wantNext, wantCount.
+		wantNext  int64
+		wantCount int32
+		wantToken sink.Token
+		wantOwner string
+	}{
+		{
+			name:     "first claim creates the row from StartOffset and PartitionCount",
+			claim:    step{owner: "a", token: tok(0, 5), start: 100, count: 12},
+			wantNext: 100, wantCount: 12, wantToken: tok(0, 5), wantOwner: "a",
+		},
+		{
+			name:     "first claim at offset 0",
+			claim:    step{owner: "a", token: tok(0, 1), start: 0, count: 1},
+			wantNext: 0, wantCount: 1, wantToken: tok(0, 1), wantOwner: "a",
+		},
+		{
+			name:     "same token same owner re-claims and gets the stored offset, not StartOffset",
+			before:   []step{{owner: "a", token: tok(0, 5), start: 100, count: 12, commitTo: 110}},
+			claim:    step{owner: "a", token: tok(0, 5), start: 7, count: 12},
+			wantNext: 110, wantCount: 12, wantToken: tok(0, 5), wantOwner: "a",
+		},
+		{
+			name:   "same token other owner is rejected",
+			before: []step{{owner: "a", token: tok(0, 5), start: 100, count: 12, commitTo: 104}},
+			claim:  step{owner: "b", token: tok(0, 5), start: 0, count: 12},
+			fenced: true, wantNext: 104, wantCount: 12, wantToken: tok(0, 5), wantOwner: "a",
+		},
+		{
+			name:   "lower epoch is rejected",
+			before: []step{{owner: "a", token: tok(0, 82), start: 100, count: 12}},
+			claim:  step{owner: "b", token: tok(0, 81), start: 0, count: 12},
+			fenced: true, wantNext: 100, wantCount: 12, wantToken: tok(0, 82), wantOwner: "a",
+		},
+		{
+			name:   "lower epoch by the same owner is rejected",
+			before: []step{{owner: "a", token: tok(0, 82), start: 100, count: 12}},
+			claim:  step{owner: "a", token: tok(0, 81), start: 0, count: 12},
+			fenced: true, wantNext: 100, wantCount: 12, wantToken: tok(0, 82), wantOwner: "a",
+		},
+		{
+			name:   "lower incarnation with a higher epoch is rejected",
+			before: []step{{owner: "a", token: tok(1, 2), start: 100, count: 12}},
+			claim:  step{owner: "b", token: tok(0, 900), start: 0, count: 12},
+			fenced: true, wantNext: 100, wantCount: 12, wantToken: tok(1, 2), wantOwner: "a",
+		},
+		{
+			name:     "higher incarnation with a lower epoch is accepted: incarnation leads",
+			before:   []step{{owner: "a", token: tok(0, 900), start: 100, count: 12, commitTo: 130}},
+			claim:    step{owner: "b", token: tok(1, 1), start: 0, count: 12},
+			wantNext: 130, wantCount: 12, wantToken: tok(1, 1), wantOwner: "b",
+		},
+		{
+			name:     "higher token is accepted and the next offset is preserved",
+			before:   []step{{owner: "a", token: tok(0, 81), start: 100, count: 12, commitTo: 150}},
+			claim:    step{owner: "b", token: tok(0, 82), start: 0, count: 12},
+			wantNext: 150, wantCount: 12, wantToken: tok(0, 82), wantOwner: "b",
+		},
+		{
+			name:     "higher token by the same owner is accepted",
+			before:   []step{{owner: "a", token: tok(0, 81), start: 100, count: 12, commitTo: 101}},
+			claim:    step{owner: "a", token: tok(0, 90), start: 0, count: 12},
+			wantNext: 101, wantCount: 12, wantToken: tok(0, 90), wantOwner: "a",
+		},
+		{
+			name:     "hand-back to the first owner at a still higher token",
+			before:   []step{{owner: "a", token: tok(0, 1), start: 0, count: 12, commitTo: 3}, {owner: "b", token: tok(0, 2), count: 12, commitTo: 8}},
+			claim:    step{owner: "a", token: tok(0, 3), start: 0, count: 12},
+			wantNext: 8, wantCount: 12, wantToken: tok(0, 3), wantOwner: "a",
+		},
+		{
+			name:   "the zombie of a hand-off stays fenced at its old token",
+			before: []step{{owner: "a", token: tok(0, 1), start: 0, count: 12, commitTo: 3}, {owner: "b", token: tok(0, 2), count: 12}},
+			claim:  step{owner: "a", token: tok(0, 1), start: 0, count: 12},
+			fenced: true, wantNext: 3, wantCount: 12, wantToken: tok(0, 2), wantOwner: "b",
+		},
+		{
+			name:     "the partition count recorded first is returned to a claim with another count",
+			before:   []step{{owner: "a", token: tok(0, 1), start: 0, count: 12}},
+			claim:    step{owner: "b", token: tok(0, 2), start: 0, count: 24},
+			wantNext: 0, wantCount: 12, wantToken: tok(0, 2), wantOwner: "b",
+		},
+		{
+			name:     "the recorded partition count survives a re-claim with a smaller count",
+			before:   []step{{owner: "a", token: tok(0, 1), start: 0, count: 12}},
+			claim:    step{owner: "a", token: tok(0, 1), start: 0, count: 3},
+			wantNext: 0, wantCount: 12, wantToken: tok(0, 1), wantOwner: "a",
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			do := func(s step) (sink.Claimed, error) {
+				return e.store.Claim(e.ctx, sink.ClaimRequest{Partition: part, Token: s.token, Owner: s.owner, StartOffset: s.start, PartitionCount: s.count})
+			}
+			for _, s := range c.before {
+				got, err := do(s)
+				if err != nil {
+					t.Fatalf("setup claim %+v: %v", s, err)
+				}
+				if s.commitTo > 0 {
+					e.mustCommit(t, sink.CommitRequest{Partition: part, Token: s.token, Owner: s.owner, From: got.NextOffset, To: s.commitTo})
+				}
+			}
+			logBefore := e.fenceLog(t, part)
+			got, err := do(c.claim)
+			if c.fenced {
+				fe := asFenced(t, err)
+				if errors.Is(err, sink.ErrOffsetMismatch) {
+					t.Errorf("a rejected claim matches ErrOffsetMismatch: %v", err)
+				}
+				want := sink.FencedError{Op: "claim", Partition: part, Presented: c.claim.token, Owner: c.claim.owner, From: -1,
+					Found: true, Current: c.wantToken, CurrentOwner: c.wantOwner, NextOffset: c.wantNext}
+				if *fe != want {
+					t.Errorf("FencedError = %+v\nwant          %+v", *fe, want)
+				}
+				msg := err.Error()
+				for _, s := range []string{c.claim.token.String(), c.wantToken.String(), `"` + c.claim.owner + `"`, `"` + c.wantOwner + `"`, part.String(), "claim"} {
+					if !strings.Contains(msg, s) {
+						t.Errorf("error %q does not name %s", msg, s)
+					}
+				}
+				if got != (sink.Claimed{}) {
+					t.Errorf("rejected claim returned %+v", got)
+				}
+			} else {
+				if err != nil {
+					t.Fatalf("claim rejected: %v", err)
+				}
+				if want := (sink.Claimed{NextOffset: c.wantNext, PartitionCount: c.wantCount}); got != want {
+					t.Errorf("Claim = %+v, want %+v", got, want)
+				}
+			}
+			f := e.mustGet(t, part)
+			if f.Partition != part || f.Token != c.wantToken || f.Owner != c.wantOwner || f.NextOffset != c.wantNext || f.PartitionCount != c.wantCount {
+				t.Errorf("row = {%s %s %q next %d count %d}, want {%s %s %q next %d count %d}",
+					f.Partition, f.Token, f.Owner, f.NextOffset, f.PartitionCount,
+					part, c.wantToken, c.wantOwner, c.wantNext, c.wantCount)
+			}
+			// fence_log: an accepted claim adds exactly one entry, a
+			// rejected one none.
+			logAfter := e.fenceLog(t, part)
+			wantLog := entries(logBefore)
+			if !c.fenced {
+				wantLog = append(wantLog, entry{Kind: "claim", Token: c.claim.token, Owner: c.claim.owner, From: c.wantNext, To: c.wantNext})
+			}
+			if got := entries(logAfter); !slices.Equal(got, wantLog) {
+				t.Errorf("fence_log = %+v\nwant       %+v", got, wantLog)
+			}
+		})
+	}
+}
+
+// Rows are per (group, topic, partition): a high token on one does not
+// fence another.
+func TestClaimPartitionsAreIndependent(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.mustClaim(t, part, tok(5, 900), "a", 10)
+	for _, p := range []sink.Partition{
+		{Group: part.Group, Topic: part.Topic, Partition: part.Partition + 1},
+		{Group: part.Group, Topic: "other-topic", Partition: part.Partition},
+		{Group: "other-group", Topic: part.Topic, Partition: part.Partition},
+	} {
+		if next := e.mustClaim(t, p, tok(0, 1), "b", 20); next != 20 {
+			t.Errorf("first claim of %s: next offset %d, want 20", p, next)
+		}
+	}
+	if f := e.mustGet(t, part); f.Token != tok(5, 900) || f.Owner != "a" || f.NextOffset != 10 {
+		t.Errorf("row of %s changed: %+v", part, f)
+	}
+	fs, err := e.store.List(e.ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fs) != 4 {
+		t.Errorf("List(\"\") = %d rows, want 4", len(fs))
+	}
+	fs, err = e.store.List(e.ctx, "other-group")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fs) != 1 || fs[0].Group != "other-group" || fs[0].Owner != "b" {
+		t.Errorf("List(other-group) = %+v", fs)
+	}
+}
+
+// Bad requests are refused before the database and leave no row behind.
+func TestClaimInvalidRequest(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, c := range []struct {
+		name string
+		req  sink.ClaimRequest
+	}{
+		{"no owner", sink.ClaimRequest{Partition: part, Token: tok(0, 1), StartOffset: 0, PartitionCount: 1}},
+		{"negative start offset", sink.ClaimRequest{Partition: part, Token: tok(0, 1), Owner: "a", StartOffset: -1, PartitionCount: 1}},
+		{"zero partition count", sink.ClaimRequest{Partition: part, Token: tok(0, 1), Owner: "a", StartOffset: 0, PartitionCount: 0}},
+		{"negative partition count", sink.ClaimRequest{Partition: part, Token: tok(0, 1), Owner: "a", StartOffset: 0, PartitionCount: -3}},
+	} {
+		_, err := e.store.Claim(e.ctx, c.req)
+		if err == nil {
+			t.Errorf("%s: accepted", c.name)
+			continue
+		}
+		if errors.Is(err, sink.ErrFenced) {
+			t.Errorf("%s: error %v matches ErrFenced; it is a bad request, not a rejection", c.name, err)
+		}
+	}
+	if _, err := e.store.Get(e.ctx, part); !errors.Is(err, pgx.ErrNoRows) {
+		t.Errorf("Get after invalid claims: %v, want pgx.ErrNoRows", err)
+	}
+	if l := e.fenceLog(t, part); len(l) != 0 {
+		t.Errorf("fence_log after invalid claims: %+v", l)
+	}
+}
+
+// Many claimants race for a partition that has no row yet: the insert path
+// of the claim must pick one winner per token, and the highest token ends up
+// holding the row.
+func TestClaimConcurrentFirstClaims(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 8
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, err := e.store.Claim(e.ctx, sink.ClaimRequest{Partition: part, Token: tok(0, int32(1+i%4)),
+				Owner: string(rune('a' + i)), StartOffset: 42, PartitionCount: 3})
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil && !errors.Is(err, sink.ErrFenced) {
+			t.Errorf("claim failed with an error other than ErrFenced: %v", err)
+		}
+	}
+	f := e.mustGet(t, part)
+	if f.Token != tok(0, 4) || f.NextOffset != 42 || f.PartitionCount != 3 {
+		t.Errorf("row = %+v, want token 0.4, next 42, count 3", f)
+	}
+	// Tokens in the log never go down, and an equal token never changes hands.
+	log := e.fenceLog(t, part)
+	if len(log) == 0 {
+		t.Fatal("no claim logged")
+	}
+	for i := 1; i < len(log); i++ {
+		if log[i].Token.Less(log[i-1].Token) || (log[i].Token == log[i-1].Token && log[i].Owner != log[i-1].Owner) {
+			t.Errorf("claim %+v accepted after %+v", log[i], log[i-1])
+		}
+	}
+	if last := log[len(log)-1]; last.Token != f.Token || last.Owner != f.Owner {
+		t.Errorf("last logged claim %+v is not the row's holder %s %q", last, f.Token, f.Owner)
+	}
+}

@@ -1,0 +1,5 @@
+package sink
+
+// Quote exposes quote to the external tests: FuzzValidateSchema checks that a
+// name ValidateSchema accepts always quotes to a plain identifier.
+var Quote = quote

@@ -1,0 +1,442 @@
+package sink_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+func allVersions() []int {
+	var vs []int
+	for _, m := range sink.Migrations() {
+		vs = append(vs, m.Version)
+	}
+	return vs
+}
+
+func TestMigrationsEmbedded(t *testing.T) {
+	t.Parallel()
+	ms := sink.Migrations()
+	if len(ms) < 2 {
+		t.Fatalf("Migrations() = %d migrations, want at least 2", len(ms))
+	}
+	for i, m := range ms {
+		if m.Version != i+1 || m.Name == "" {
+			t.Errorf("migration %d = %d %q, want version %d with a name", i, m.Version, m.Name, i+1)
+		}
+	}
+	if ms[0].Name != "fences" || ms[1].Name != "jobs" {
+		t.Errorf("first migrations = %q, %q; want fences, jobs", ms[0].Name, ms[1].Name)
+	}
+}
+
+// freshSchema is a schema name nobody uses, dropped when the test ends; the
+// schema itself does not exist yet.
+func freshSchema(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	name := testdb.NewSchemaName("tenure_mig")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
+			t.Logf("dropping schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestMigrateIdempotent(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t, pool) // migrated once already
+	for range 2 {
+		applied, err := sink.Migrate(ctx, pool, schema)
+		if err != nil {
+			t.Fatalf("second Migrate: %v", err)
+		}
+		if len(applied) != 0 {
+			t.Errorf("second Migrate applied %v, want nothing", applied)
+		}
+	}
+	st, err := sink.MigrationStatus(ctx, pool, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != len(sink.Migrations()) {
+		t.Fatalf("MigrationStatus = %d entries, want %d", len(st), len(sink.Migrations()))
+	}
+	for i, s := range st {
+		m := sink.Migrations()[i]
+		if s.Version != m.Version || s.Name != m.Name || !s.Applied || s.AppliedAt.IsZero() {
+			t.Errorf("status %+v, want %d %s applied with a time", s, m.Version, m.Name)
+		}
+	}
+	if err := sink.CheckSchema(ctx, pool, schema); err != nil {
+		t.Errorf("CheckSchema on a migrated schema: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema}.Sanitize()+`.schema_migrations`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != len(sink.Migrations()) {
+		t.Errorf("schema_migrations has %d rows, want %d", n, len(sink.Migrations()))
+	}
+}
+
+func tableExists(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema, table string) bool {
+	t.Helper()
+	var ok bool
+	if err := pool.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1) IS NOT NULL`,
+		pgx.Identifier{schema, table}.Sanitize()).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// Down one at a time, newest first, until nothing is left; then up again,
+// and the store works on the result.
+func TestMigrateDownAndUp(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := testdb.Pool(t)
+	schema := freshSchema(t, pool)
+	all := allVersions()
+	tables := map[int][]string{1: {"fences", "fence_log"}, 2: {"exports", "export_versions", "ledger"}}
+
+	applied, err := sink.Migrate(ctx, pool, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(applied, all) {
+		t.Fatalf("Migrate on a fresh schema applied %v, want %v", applied, all)
+	}
+	for v := len(all); v >= 1; v-- {
+		got, err := sink.MigrateDown(ctx, pool, schema)
+		if err != nil {
+			t.Fatalf("MigrateDown: %v", err)
+		}
+		if got != v {
+			t.Fatalf("MigrateDown reverted %d, want %d", got, v)
+		}
+		st, err := sink.MigrationStatus(ctx, pool, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range st {
+			if want := s.Version < v; s.Applied != want {
+				t.Errorf("after reverting %d: %d applied = %v, want %v", v, s.Version, s.Applied, want)
+			}
+		}
+		for tv, names := range tables {
+			for _, name := range names {
+				if got, want := tableExists(t, ctx, pool, schema, name), tv < v; got != want {
+					t.Errorf("after reverting %d: table %s exists = %v, want %v", v, name, got, want)
+				}
+			}
+		}
+		err = sink.CheckSchema(ctx, pool, schema)
+		if err == nil || !strings.Contains(err.Error(), "tenure migrate") {
+			t.Errorf("CheckSchema after reverting %d: %v, want an error saying to run tenure migrate", v, err)
+		}
+	}
+	got, err := sink.MigrateDown(ctx, pool, schema)
+	if err != nil || got != 0 {
+		t.Errorf("MigrateDown with nothing applied = %d, %v; want 0, nil", got, err)
+	}
+	applied, err = sink.Migrate(ctx, pool, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(applied, all) {
+		t.Errorf("Migrate after reverting all applied %v, want %v", applied, all)
+	}
+	if err := sink.CheckSchema(ctx, pool, schema); err != nil {
+		t.Errorf("CheckSchema: %v", err)
+	}
+	store, err := sink.NewStore(pool, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, sink.ClaimRequest{Partition: part, Token: tok(0, 1), Owner: "a", PartitionCount: 1}); err != nil {
+		t.Errorf("claim on the re-migrated schema: %v", err)
+	}
+}
+
+// Replicas starting at once: each migration is applied exactly once, by one
+// of them, and none fails.
+func TestMigrateConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := sizedPool(t, 8)
+	schema := freshSchema(t, pool)
+	const n = 5
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		applied []int
+		gate    = make(chan struct{})
+	)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			got, err := sink.Migrate(ctx, pool, schema)
+			if err != nil {
+				t.Errorf("concurrent Migrate: %v", err)
+			}
+			mu.Lock()
+			applied = append(applied, got...)
+			mu.Unlock()
+		}()
+	}
+	close(gate)
+	wg.Wait()
+	slices.Sort(applied)
+	if want := allVersions(); !slices.Equal(applied, want) {
+		t.Errorf("versions applied across %d concurrent runs = %v, want each of %v once", n, applied, want)
+	}
+	rows, err := pool.Query(ctx, `SELECT version FROM `+pgx.Identifier{schema}.Sanitize()+`.schema_migrations ORDER BY version`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := allVersions(); !slices.Equal(got, want) {
+		t.Errorf("schema_migrations = %v, want %v", got, want)
+	}
+	if err := sink.CheckSchema(ctx, pool, schema); err != nil {
+		t.Errorf("CheckSchema: %v", err)
+	}
+}
+
+// CheckSchema is one sentence that says what to run, on a schema that does
+// not exist, on an empty one, and on one whose migration table is empty.
+func TestCheckSchemaUnmigrated(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := testdb.Pool(t)
+	missing := freshSchema(t, pool)
+	empty := freshSchema(t, pool)
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{empty}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	emptyTable := freshSchema(t, pool)
+	if _, err := sink.Migrate(ctx, pool, emptyTable); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM `+pgx.Identifier{emptyTable}.Sanitize()+`.schema_migrations`); err != nil {
+		t.Fatal(err)
+	}
+	for _, schema := range []string{missing, empty, emptyTable} {
+		err := sink.CheckSchema(ctx, pool, schema)
+		if err == nil {
+			t.Errorf("CheckSchema(%s) = nil on an unmigrated schema", schema)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "tenure migrate") || !strings.Contains(msg, schema) || strings.Contains(msg, "\n") {
+			t.Errorf("CheckSchema(%s) = %q, want one sentence naming the schema and `tenure migrate`", schema, msg)
+		}
+		st, err := sink.MigrationStatus(ctx, pool, schema)
+		if err != nil {
+			t.Errorf("MigrationStatus(%s): %v", schema, err)
+		}
+		for _, s := range st {
+			if s.Applied {
+				t.Errorf("MigrationStatus(%s): %+v applied", schema, s)
+			}
+		}
+	}
+	// CheckSchema only reads.
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1)`, missing).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if exists {
+		t.Errorf("CheckSchema created schema %s", missing)
+	}
+}
+
+// A schema migrated by a newer binary is refused, not half-managed.
+func TestMigrateRefusesNewerSchema(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t, pool)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema}.Sanitize()+`.schema_migrations (version, name) VALUES ($1, 'future')`,
+		len(sink.Migrations())+1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sink.Migrate(ctx, pool, schema); err == nil || !strings.Contains(err.Error(), "newer") {
+		t.Errorf("Migrate on a newer schema: %v, want an error saying it is newer", err)
+	}
+	if v, err := sink.MigrateDown(ctx, pool, schema); err == nil || v != 0 {
+		t.Errorf("MigrateDown on a newer schema = %d, %v; want an error", v, err)
+	}
+	if !tableExists(t, ctx, pool, schema, "ledger") {
+		t.Error("MigrateDown reverted a migration of a newer schema")
+	}
+}
+
+var badSchemaNames = []string{
+	"x; drop table y",
+	`"a"`,
+	`a"; DROP SCHEMA public CASCADE; --`,
+	"A",
+	"Tenure",
+	"1abc",
+	"",
+	strings.Repeat("a", 64),
+	"a-b",
+	"a b",
+	"a.b",
+	"abc\n",
+	"\nabc",
+	"abc\x00",
+	"é",
+	"ab$c",
+	"tenure'",
+}
+
+var goodSchemaNames = []string{"a", "_", "_a", "tenure", "tenure_test_0123456789abcdef", "a1", strings.Repeat("z", 63)}
+
+func TestValidateSchema(t *testing.T) {
+	t.Parallel()
+	for _, name := range badSchemaNames {
+		if err := sink.ValidateSchema(name); err == nil {
+			t.Errorf("ValidateSchema(%q) accepted", name)
+		}
+	}
+	for _, name := range goodSchemaNames {
+		if err := sink.ValidateSchema(name); err != nil {
+			t.Errorf("ValidateSchema(%q): %v", name, err)
+		}
+	}
+}
+
+// Bad names are refused before any connection is made: the pool points at a
+// port nothing listens on, so touching the database would give another error.
+func TestBadSchemaNeverReachesTheDatabase(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, name := range badSchemaNames {
+		if name == "" {
+			continue // NewStore maps "" to DefaultSchema; the others reject it below
+		}
+		want := sink.ValidateSchema(name).Error()
+		check := func(op string, err error) {
+			t.Helper()
+			if err == nil || err.Error() != want {
+				t.Errorf("%s(%q) = %v, want the validation error %q", op, name, err, want)
+			}
+		}
+		_, err := sink.NewStore(pool, name)
+		check("NewStore", err)
+		_, err = sink.Migrate(ctx, pool, name)
+		check("Migrate", err)
+		_, err = sink.MigrateDown(ctx, pool, name)
+		check("MigrateDown", err)
+		_, err = sink.MigrationStatus(ctx, pool, name)
+		check("MigrationStatus", err)
+		check("CheckSchema", sink.CheckSchema(ctx, pool, name))
+	}
+	// "" is not DefaultSchema for the migration functions: they want a name.
+	_, err = sink.Migrate(ctx, pool, "")
+	if err == nil || err.Error() != sink.ValidateSchema("").Error() {
+		t.Errorf(`Migrate(""): %v, want the validation error`, err)
+	}
+	_, err = sink.MigrationStatus(ctx, pool, "")
+	if err == nil || err.Error() != sink.ValidateSchema("").Error() {
+		t.Errorf(`MigrationStatus(""): %v, want the validation error`, err)
+	}
+	if s := pool.Stat(); s.AcquireCount() != 0 || s.TotalConns() != 0 {
+		t.Errorf("pool was used: %d acquires, %d connections", s.AcquireCount(), s.TotalConns())
+	}
+}
+
+func TestNewStore(t *testing.T) {
+	t.Parallel()
+	if _, err := sink.NewStore(nil, "tenure"); err == nil {
+		t.Error("NewStore(nil) accepted")
+	}
+	pool := testdb.Pool(t)
+	s, err := sink.NewStore(pool, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Schema() != sink.DefaultSchema || s.Pool() != pool {
+		t.Errorf("NewStore(pool, \"\") = schema %q pool %p, want %q and %p", s.Schema(), s.Pool(), sink.DefaultSchema, pool)
+	}
+}
+
+// FuzzValidateSchema: a name ValidateSchema accepts is a plain lower-case
+// identifier, so quoting it adds nothing but the quotes, and interpolating it
+// can never break out of the identifier.
+func FuzzValidateSchema(f *testing.F) {
+	for _, s := range append(append([]string{}, badSchemaNames...), goodSchemaNames...) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		err := sink.ValidateSchema(name)
+		if want := plainIdent(name); (err == nil) != want {
+			t.Fatalf("ValidateSchema(%q) = %v, want accepted = %v", name, err, want)
+		}
+		if err != nil {
+			if !strings.Contains(err.Error(), "is not valid") {
+				t.Fatalf("ValidateSchema(%q) error %q does not say what is wrong", name, err)
+			}
+			return
+		}
+		for _, r := range name {
+			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
+				t.Fatalf("accepted %q contains %q", name, r)
+			}
+		}
+		if q := sink.Quote(name); q != `"`+name+`"` {
+			t.Fatalf("quote(%q) = %s, want the name in double quotes", name, q)
+		}
+	})
+}
+
+// plainIdent is ValidateSchema's rule written without a regexp.
+func plainIdent(s string) bool {
+	if len(s) < 1 || len(s) > 63 || s[0] >= '0' && s[0] <= '9' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}

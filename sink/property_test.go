@@ -1,0 +1,234 @@
+package sink_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// TestFenceHistoryProperty lets workers fight over one partition: each claims
+// with rising random tokens, commits batches from the offset it last saw, and
+// behaves like a zombie after rejections (keeps committing at its old token,
+// sometimes believing a rejected batch went through). Then it checks the whole
+// history in fence_log, in id order (the fencing row's lock order):
+//
+//   - G1: commits cover [start, next) in consecutive ranges, no gap, no
+//     overlap; every claim resumes at the offset the history reached; the
+//     handler's effects cover each offset exactly once; the row agrees.
+//   - G2: no entry carries a token lower than any entry before it, and an
+//     equal token never changes owner.
+//   - G3: every commit is by the holder of the latest claim.
+//
+// TENURE_FENCE_SEED replays a run.
+func TestFenceHistoryProperty(t *testing.T) {
+	t.Parallel()
+	const (
+		workers  = 8
+		totalOps = 200
+		start    = 1000
+	)
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("TENURE_FENCE_SEED"); s != "" {
+		var err error
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("TENURE_FENCE_SEED: %v", err)
+		}
+	}
+	t.Logf("seed %d (TENURE_FENCE_SEED replays it)", seed)
+
+	// Enough connections that a rejected commit's second read (outside the
+	// transaction) never waits for a connection.
+	e := setupPool(t, sizedPool(t, 2*workers+2))
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+
+	var (
+		ops                                                       atomic.Int64
+		claimsOK, claimsRejected, commitsOK, commitsRejected, rbk atomic.Int64
+		wg                                                        sync.WaitGroup
+		granted                                                   coordinator
+	)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			owner := "w" + strconv.Itoa(w)
+			next := sink.Token{Epoch: int32(1 + rng.IntN(5))} // the token it will claim with next
+			var (
+				held  bool       // it believes it holds the partition
+				token sink.Token // at this token
+				from  int64      // from this offset
+			)
+			for ops.Add(1) <= totalOps && ctx.Err() == nil {
+				if !held || rng.IntN(4) == 0 {
+					switch r := rng.IntN(25); {
+					case r == 0: // a generation reset: new incarnation, low epoch
+						next = sink.Token{Incarnation: next.Incarnation + 1, Epoch: int32(rng.IntN(3))}
+					case r < 12: // the coordinator grants it the newest generation
+						next = granted.next(next, int32(1+rng.IntN(2)))
+					default: // its own idea, possibly stale
+						next.Epoch += int32(1 + rng.IntN(3))
+					}
+					c, err := e.store.Claim(ctx, sink.ClaimRequest{Partition: part, Token: next, Owner: owner, StartOffset: start, PartitionCount: 4})
+					switch {
+					case err == nil:
+						claimsOK.Add(1)
+						held, token, from = true, next, c.NextOffset
+						if c.PartitionCount != 4 {
+							t.Errorf("%s: partition count %d, want 4", owner, c.PartitionCount)
+						}
+					case errors.Is(err, sink.ErrFenced):
+						claimsRejected.Add(1) // a zombie keeps its old belief
+					case ctx.Err() != nil:
+						return
+					default:
+						t.Errorf("%s: claim at %s: %v", owner, next, err)
+						return
+					}
+					continue
+				}
+				req := sink.CommitRequest{Partition: part, Token: token, Owner: owner, From: from, To: from + 1 + int64(rng.IntN(5))}
+				committed, err := commitOnce(ctx, e, req, rng.IntN(10) == 0)
+				switch {
+				case err == nil && committed:
+					commitsOK.Add(1)
+					from = req.To
+				case err == nil:
+					rbk.Add(1) // the handler failed after the fence: retry the batch
+				case errors.Is(err, sink.ErrFenced):
+					commitsRejected.Add(1)
+					switch rng.IntN(3) {
+					case 0: // a well-behaved worker drops the partition
+						held = false
+					case 1: // a zombie that believes the batch went through
+						from = req.To
+					}
+				case ctx.Err() != nil:
+					return
+				default:
+					t.Errorf("%s: commit %+v: %v", owner, req, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("ran out of time after %d ops: %v", ops.Load(), ctx.Err())
+	}
+	t.Logf("claims %d accepted, %d rejected; commits %d accepted, %d rejected, %d rolled back by the handler",
+		claimsOK.Load(), claimsRejected.Load(), commitsOK.Load(), commitsRejected.Load(), rbk.Load())
+
+	log := e.fenceLog(t, part)
+	var nClaims, nCommits, handOffs int64
+	var (
+		holder    sink.Token
+		holderOwn string
+		maxTok    sink.Token
+		maxOwn    string
+		next      int64 = start
+	)
+	for i, l := range log {
+		if i == 0 {
+			if l.Kind != "claim" {
+				t.Fatalf("history starts with %+v, want a claim", l)
+			}
+		} else {
+			// G2
+			if l.Token.Less(maxTok) {
+				t.Errorf("G2: %+v accepted after token %s", l, maxTok)
+			} else if l.Token == maxTok && l.Owner != maxOwn {
+				t.Errorf("G2: %+v accepted while %q held token %s", l, maxOwn, maxTok)
+			}
+		}
+		if i == 0 || maxTok.Less(l.Token) {
+			maxTok, maxOwn = l.Token, l.Owner
+		}
+		switch l.Kind {
+		case "claim":
+			nClaims++
+			if l.From != next || l.To != next {
+				t.Errorf("G1: claim %+v resumed at [%d, %d), history is at %d", l, l.From, l.To, next)
+			}
+			if i > 0 && l.Owner != holderOwn {
+				handOffs++
+			}
+			holder, holderOwn = l.Token, l.Owner
+		case "commit":
+			nCommits++
+			if l.Token != holder || l.Owner != holderOwn {
+				t.Errorf("G3: commit %+v accepted while %q holds the partition at %s", l, holderOwn, holder)
+			}
+			if l.From != next {
+				t.Errorf("G1: commit %+v starts at %d, previous commit ended at %d (gap or overlap)", l, l.From, next)
+			}
+			if l.To <= l.From {
+				t.Errorf("commit %+v does not advance", l)
+			}
+			next = l.To
+		default:
+			t.Errorf("unknown kind in %+v", l)
+		}
+	}
+	if nClaims != claimsOK.Load() || nCommits != commitsOK.Load() {
+		t.Errorf("fence_log has %d claims and %d commits; the workers saw %d and %d accepted",
+			nClaims, nCommits, claimsOK.Load(), commitsOK.Load())
+	}
+	f := e.mustGet(t, part)
+	if f.NextOffset != next || f.Token != holder || f.Owner != holderOwn {
+		t.Errorf("row = %s %q at %d; history ends with %s %q at %d", f.Token, f.Owner, f.NextOffset, holder, holderOwn, next)
+	}
+	e.checkEffectsExactlyOnce(t, part, start, next)
+	if nCommits == 0 || commitsRejected.Load() == 0 || handOffs == 0 {
+		t.Errorf("the run did not exercise the fence: %d commits, %d rejected, %d hand-offs", nCommits, commitsRejected.Load(), handOffs)
+	}
+	t.Logf("history: %d entries, %d hand-offs, next offset %d", len(log), handOffs, next)
+}
+
+// commitOnce is e.commit for goroutines other than the test's: it reports
+// instead of failing. With rollback, the handler "fails" after an accepted
+// Commit and the transaction is rolled back.
+func commitOnce(ctx context.Context, e *env, req sink.CommitRequest, rollback bool) (committed bool, err error) {
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if err := e.handleCtx(ctx, tx, req); err != nil {
+		return false, err
+	}
+	if err := e.store.Commit(ctx, tx, req); err != nil {
+		return false, err
+	}
+	if rollback {
+		return false, tx.Rollback(ctx)
+	}
+	return true, tx.Commit(ctx)
+}
+
+// coordinator hands out ever higher tokens, like a group coordinator's
+// generations, to the workers that ask it.
+type coordinator struct {
+	mu  sync.Mutex
+	top sink.Token
+}
+
+// next returns a token above both the highest granted and mine.
+func (c *coordinator) next(mine sink.Token, step int32) sink.Token {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.top.Less(mine) {
+		c.top = mine
+	}
+	c.top.Epoch += step
+	return c.top
+}
