@@ -53,10 +53,17 @@ type Config struct {
 
 	// BatchMax is the most records handed to one Handle call (default 500).
 	BatchMax int
-	// MaxAttempts is how many times a failing batch is tried before its lane
-	// stalls (default 5). A stalled partition is logged at error level and
-	// resumes on its next assignment or worker restart; nothing is skipped.
+	// MaxAttempts is how many times a job that makes the handler fail is
+	// tried before it is dead-lettered (default 5). A failing batch is retried
+	// once, then split in halves until the failing job is alone; the other
+	// jobs commit. A job whose handler returned a Permanent error or panicked
+	// is dead-lettered without more attempts. Failures of the database
+	// connection are not the job's fault: they are retried without limit and
+	// never dead-letter anything.
 	MaxAttempts int
+	// HandlerTimeout bounds one Handle call (default 60s; negative: no
+	// bound). A batch that times out fails like any other.
+	HandlerTimeout time.Duration
 	// RetryBackoff is the first retry's delay (default 100ms); it doubles per
 	// attempt up to RetryBackoffMax (default 5s).
 	RetryBackoff, RetryBackoffMax time.Duration
@@ -125,6 +132,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 5
+	}
+	if c.HandlerTimeout == 0 {
+		c.HandlerTimeout = 60 * time.Second
 	}
 	if c.RetryBackoff == 0 {
 		c.RetryBackoff = 100 * time.Millisecond

@@ -82,6 +82,9 @@ func New(cfg Config) (*Consumer, error) {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.WithLogger(kzap{cfg.Logger.Named("kgo")}),
 		kgo.RebalanceTimeout(cfg.RebalanceTimeout),
+		// A fetch in flight holds back a partition assigned meanwhile; a
+		// short wait keeps a hand-off from idling for kgo's default 5s.
+		kgo.FetchMaxWait(500 * time.Millisecond),
 	}
 	if cfg.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout))

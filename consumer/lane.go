@@ -27,24 +27,34 @@ const lostGrace = 2 * time.Second
 // fence (not our belief about ownership) decides whether the batch lands.
 const commitTimeout = 15 * time.Second
 
-// errStalled ends a lane whose batch kept failing.
-var errStalled = errors.New("partition stalled")
+// layoutRecheck is how often a lane blocked by a partition count change
+// looks for the operator's acknowledgement.
+const layoutRecheck = 2 * time.Second
+
+// errStopped ends a batch whose lane was stopped: nothing committed, nothing
+// lost; the next owner starts from the stored offset.
+var errStopped = errors.New("lane stopped")
 
 // A lane processes one claimed partition: records in offset order, one batch
 // at a time, every batch committed through the fence with the lane's token.
 //
 // The poll loop appends records (push); the lane goroutine takes batches
 // (take). A lane ends when it is stopped (revoke, loss, shutdown), or on its
-// own when it is fenced or stalls; then it drops its buffer and keeps its
-// partition paused until the group assigns the partition again.
+// own when it is fenced; then it drops its buffer and keeps its partition
+// paused until the group assigns the partition again.
 type lane struct {
-	c     *Consumer
-	key   sink.Partition
+	c          *Consumer
+	key        sink.Partition
+	owner      string
+	epoch      int32 // the member epoch the partition was assigned at
+	partitions int32 // the topic's partition count at assignment
+
+	// Set by the claim, then read by the lane goroutine only.
 	token sink.Token
-	owner string
+	next  int64 // the stored next offset as this lane knows it
 	log   *zap.Logger
 
-	next int64 // the stored next offset as this lane knows it; lane goroutine only
+	blocked bool // waiting for a partition count acknowledgement before claiming
 
 	mu     sync.Mutex
 	queue  []*kgo.Record
@@ -59,16 +69,27 @@ type lane struct {
 	done     chan struct{}
 }
 
-func newLane(c *Consumer, key sink.Partition, token sink.Token, owner string, log *zap.Logger) *lane {
+func newLane(c *Consumer, key sink.Partition, owner string, epoch, partitions int32, log *zap.Logger) *lane {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &lane{
-		c: c, key: key, token: token, owner: owner, log: log,
+		c: c, key: key, owner: owner, epoch: epoch, partitions: partitions, log: log,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
 	}
 }
 
 func (l *lane) start() { go l.run() }
+
+// block starts a lane that may not claim yet: its topic's partition count
+// changed. Fetching stays paused until an operator acknowledges the count.
+func (l *lane) block(start int64) {
+	l.blocked = true
+	l.next = start
+	l.mu.Lock()
+	l.pauseLocked()
+	l.mu.Unlock()
+	go l.run()
+}
 
 // fence ends a lane that never started: its claim was rejected.
 func (l *lane) fence() {
@@ -83,9 +104,38 @@ func (l *lane) stopHard() {
 	l.cancel()
 }
 
+func (l *lane) stopping() bool {
+	select {
+	case <-l.quit:
+		return true
+	default:
+		return l.ctx.Err() != nil
+	}
+}
+
+// sleep waits d, or less if the lane is stopped; it reports whether the
+// full time passed.
+func (l *lane) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-l.quit:
+		return false
+	}
+}
+
 // highWater is the buffered record count at which fetching pauses; it
 // resumes below half of it.
 func (l *lane) highWater() int { return 4 * l.c.cfg.BatchMax }
+
+func (l *lane) pauseLocked() {
+	if !l.paused {
+		l.c.cl.Load().PauseFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+		l.paused = true
+	}
+}
 
 func (l *lane) push(recs []*kgo.Record) {
 	l.mu.Lock()
@@ -94,9 +144,8 @@ func (l *lane) push(recs []*kgo.Record) {
 		return
 	}
 	l.queue = append(l.queue, recs...)
-	if len(l.queue) >= l.highWater() && !l.paused {
-		l.c.cl.Load().PauseFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
-		l.paused = true
+	if len(l.queue) >= l.highWater() {
+		l.pauseLocked()
 	}
 	select {
 	case l.wake <- struct{}{}:
@@ -111,10 +160,7 @@ func (l *lane) end() {
 	defer l.mu.Unlock()
 	l.ended = true
 	l.queue = nil
-	if !l.paused {
-		l.c.cl.Load().PauseFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
-		l.paused = true
-	}
+	l.pauseLocked()
 }
 
 // release undoes the pause when the lane is removed: kgo keeps partitions
@@ -134,14 +180,12 @@ func (l *lane) release() {
 // must stop.
 func (l *lane) take() *Batch {
 	for {
-		select {
-		case <-l.quit:
+		if l.stopping() {
 			return nil
-		default:
 		}
 		l.mu.Lock()
 		// Records below the next offset were committed already (a refetch,
-		// or a commit we made that kgo's position has not caught up with).
+		// or commits made before this lane's claim).
 		i := 0
 		for i < len(l.queue) && l.queue[i].Offset < l.next {
 			i++
@@ -159,11 +203,7 @@ func (l *lane) take() *Batch {
 				l.paused = false
 			}
 			l.mu.Unlock()
-			return &Batch{
-				Group: l.key.Group, Topic: l.key.Topic, Partition: l.key.Partition,
-				Token: l.token, Owner: l.owner,
-				From: l.next, To: recs[n-1].Offset + 1, Records: recs,
-			}
+			return l.batch(recs, l.next)
 		}
 		l.mu.Unlock()
 		select {
@@ -174,80 +214,236 @@ func (l *lane) take() *Batch {
 	}
 }
 
+func (l *lane) batch(recs []*kgo.Record, from int64) *Batch {
+	return &Batch{
+		Group: l.key.Group, Topic: l.key.Topic, Partition: l.key.Partition,
+		Token: l.token, Owner: l.owner,
+		From: from, To: recs[len(recs)-1].Offset + 1, Records: recs,
+	}
+}
+
 func (l *lane) run() {
 	defer close(l.done)
 	defer l.release()
-	l.log.Debug("lane started", zap.Int64("next_offset", l.next))
+	if l.blocked && !l.awaitLayout() {
+		return
+	}
 	for {
 		b := l.take()
 		if b == nil {
 			return
 		}
-		err := l.process(b)
+		next, err := l.process(b.Records, b.From)
+		l.next = next
 		switch {
 		case err == nil:
-			l.next = b.To
 		case errors.Is(err, sink.ErrFenced):
 			l.log.Warn("batch rejected: fenced; dropping this partition's buffered records until it is assigned again",
 				zap.Bool("fenced", true), zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Error(err))
 			l.end()
 			return
-		case errors.Is(err, errStalled):
-			l.end()
-			return
-		default: // stopped while retrying: nothing committed, nothing lost
-			l.log.Info("batch abandoned: lane stopped", zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Error(err))
+		default: // stopped: nothing of the unfinished part committed, nothing lost
+			l.log.Info("batch abandoned: lane stopped", zap.Int64("from", next), zap.Int64("to", b.To), zap.Error(err))
 			return
 		}
 	}
 }
 
-// process runs a batch until it commits, is fenced, exhausts its attempts,
-// or the lane stops.
-func (l *lane) process(b *Batch) error {
+// awaitLayout waits, while the partition stays assigned, for an operator to
+// acknowledge the topic's new partition count, then claims the partition.
+func (l *lane) awaitLayout() bool {
+	for {
+		err := l.c.store.CheckLayout(l.ctx, l.key.Group, l.key.Topic, l.partitions)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sink.ErrPartitionsChanged) {
+			l.log.Warn("checking partition count failed", zap.Error(err))
+		}
+		if !l.sleep(layoutRecheck) {
+			return false
+		}
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.ClaimTimeout)
+	defer cancel()
+	if _, err := l.c.claimOne(ctx, l.c.cl.Load(), l, l.next); err != nil {
+		l.log.Error("claim after partition count acknowledgement failed", zap.Error(err), zap.Bool("fenced", errors.Is(err, sink.ErrFenced)))
+		l.end()
+		return false
+	}
+	l.log.Info("partition count acknowledged: processing resumes")
+	l.mu.Lock()
+	if l.paused && !l.ended {
+		l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+		l.paused = false
+	}
+	l.mu.Unlock()
+	return true
+}
+
+// process commits recs, which start at from, and returns the next offset
+// after what it committed: every job's effects commit exactly once, or the
+// job is dead-lettered in the transaction that moves past it. It returns an
+// error only when the lane is fenced or stopped.
+//
+// A failing batch is retried once (a transient failure should not cost a
+// split), then halved: the halves run in order, each retried and halved in
+// turn, so the good jobs commit and the bad one ends alone. A lone job gets
+// MaxAttempts attempts, or none more if its failure is permanent, and is then
+// dead-lettered. Infrastructure failures (the database is away) are retried
+// until they pass or the lane stops, whatever the batch size.
+func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 	cfg := &l.c.cfg
+	b := l.batch(recs, from)
+	handlerFailures := 0
 	for attempt := 1; ; attempt++ {
 		err := l.attempt(b)
-		if err == nil || errors.Is(err, sink.ErrFenced) {
-			if cfg.Hooks.AfterBatch != nil {
-				cfg.Hooks.AfterBatch(b, err)
+		switch {
+		case err == nil:
+			l.afterBatch(b, nil)
+			return b.To, nil
+		case errors.Is(err, sink.ErrFenced):
+			l.afterBatch(b, err)
+			return from, err
+		case l.stopping():
+			return from, fmt.Errorf("%w: %v", errStopped, err)
+		case isInfra(err):
+			d := l.c.backoff(attempt)
+			l.log.Warn("batch failed on the database, retrying", zap.Int64("from", b.From), zap.Int64("to", b.To),
+				zap.Int("attempt", attempt), zap.Duration("backoff", d), zap.Error(err))
+			if !l.sleep(d) {
+				return from, errStopped
 			}
-			if err == nil {
-				l.log.Debug("batch committed", zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Int("records", len(b.Records)))
+			continue
+		}
+		if !l.databaseAnswers() {
+			// The handler failed while the database is away: not the job's
+			// fault, whatever the error says.
+			if !l.sleep(l.c.backoff(attempt)) {
+				return from, errStopped
 			}
-			return err
+			continue
 		}
-		if l.ctx.Err() != nil {
-			return err
+		handlerFailures++
+		final := IsPermanent(err) || errors.Is(err, errPanicked)
+		if len(recs) > 1 {
+			if handlerFailures < 2 && !final {
+				d := l.c.backoff(handlerFailures)
+				l.log.Warn("batch failed, retrying", zap.Int64("from", b.From), zap.Int64("to", b.To),
+					zap.Int("attempt", handlerFailures), zap.Duration("backoff", d), zap.Error(err))
+				if !l.sleep(d) {
+					return from, errStopped
+				}
+				continue
+			}
+			mid := len(recs) / 2
+			l.log.Warn("batch keeps failing: splitting it to isolate the failing job", zap.Int64("from", b.From), zap.Int64("to", b.To),
+				zap.Int("records", len(recs)), zap.Error(err))
+			next, err := l.process(recs[:mid], from)
+			if err != nil {
+				return next, err
+			}
+			return l.process(recs[mid:], next)
 		}
-		if attempt >= cfg.MaxAttempts {
-			l.log.Error("batch failed on every attempt: partition stalled until it is assigned again or the worker restarts; nothing was skipped",
-				zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Int("attempts", attempt), zap.Error(err))
-			return fmt.Errorf("%w: %v", errStalled, err)
+		if handlerFailures < cfg.MaxAttempts && !final {
+			d := l.c.backoff(handlerFailures)
+			l.log.Warn("job failed, retrying", zap.String("job", JobID(recs[0])),
+				zap.Int("attempt", handlerFailures), zap.Duration("backoff", d), zap.Error(err))
+			if !l.sleep(d) {
+				return from, errStopped
+			}
+			continue
 		}
-		d := l.c.backoff(attempt)
-		l.log.Warn("batch failed, retrying", zap.Int64("from", b.From), zap.Int64("to", b.To),
-			zap.Int("attempt", attempt), zap.Duration("backoff", d), zap.Error(err))
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-l.quit:
-			t.Stop()
-			return err
+		return l.deadLetter(b, err, handlerFailures)
+	}
+}
+
+// databaseAnswers checks, after a handler failure, that the database can run
+// a statement, so that an outage (a hung connection looks like a handler
+// timeout) is never blamed on the job.
+func (l *lane) databaseAnswers() bool {
+	ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
+	defer cancel()
+	_, err := l.c.store.Pool().Exec(ctx, "SELECT 1")
+	if err != nil {
+		l.log.Warn("database does not answer after a handler failure; not counting it against the job", zap.Error(err))
+	}
+	return err == nil
+}
+
+func (l *lane) afterBatch(b *Batch, err error) {
+	if h := l.c.cfg.Hooks.AfterBatch; h != nil {
+		h(b, err)
+	}
+	if err == nil {
+		l.log.Debug("batch committed", zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Int("records", len(b.Records)))
+	}
+}
+
+// deadLetter parks b's single job in the dead-letter table in the fenced
+// transaction that moves the partition past it. Database failures are
+// retried like any commit.
+func (l *lane) deadLetter(b *Batch, cause error, attempts int) (int64, error) {
+	r := b.Records[0]
+	headers := make([]sink.Header, len(r.Headers))
+	for i, h := range r.Headers {
+		headers[i] = sink.Header{Key: h.Key, Value: h.Value}
+	}
+	d := sink.DeadLetter{Partition: l.key, Offset: r.Offset, Key: r.Key, Value: r.Value, Headers: headers,
+		Error: cause.Error(), Attempts: attempts, Token: l.token, Owner: l.owner}
+	for attempt := 1; ; attempt++ {
+		err := l.commitTx(b, func(ctx context.Context, tx pgx.Tx) error {
+			return l.c.store.AddDeadLetter(ctx, tx, d)
+		})
+		switch {
+		case err == nil:
+			l.log.Error("job dead-lettered", zap.String("job", JobID(r)), zap.Int("attempts", attempts),
+				zap.Bool("dead_letter", true), zap.NamedError("cause", cause))
+			l.afterBatch(b, nil)
+			return b.To, nil
+		case errors.Is(err, sink.ErrFenced):
+			l.afterBatch(b, err)
+			return b.From, err
+		case l.stopping():
+			return b.From, fmt.Errorf("%w: %v", errStopped, err)
+		}
+		dl := l.c.backoff(attempt)
+		l.log.Warn("dead-lettering failed, retrying", zap.String("job", JobID(r)), zap.Duration("backoff", dl), zap.Error(err))
+		if !l.sleep(dl) {
+			return b.From, errStopped
 		}
 	}
 }
 
 // attempt runs the batch once in one transaction: handler, fence, commit.
-func (l *lane) attempt(b *Batch) (err error) {
-	cfg := &l.c.cfg
-	ctx := l.ctx
-	if cfg.Hooks.BeforeBatch != nil {
-		cfg.Hooks.BeforeBatch(ctx, b)
+func (l *lane) attempt(b *Batch) error {
+	if h := l.c.cfg.Hooks.BeforeBatch; h != nil {
+		h(l.ctx, b)
 	}
+	return l.commitTx(b, func(ctx context.Context, tx pgx.Tx) error {
+		hctx, cancel := ctx, context.CancelFunc(func() {})
+		if l.c.cfg.HandlerTimeout > 0 {
+			hctx, cancel = context.WithTimeout(ctx, l.c.cfg.HandlerTimeout)
+		}
+		defer cancel()
+		if err := l.handle(hctx, tx, b); err != nil {
+			return err
+		}
+		if h := l.c.cfg.Hooks.BeforeCommit; h != nil {
+			h(ctx, b)
+		}
+		return nil
+	})
+}
+
+// commitTx runs work in a transaction and commits it through the fence from
+// b.From to b.To. Errors of the transaction machinery come back marked as
+// infrastructure errors; work's own errors come back as they are.
+func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) error) error {
+	ctx := l.ctx
 	tx, err := l.c.store.Pool().BeginTx(ctx, l.c.txOptions)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return infraError{fmt.Errorf("begin: %w", err)}
 	}
 	committed := false
 	defer func() {
@@ -257,11 +453,8 @@ func (l *lane) attempt(b *Batch) (err error) {
 			_ = tx.Rollback(rctx) // a failed rollback closes the connection: nothing survives
 		}
 	}()
-	if err := l.handle(ctx, tx, b); err != nil {
+	if err := work(ctx, tx); err != nil {
 		return err
-	}
-	if cfg.Hooks.BeforeCommit != nil {
-		cfg.Hooks.BeforeCommit(ctx, b)
 	}
 	// From here on, stopping the lane does not cancel: a commit in flight is
 	// settled by the fence.
@@ -269,7 +462,10 @@ func (l *lane) attempt(b *Batch) (err error) {
 	defer cancel()
 	req := sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, From: b.From, To: b.To}
 	if err := l.c.store.Commit(cctx, tx, req); err != nil {
-		return err
+		if errors.Is(err, sink.ErrFenced) {
+			return err
+		}
+		return infraError{err}
 	}
 	err = tx.Commit(cctx)
 	committed = true // either way the transaction is over
@@ -278,7 +474,7 @@ func (l *lane) attempt(b *Batch) (err error) {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return fmt.Errorf("commit: %w", err) // the server refused: not committed
+		return infraError{fmt.Errorf("commit: %w", err)} // the server refused: not committed
 	}
 	// The connection broke during COMMIT: the outcome is unknown. Ask the
 	// fencing row, which only our commit could have moved to b.To.
@@ -286,7 +482,7 @@ func (l *lane) attempt(b *Batch) (err error) {
 }
 
 func (l *lane) resolve(req sink.CommitRequest, commitErr error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), l.c.cfg.ClaimTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*l.c.cfg.ClaimTimeout)
 	defer cancel()
 	var out sink.Outcome
 	err := l.c.retry(ctx, "resolving a commit of unknown outcome", l.log, func() error {
@@ -297,17 +493,19 @@ func (l *lane) resolve(req sink.CommitRequest, commitErr error) error {
 	l.log.Warn("commit outcome was unknown; resolved from the fencing row",
 		zap.Int64("from", req.From), zap.Int64("to", req.To), zap.Stringer("outcome", out), zap.NamedError("commit_error", commitErr))
 	switch {
-	case err != nil:
+	case err != nil && !errors.Is(err, sink.ErrFenced):
 		// Still unknown: do not guess. Fencing this lane makes the partition
 		// start again from a fresh claim, which reads the stored offset.
 		return &sink.FencedError{Op: "commit", Partition: req.Partition, Presented: req.Token, Owner: req.Owner, From: req.From}
 	case out == sink.Committed:
 		return nil
 	case out == sink.NotCommitted:
-		return fmt.Errorf("commit: %w", commitErr)
+		return infraError{fmt.Errorf("commit: %w", commitErr)}
 	}
 	return err
 }
+
+var errPanicked = errors.New("handler panicked")
 
 // handle calls the handler, turning a panic into an error: a bad job must
 // never take the worker down with it.
@@ -315,10 +513,13 @@ func (l *lane) handle(ctx context.Context, tx pgx.Tx, b *Batch) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			l.log.Error("handler panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-			err = fmt.Errorf("handler panicked: %v", r)
+			err = fmt.Errorf("%w: %v", errPanicked, r)
 		}
 	}()
 	if err := l.c.cfg.Handler.Handle(ctx, tx, b); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil && l.ctx.Err() == nil {
+			return fmt.Errorf("handler timed out after %s: %w", l.c.cfg.HandlerTimeout, err)
+		}
 		return fmt.Errorf("handler: %w", err)
 	}
 	return nil

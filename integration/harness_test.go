@@ -63,6 +63,12 @@ type env struct {
 
 func newEnv(t *testing.T, partitions int32) *env {
 	t.Helper()
+	return newEnvWith(t, partitions, nil)
+}
+
+// newEnvWith is newEnv with extra settings for the in-process broker.
+func newEnvWith(t *testing.T, partitions int32, brokerConfigs map[string]string) *env {
+	t.Helper()
 	e := &env{t: t}
 	if b := os.Getenv("TENURE_TEST_BROKERS"); b != "" {
 		e.brokers = strings.Split(b, ",")
@@ -71,6 +77,7 @@ func newEnv(t *testing.T, partitions int32) *env {
 		c, err := devbroker.Start(devbroker.Config{
 			ConsumerSessionTimeout: sessionTimeout,
 			ConsumerHeartbeat:      500 * time.Millisecond,
+			BrokerConfigs:          brokerConfigs,
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -29,6 +29,10 @@ type Config struct {
 	ConsumerSessionTimeout, ConsumerHeartbeat time.Duration
 	// AutoCreateTopics lets producers create topics by writing to them.
 	AutoCreateTopics bool
+	// BrokerConfigs are extra broker settings (e.g.
+	// offsets.retention.check.interval.ms, to make empty groups expire
+	// quickly in tests).
+	BrokerConfigs map[string]string
 }
 
 // Start starts the broker. Close it with Cluster.Close.
@@ -70,6 +74,9 @@ func Start(cfg Config) (*kfake.Cluster, error) {
 			"group.consumer.session.timeout.ms":    strconv.FormatInt(cfg.ConsumerSessionTimeout.Milliseconds(), 10),
 			"group.consumer.heartbeat.interval.ms": strconv.FormatInt(cfg.ConsumerHeartbeat.Milliseconds(), 10),
 		}),
+	}
+	if len(cfg.BrokerConfigs) > 0 {
+		opts = append(opts, kfake.BrokerConfigs(cfg.BrokerConfigs))
 	}
 	if cfg.AutoCreateTopics {
 		opts = append(opts, kfake.AllowAutoTopicCreation())

@@ -50,6 +50,8 @@ type History struct {
 	Log    []Entry
 	Fences []sink.Fence
 	Writes []Write // export versions, or ledger rows
+	// DeadLetters are the parked jobs (Key, Topic, Partition, Offset, Token).
+	DeadLetters []Write
 }
 
 // CheckLog verifies, per partition: commits cover consecutive offset ranges
@@ -125,11 +127,12 @@ func maxToken(a, b sink.Token) sink.Token {
 }
 
 // CheckWrites verifies that every job below its partition's next offset
-// that exists in produced has exactly one write, that no write exists at or
-// beyond the next offset, and that per key the export versions' offsets only
-// go forward. produced maps topic/partition to the offsets that hold jobs;
-// nil skips the "missing" check.
-func CheckWrites(writes []Write, fences []sink.Fence, produced map[TopicPartition][]int64) []Violation {
+// that exists in produced has exactly one write or exactly one dead letter
+// (not both), that nothing exists at or beyond the next offset, and that per
+// key the export versions' offsets only go forward. produced maps
+// topic/partition to the offsets that hold jobs; nil skips the "missing"
+// check.
+func CheckWrites(writes, deadLetters []Write, fences []sink.Fence, produced map[TopicPartition][]int64) []Violation {
 	var out []Violation
 	next := map[TopicPartition]int64{}
 	for _, f := range fences {
@@ -150,10 +153,23 @@ func CheckWrites(writes []Write, fences []sink.Fence, produced map[TopicPartitio
 			byKey[w.Key] = append(byKey[w.Key], w)
 		}
 	}
+	for _, d := range deadLetters {
+		tp := TopicPartition{d.Topic, d.Partition}
+		if count[tp] == nil {
+			count[tp] = map[int64]int{}
+		}
+		if count[tp][d.Offset] > 0 {
+			out = append(out, Violation{"duplicate", fmt.Sprintf("%s/%d: job at offset %d is dead-lettered and has a committed effect", d.Topic, d.Partition, d.Offset)})
+		}
+		count[tp][d.Offset]++
+		if n, ok := next[tp]; ok && d.Offset >= n {
+			out = append(out, Violation{"G1", fmt.Sprintf("%s/%d: job at offset %d is dead-lettered but the next offset is %d", d.Topic, d.Partition, d.Offset, n)})
+		}
+	}
 	for tp, offs := range count {
 		for off, n := range offs {
 			if n > 1 {
-				out = append(out, Violation{"duplicate", fmt.Sprintf("%s/%d: job at offset %d has %d committed effects", tp.Topic, tp.Partition, off, n)})
+				out = append(out, Violation{"duplicate", fmt.Sprintf("%s/%d: job at offset %d has %d committed effects or dead letters", tp.Topic, tp.Partition, off, n)})
 			}
 		}
 	}
@@ -161,7 +177,7 @@ func CheckWrites(writes []Write, fences []sink.Fence, produced map[TopicPartitio
 		n := next[tp]
 		for _, off := range offs {
 			if off < n && count[tp][off] == 0 {
-				out = append(out, Violation{"missing", fmt.Sprintf("%s/%d: job at offset %d is below the next offset %d but has no effect", tp.Topic, tp.Partition, off, n)})
+				out = append(out, Violation{"missing", fmt.Sprintf("%s/%d: job at offset %d is below the next offset %d but has no effect and no dead letter", tp.Topic, tp.Partition, off, n)})
 			}
 		}
 	}
@@ -237,10 +253,21 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 	}); err != nil {
 		return nil, err
 	}
+	rows, err = pool.Query(ctx, `SELECT coalesce(encode(job_key, 'escape'), ''), 0, topic, partition, job_offset, incarnation, epoch
+		FROM `+q+`.dead_letters WHERE consumer_group = $1`, group)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&w.Key, &w.Version, &w.Topic, &w.Partition, &w.Offset, &w.Token.Incarnation, &w.Token.Epoch}, func() error {
+		h.DeadLetters = append(h.DeadLetters, w)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
 	return h, nil
 }
 
 // Check runs every check over h.
 func (h *History) Check(produced map[TopicPartition][]int64) []Violation {
-	return append(CheckLog(h.Log, h.Fences), CheckWrites(h.Writes, h.Fences, produced)...)
+	return append(CheckLog(h.Log, h.Fences), CheckWrites(h.Writes, h.DeadLetters, h.Fences, produced)...)
 }

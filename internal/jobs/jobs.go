@@ -82,11 +82,12 @@ INSERT INTO ` + e.schema + `.export_versions
 SELECT $1, version, $3, $4, $5, $6, $7, $8 FROM up`
 	var batch pgx.Batch
 	for _, r := range b.Records {
+		// A job without a usable key can never succeed: park it at once.
 		if len(r.Key) == 0 {
-			return fmt.Errorf("%s: %w", consumer.JobID(r), ErrNoKey)
+			return consumer.Permanent(fmt.Errorf("%s: %w", consumer.JobID(r), ErrNoKey))
 		}
 		if !utf8.Valid(r.Key) {
-			return fmt.Errorf("%s: job key is not valid UTF-8", consumer.JobID(r))
+			return consumer.Permanent(fmt.Errorf("%s: job key is not valid UTF-8", consumer.JobID(r)))
 		}
 		doc, err := json.Marshal(exportDocument{
 			Key: string(r.Key), Job: consumer.JobID(r), Token: b.Token.String(),

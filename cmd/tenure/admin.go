@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+func init() {
+	register(command{name: "admin", summary: "inspect topics, groups, assignments and fencing rows; create topics", run: runAdmin})
+}
+
+// adminTimeout bounds each admin command's broker and database round trips,
+// so that an unreachable server is an error, not a hang.
+const adminTimeout = 15 * time.Second
+
+// adminCommand is one `tenure admin` subcommand; name may be two words
+// ("topic create").
+type adminCommand struct {
+	name    string
+	args    string // usage after the name
+	summary string
+	run     func(ctx context.Context, e *env, f *flagSet, args []string) error
+}
+
+func adminCommands() []adminCommand {
+	return []adminCommand{
+		{"topic create", "--brokers HOST:PORT[,..] --topic T --partitions N [--replication-factor R]",
+			"create a topic", runTopicCreate},
+		{"topic describe", "--brokers HOST:PORT[,..] --topic T [--output table|json]",
+			"a topic's partitions, leaders and high watermarks", runTopicDescribe},
+		{"groups", "--brokers HOST:PORT[,..] [--output table|json]",
+			"list consumer groups: type, state, protocol, member count", runGroups},
+		{"assignments", "--brokers HOST:PORT[,..] --group G --database-url URL [--schema S] [--topic T[,T2]] [--output table|json]",
+			"per partition, the coordinator's assignment beside Postgres's fencing row, and the lag", runAssignments},
+		{"fences", "--database-url URL [--schema S] [--group G] [--output table|json]",
+			"the fencing rows in Postgres", runFences},
+	}
+}
+
+func printAdminUsage(w io.Writer) {
+	fmt.Fprintln(w, "usage: tenure admin <subcommand> [flags]")
+	fmt.Fprintln(w)
+	for _, c := range adminCommands() {
+		fmt.Fprintf(w, "  %-15s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Flags also read TENURE_* environment variables (flags win). 'tenure admin <subcommand> --help' for its flags.")
+}
+
+func runAdmin(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 {
+		printAdminUsage(e.stderr)
+		return usagef("a subcommand is required")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		printAdminUsage(e.stderr)
+		return flag.ErrHelp
+	}
+	for _, c := range adminCommands() {
+		words := strings.Fields(c.name)
+		if len(args) < len(words) || strings.Join(args[:len(words)], " ") != c.name {
+			continue
+		}
+		f := newFlagSet(e, "admin "+c.name, c.args)
+		// The flag package prints the full usage on a flag error; other
+		// usage errors get the one-line usage here.
+		printed := false
+		usage := f.Usage
+		f.Usage = func() { printed = true; usage() }
+		err := c.run(ctx, e, f, args[len(words):])
+		var ue usageError
+		if errors.As(err, &ue) {
+			if !printed {
+				fmt.Fprintf(e.stderr, "usage: tenure admin %s %s\n", c.name, c.args)
+			}
+			return usagef("%s: %s", c.name, ue.msg)
+		}
+		return err
+	}
+	printAdminUsage(e.stderr)
+	return usagef("unknown subcommand %q", strings.Join(args[:min(len(args), 2)], " "))
+}
+
+// outputFlag adds --output and returns a checker for it.
+func outputFlag(f *flagSet) func() (string, error) {
+	out := f.String("output", "table", "output format: table or json")
+	return func() (string, error) {
+		if *out != "table" && *out != "json" {
+			return "", usagef("--output %q is not table or json", *out)
+		}
+		return *out, nil
+	}
+}
+
+func schemaFlag(f *flagSet) func() (string, error) {
+	s := f.String("schema", sink.DefaultSchema, "Postgres schema of tenure's tables")
+	return func() (string, error) {
+		if err := sink.ValidateSchema(*s); err != nil {
+			return "", usageError{err.Error()}
+		}
+		return *s, nil
+	}
+}
+
+// writeJSON writes v indented, with a final newline.
+func writeJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// dash renders an absent value in a table.
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func dashInt[T int32 | int64](v *T) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprint(*v)
+}
+
+// kafkaError turns a failed admin request into one sentence.
+func kafkaError(what string, brokers []string, err error) error {
+	// kadm reports per-broker failures as ShardErrors; the first says why.
+	var se *kadm.ShardErrors
+	if errors.As(err, &se) && len(se.Errs) > 0 && se.Errs[0].Err != nil {
+		err = se.Errs[0].Err
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("cannot reach the Kafka brokers %s (%s): no answer within %s", strings.Join(brokers, ","), what, adminTimeout)
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &ne) {
+		return fmt.Errorf("cannot reach the Kafka brokers %s (%s): %v", strings.Join(brokers, ","), what, err)
+	}
+	return fmt.Errorf("%s failed: %v", what, err)
+}
+
+// dbError turns a failed read of the fencing tables into one sentence.
+func dbError(schema string, err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined table, undefined schema
+		return fmt.Errorf("schema %q has no tenure tables: run `tenure migrate up --schema %s` (or give the right --schema)", schema, schema)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("the database did not answer within %s: %v", adminTimeout, err)
+	}
+	return fmt.Errorf("reading the fencing rows: %v", pgxCauseOf(err))
+}
+
+func pgxCauseOf(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Message
+	}
+	return err.Error()
+}

@@ -1,0 +1,113 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+)
+
+// Deleting the group restarts its epochs at 1, below the tokens stored in
+// Postgres. New workers must resume on their own (the incarnation moves on
+// once the coordinator confirms their epoch), and a zombie from before the
+// reset must stay fenced.
+func TestGroupDeletedWorkersResumeAndZombieStaysFenced(t *testing.T) {
+	t.Parallel()
+	for _, proto := range []string{"classic", "consumer"} {
+		t.Run(proto, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			if proto == "consumer" && e.real {
+				t.Skip("needs kfake's short KIP-848 session timeout")
+			}
+			e.produce(jobsFor(keys, 0, 20)...)
+
+			// Raise the group's epochs: a worker commits, a second joins and
+			// leaves, so the stored token is above what a fresh group starts at.
+			w1 := e.startWorker("W1", "--protocol", proto)
+			waitCommitted(t, e, 0, 20, "")
+			w2 := e.startWorker("W2", "--protocol", proto)
+			waitForMembers(t, e, 2)
+			w2.stop(30 * time.Second)
+			w1.stop(30 * time.Second)
+
+			// The zombie: takes the partition, holds a batch, and is frozen.
+			e.produce(jobsFor(keys, 20, 10)...)
+			z := e.startWorker("Z", "--protocol", proto, "--hold-once", "before-batch")
+			held := z.waitLog(30*time.Second, map[string]any{"msg": "holding"})
+			z.pause()
+			t.Logf("zombie Z frozen with token %v holding [%v,%v)", held["token"], held["from"], held["to"])
+
+			// Z is evicted; the group, now empty, is deleted.
+			deleteGroupWhenEmpty(t, e)
+
+			n := e.startWorker("N", "--protocol", proto)
+			n.waitLog(60*time.Second, map[string]any{"msg": "group epochs restarted: new incarnation"})
+			claimed := n.waitLog(60*time.Second, map[string]any{"msg": "partition claimed"})
+			if !tokenLess(t, held["token"].(string), claimed["token"].(string)) {
+				t.Fatalf("N's token %v is not above the zombie's %v", claimed["token"], held["token"])
+			}
+			waitCommitted(t, e, 0, 30, "")
+
+			z.resume()
+			z.waitLogAny(30*time.Second, rejected, batchCommitted, abandoned)
+			if z.findLog(batchCommitted) != nil {
+				t.Errorf("the zombie from before the reset committed")
+			}
+			n.stop(30 * time.Second)
+			z.stop(30 * time.Second)
+			checkHistory(t, e, 0)
+		})
+	}
+}
+
+// An empty group whose offsets are not in Kafka expires at the broker's
+// retention check, and its epochs restart just like after a deletion.
+func TestExpiredGroupWorkersResume(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, 1, map[string]string{"offsets.retention.check.interval.ms": "500"})
+	if e.real {
+		t.Skip("group expiry takes ten minutes on a real cluster")
+	}
+	e.produce(jobsFor(keys, 0, 20)...)
+	w1 := e.startWorker("W1")
+	waitCommitted(t, e, 0, 20, "")
+	w2 := e.startWorker("W2")
+	waitForMembers(t, e, 2)
+	w2.stop(30 * time.Second)
+	w1.stop(30 * time.Second)
+
+	// Nothing holds the group now: no members, no committed offsets.
+	adm := kadm.NewClient(e.cl)
+	waitFor(t, 60*time.Second, "the empty group to expire", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		lg, err := adm.ListGroups(ctx)
+		if err != nil {
+			return false
+		}
+		_, ok := lg[e.group]
+		return !ok
+	})
+
+	e.produce(jobsFor(keys, 20, 10)...)
+	n := e.startWorker("N")
+	n.waitLog(60*time.Second, map[string]any{"msg": "group epochs restarted: new incarnation"})
+	waitCommitted(t, e, 0, 30, "")
+	n.stop(30 * time.Second)
+	checkHistory(t, e, 0)
+}
+
+// deleteGroupWhenEmpty waits for the group to empty (its members evicted)
+// and deletes it.
+func deleteGroupWhenEmpty(t *testing.T, e *env) {
+	t.Helper()
+	adm := kadm.NewClient(e.cl)
+	waitFor(t, 60*time.Second, "the group to be empty and deleted", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := adm.DeleteGroup(ctx, e.group)
+		return err == nil && resp.Err == nil
+	})
+}

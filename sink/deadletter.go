@@ -1,0 +1,174 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Header is a Kafka record header.
+type Header struct {
+	Key   string `json:"key"`
+	Value []byte `json:"value"`
+}
+
+// DeadLetter is a job that failed for good.
+type DeadLetter struct {
+	ID        int64
+	Partition Partition
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	Error     string
+	Attempts  int
+	Token     Token
+	Owner     string
+	DeadAt    time.Time
+	Status    string // dead, replayed, discarded
+}
+
+// AddDeadLetter records d inside tx: the caller's fenced transaction, which
+// must also Commit the partition past d.Offset so that the job is parked
+// exactly when the partition moves on.
+func (s *Store) AddDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) error {
+	headers := d.Headers
+	if headers == nil {
+		headers = []Header{}
+	}
+	hj, err := json.Marshal(headers)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO `+quote(s.schema)+`.dead_letters
+		(consumer_group, topic, partition, job_offset, job_key, job_value, headers, error, attempts, incarnation, epoch, owner)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		d.Partition.Group, d.Partition.Topic, d.Partition.Partition, d.Offset, d.Key, d.Value, hj,
+		d.Error, d.Attempts, d.Token.Incarnation, d.Token.Epoch, d.Owner)
+	if err != nil {
+		return fmt.Errorf("dead-lettering %s at offset %d: %w", d.Partition, d.Offset, err)
+	}
+	return nil
+}
+
+// DeadLetterFilter selects dead letters; zero fields match everything.
+type DeadLetterFilter struct {
+	Group  string
+	Topic  string
+	Status string
+	Limit  int
+}
+
+const deadLetterCols = `id, consumer_group, topic, partition, job_offset, job_key, job_value, headers, error, attempts,
+	incarnation, epoch, owner, dead_at, status`
+
+// DeadLetters lists dead letters, oldest first.
+func (s *Store) DeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+deadLetterCols+` FROM `+quote(s.schema)+`.dead_letters
+		WHERE ($1 = '' OR consumer_group = $1) AND ($2 = '' OR topic = $2) AND ($3 = '' OR status = $3)
+		ORDER BY id LIMIT $4`, f.Group, f.Topic, f.Status, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []DeadLetter
+	for rows.Next() {
+		d, err := scanDeadLetter(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// ErrNoDeadLetter is returned for an id that does not exist.
+var ErrNoDeadLetter = errors.New("no such dead letter")
+
+// DeadLetterByID reads one dead letter.
+func (s *Store) DeadLetterByID(ctx context.Context, id int64) (DeadLetter, error) {
+	d, err := scanDeadLetter(s.pool.QueryRow(ctx, `SELECT `+deadLetterCols+` FROM `+quote(s.schema)+`.dead_letters WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d, fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
+	}
+	return d, err
+}
+
+// ReplayFunc re-produces a dead letter's job and says where it landed.
+type ReplayFunc func(ctx context.Context, d DeadLetter) (topic string, partition int32, offset int64, err error)
+
+// Replay re-produces dead letter id with produce and records the replay. It
+// holds the dead letter's row lock while producing, so two operators cannot
+// replay the same job at once; a job already replayed or discarded is
+// refused. If produce fails nothing is recorded and the job stays dead.
+func (s *Store) Replay(ctx context.Context, id int64, actor string, produce ReplayFunc) (DeadLetter, error) {
+	var d DeadLetter
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		d, err = scanDeadLetter(tx.QueryRow(ctx, `SELECT `+deadLetterCols+` FROM `+quote(s.schema)+`.dead_letters WHERE id = $1 FOR UPDATE`, id))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
+		}
+		if err != nil {
+			return err
+		}
+		if d.Status != "dead" {
+			return fmt.Errorf("dead letter %d was already %s", id, d.Status)
+		}
+		topic, part, off, err := produce(ctx, d)
+		if err != nil {
+			return fmt.Errorf("re-producing dead letter %d: %w", id, err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+quote(s.schema)+`.dead_letters SET status = 'replayed' WHERE id = $1`, id); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO `+quote(s.schema)+`.dead_letter_actions (dead_letter_id, action, topic, partition, job_offset, actor)
+			VALUES ($1, 'replay', $2, $3, $4, $5)`, id, topic, part, off, actor)
+		d.Status = "replayed"
+		return err
+	})
+	return d, err
+}
+
+// Discard marks dead letter id as discarded and records who did it.
+func (s *Store) Discard(ctx context.Context, id int64, actor string) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var status string
+		err := tx.QueryRow(ctx, `UPDATE `+quote(s.schema)+`.dead_letters d SET status = 'discarded'
+			FROM (SELECT id, status FROM `+quote(s.schema)+`.dead_letters WHERE id = $1 FOR UPDATE) old
+			WHERE d.id = old.id RETURNING old.status`, id).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
+		}
+		if err != nil {
+			return err
+		}
+		if status != "dead" {
+			return fmt.Errorf("dead letter %d was already %s", id, status)
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO `+quote(s.schema)+`.dead_letter_actions (dead_letter_id, action, actor) VALUES ($1, 'discard', $2)`, id, actor)
+		return err
+	})
+}
+
+func scanDeadLetter(r pgx.Row) (DeadLetter, error) {
+	var d DeadLetter
+	var hj []byte
+	err := r.Scan(&d.ID, &d.Partition.Group, &d.Partition.Topic, &d.Partition.Partition, &d.Offset, &d.Key, &d.Value, &hj,
+		&d.Error, &d.Attempts, &d.Token.Incarnation, &d.Token.Epoch, &d.Owner, &d.DeadAt, &d.Status)
+	if err != nil {
+		return d, err
+	}
+	if err := json.Unmarshal(hj, &d.Headers); err != nil {
+		return d, fmt.Errorf("dead letter %d headers: %w", d.ID, err)
+	}
+	return d, nil
+}
