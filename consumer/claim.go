@@ -68,6 +68,12 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 		}
 	}
 
+	// One confirmation for the whole assignment; claimOne asks again only if
+	// a claim is rejected.
+	g, err := c.readGrant(ctx, cl, member, epoch, topics)
+	if err != nil {
+		return nil, err
+	}
 	for topic, parts := range offsets {
 		for p, off := range parts {
 			start := off.EpochOffset().Offset
@@ -86,7 +92,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 				parts[p] = kgo.NewOffset().At(start).WithEpoch(-1)
 				l.block(start)
 			} else {
-				claimed, err := c.claimOne(ctx, cl, l, start)
+				claimed, err := c.claimOne(ctx, cl, l, start, g)
 				switch {
 				case errors.Is(err, sink.ErrFenced):
 					// A higher token holds the partition: this member is
@@ -95,6 +101,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 					log.Error("claim rejected: fenced", zap.Error(err), zap.Bool("fenced", true))
 					l.fence()
 				case err != nil:
+					log.Warn("claim failed: abandoning the group session to rejoin", zap.Error(err))
 					return nil, fmt.Errorf("claiming %s: %w", key, err)
 				default:
 					// Epoch -1: the position comes from Postgres, not from
@@ -119,30 +126,45 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 }
 
 // claimOne claims l's partition, retrying transient errors within ctx, and
-// sets the lane's token and next offset. It handles a restarted group:
+// sets the lane's token and next offset.
+//
+// The token is (incarnation, epoch), and the order of the steps is what
+// makes it safe:
+//
+//  1. read the group's incarnation from Postgres;
+//  2. have the group coordinator confirm that l's epoch is this member's
+//     current one and that it holds the partition (a zombie is refused here);
+//  3. claim with (incarnation read in 1, epoch).
 //
 // Deleting a group, or letting it expire while empty, restarts its epochs at
-// 1, so every claim of the new group looks stale next to the stored tokens.
-// When a claim is rejected by a token of the same incarnation with a higher
-// (or equal, other owner) epoch, claimOne asks the group coordinator whether
-// this member's epoch is current and owns the partition. If it is, the stored
-// epoch can only come from before a restart: claimOne bumps the group's
-// incarnation by compare-and-set and claims again with the new one, which
-// fences every token of the old incarnation. A zombie from before the restart
-// is not current, so it never bumps, and stays fenced.
-func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start int64) (sink.Claimed, error) {
+// 1, so the first claims after a reset are rejected by the old, higher
+// tokens. A rejection by the same incarnation with an epoch at or above ours,
+// although the coordinator confirmed ours after we read the incarnation, can
+// only mean the epochs restarted: claimOne bumps the incarnation by
+// compare-and-set and starts over, which fences every token of the old
+// incarnation.
+//
+// Why step 1 comes before step 2: a worker paused between confirming and
+// claiming may wake after a reset and a bump. Had it read the incarnation
+// after the pause, it would pair its old, high epoch with the new
+// incarnation and beat the legitimate post-reset owner. Read before the
+// confirmation, its incarnation is the old one and its claim loses.
+func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start int64, g *grant) (sink.Claimed, error) {
 	if c.cfg.Hooks.BeforeClaim != nil {
 		c.cfg.Hooks.BeforeClaim(ctx, l.key, sink.Token{Epoch: l.epoch})
 	}
 	for round := 0; ; round++ {
-		var inc int64
-		if err := c.retry(ctx, "reading incarnation", l.log, func() (err error) {
-			inc, err = c.store.Incarnation(ctx, c.cfg.Group)
-			return err
-		}); err != nil {
-			return sink.Claimed{}, err
+		if g == nil || round > 0 {
+			var err error
+			if g, err = c.readGrant(ctx, cl, l.owner, l.epoch, []string{l.key.Topic}); err != nil {
+				return sink.Claimed{}, err
+			}
 		}
-		token := sink.Token{Incarnation: inc, Epoch: l.epoch}
+		if !g.holds(l.key.Topic, l.key.Partition) {
+			return sink.Claimed{}, fmt.Errorf("%w: the group coordinator does not confirm that member %s holds %s at epoch %d",
+				sink.ErrFenced, l.owner, l.key, l.epoch)
+		}
+		token := sink.Token{Incarnation: g.inc, Epoch: l.epoch}
 		var claimed sink.Claimed
 		err := c.retry(ctx, "claim", l.log, func() (err error) {
 			claimed, err = c.store.Claim(ctx, sink.ClaimRequest{
@@ -163,122 +185,142 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 			return sink.Claimed{}, err
 		}
 		switch {
-		case inc < fe.Current.Incarnation:
-			continue // someone bumped after we read: read again
-		case inc > fe.Current.Incarnation:
+		case g.inc < fe.Current.Incarnation:
+			continue // bumped after we read it: read, confirm and claim again
+		case g.inc > fe.Current.Incarnation:
 			return sink.Claimed{}, err // cannot happen: our token would be higher
-		}
-		current, verr := c.epochIsCurrent(ctx, cl, l, fe.NextOffset)
-		if verr != nil {
-			return sink.Claimed{}, fmt.Errorf("%w (checking with the coordinator whether epoch %d is current failed: %v)", err, l.epoch, verr)
-		}
-		if !current {
-			return sink.Claimed{}, err
 		}
 		reason := fmt.Sprintf("epoch %d of member %s is current for %s but %s (owner %s) is stored: the group's epochs restarted",
 			l.epoch, l.owner, l.key, fe.Current, fe.CurrentOwner)
 		var now int64
 		var bumped bool
 		if err := c.retry(ctx, "bumping incarnation", l.log, func() (err error) {
-			now, bumped, err = c.store.BumpIncarnation(ctx, c.cfg.Group, inc, l.owner, reason)
+			now, bumped, err = c.store.BumpIncarnation(ctx, c.cfg.Group, g.inc, l.owner, reason)
 			return err
 		}); err != nil {
 			return sink.Claimed{}, err
 		}
-		l.log.Warn("group epochs restarted: new incarnation", zap.Int64("from", inc), zap.Int64("to", now),
+		l.log.Warn("group epochs restarted: new incarnation", zap.Int64("from", g.inc), zap.Int64("to", now),
 			zap.Bool("bumped_here", bumped), zap.String("reason", reason))
 	}
 }
 
-// epochIsCurrent asks the group coordinator whether l's epoch is this
-// member's current one and the partition is assigned to it.
+// grant is what the coordinator confirmed about this member, after the
+// incarnation inc was read.
+type grant struct {
+	inc     int64
+	current bool                      // the member's epoch is current
+	parts   map[string]map[int32]bool // KIP-848: partitions the coordinator says the member holds; nil: all
+}
+
+func (g *grant) holds(topic string, p int32) bool {
+	if !g.current {
+		return false
+	}
+	return g.parts == nil || g.parts[topic][p]
+}
+
+// readGrant reads the group's incarnation, then asks the coordinator whether
+// epoch is member's current epoch (see claimOne for why in this order).
 //
-// Classic: an offset commit carrying the generation and member id is
-// accepted only if both are current (else ILLEGAL_GENERATION or
-// UNKNOWN_MEMBER_ID); the partition's assignment is fixed per generation, and
-// this claim runs in the session that assigned it. The commit stores the
-// Postgres offset as Kafka's mirror, which does no harm.
+// Classic: a heartbeat carrying the generation and member id is accepted
+// only if both are current (else ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID;
+// REBALANCE_IN_PROGRESS also means the generation matched); a classic
+// member's partitions are fixed per generation, and the claim runs in the
+// session that assigned them.
 //
-// KIP-848: epochs are per member and commits are accepted for older epochs,
-// so the group is described instead: the member must exist, be at l's epoch
-// or later, and hold the partition now.
-func (c *Consumer) epochIsCurrent(ctx context.Context, cl *kgo.Client, l *lane, offset int64) (bool, error) {
-	// Both checks need the topic's id: KIP-848 describes assignments by
-	// topic id (kfake sends no names), and OffsetCommit v10+ names topics by
-	// id.
-	td, err := kadm.NewClient(cl).ListTopics(ctx, l.key.Topic)
-	if err != nil {
-		return false, err
+// KIP-848: epochs are per member, so the group is described instead: the
+// member must exist at epoch or later, and the partition must be in its
+// current assignment.
+func (c *Consumer) readGrant(ctx context.Context, cl *kgo.Client, member string, epoch int32, topics []string) (*grant, error) {
+	g := &grant{}
+	if err := c.retry(ctx, "reading incarnation", c.log, func() (err error) {
+		g.inc, err = c.store.Incarnation(ctx, c.cfg.Group)
+		return err
+	}); err != nil {
+		return nil, err
 	}
-	d, ok := td[l.key.Topic]
-	if !ok || d.Err != nil {
-		return false, fmt.Errorf("topic %q metadata: %v", l.key.Topic, d.Err)
-	}
-	if c.cfg.Protocol == NextGen {
-		req := kmsg.NewPtrConsumerGroupDescribeRequest()
-		req.Groups = []string{c.cfg.Group}
-		resp, err := req.RequestWith(ctx, cl)
-		if err != nil {
-			return false, err
+	err := c.retry(ctx, "confirming the epoch with the group coordinator", c.log, func() error {
+		var err error
+		if c.cfg.Protocol == NextGen {
+			g.current, g.parts, err = c.describeMember(ctx, cl, member, epoch, topics)
+		} else {
+			g.current, err = c.heartbeat(ctx, cl, member, epoch)
 		}
-		if len(resp.Groups) != 1 {
-			return false, errors.New("malformed consumer group describe response")
-		}
-		g := resp.Groups[0]
-		if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
-			return false, err
-		}
-		for _, m := range g.Members {
-			if m.MemberID != l.owner {
-				continue
-			}
-			l.log.Debug("coordinator's view of this member", zap.Int32("member_epoch", m.MemberEpoch))
-			if m.MemberEpoch < l.epoch {
-				return false, nil
-			}
-			for _, t := range m.Assignment.TopicPartitions {
-				if t.TopicID != d.ID && t.Topic != l.key.Topic {
-					continue
-				}
-				for _, p := range t.Partitions {
-					if p == l.key.Partition {
-						return true, nil
-					}
-				}
-			}
-			return false, nil
-		}
-		return false, nil
-	}
-	req := kmsg.NewPtrOffsetCommitRequest()
+		return err
+	})
+	return g, err
+}
+
+func (c *Consumer) heartbeat(ctx context.Context, cl *kgo.Client, member string, epoch int32) (bool, error) {
+	req := kmsg.NewPtrHeartbeatRequest()
 	req.Group = c.cfg.Group
-	req.Generation = l.epoch
-	req.MemberID = l.owner
-	rt := kmsg.NewOffsetCommitRequestTopic()
-	rt.Topic = l.key.Topic
-	rt.TopicID = d.ID
-	rp := kmsg.NewOffsetCommitRequestTopicPartition()
-	rp.Partition = l.key.Partition
-	rp.Offset = offset
-	rp.LeaderEpoch = -1
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
+	req.Generation = epoch
+	req.MemberID = member
 	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
 		return false, err
 	}
-	if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
-		return false, errors.New("malformed offset commit response")
-	}
-	switch err := kerr.ErrorForCode(resp.Topics[0].Partitions[0].ErrorCode); {
-	case err == nil:
+	switch err := kerr.ErrorForCode(resp.ErrorCode); {
+	case err == nil, errors.Is(err, kerr.RebalanceInProgress):
 		return true, nil
-	case errors.Is(err, kerr.IllegalGeneration), errors.Is(err, kerr.UnknownMemberID),
-		errors.Is(err, kerr.StaleMemberEpoch), errors.Is(err, kerr.FencedMemberEpoch):
+	case errors.Is(err, kerr.IllegalGeneration), errors.Is(err, kerr.UnknownMemberID), errors.Is(err, kerr.FencedInstanceID):
 		return false, nil
 	default:
 		return false, err
 	}
+}
+
+func (c *Consumer) describeMember(ctx context.Context, cl *kgo.Client, member string, epoch int32, topics []string) (bool, map[string]map[int32]bool, error) {
+	// kfake describes assignments by topic id only; map ids to names.
+	td, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
+	if err != nil {
+		return false, nil, err
+	}
+	names := map[[16]byte]string{}
+	for _, d := range td {
+		if d.Err == nil {
+			names[d.ID] = d.Topic
+		}
+	}
+	req := kmsg.NewPtrConsumerGroupDescribeRequest()
+	req.Groups = []string{c.cfg.Group}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return false, nil, err
+	}
+	if len(resp.Groups) != 1 {
+		return false, nil, errors.New("malformed consumer group describe response")
+	}
+	if err := kerr.ErrorForCode(resp.Groups[0].ErrorCode); err != nil {
+		if errors.Is(err, kerr.GroupIDNotFound) {
+			return false, nil, nil
+		}
+		return false, nil, err
+	}
+	for _, m := range resp.Groups[0].Members {
+		if m.MemberID != member {
+			continue
+		}
+		if m.MemberEpoch < epoch {
+			return false, nil, nil
+		}
+		parts := map[string]map[int32]bool{}
+		for _, t := range m.Assignment.TopicPartitions {
+			name := t.Topic
+			if n, ok := names[t.TopicID]; ok {
+				name = n
+			}
+			if parts[name] == nil {
+				parts[name] = map[int32]bool{}
+			}
+			for _, p := range t.Partitions {
+				parts[name][p] = true
+			}
+		}
+		return true, parts, nil
+	}
+	return false, nil, nil
 }
 
 func (c *Consumer) partitionCountsOf(ctx context.Context, cl *kgo.Client, topics []string) (map[string]int32, error) {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -113,23 +116,26 @@ type Assignment struct {
 //
 // Classic groups are read with DescribeGroups and the members' consumer
 // protocol assignment; KIP-848 groups with ConsumerGroupDescribe (the
-// members' current, reconciled assignment). kfake names the topics of a
-// KIP-848 assignment by topic ID only, which kadm drops: the partitions are
-// then attributed to the member's one subscribed topic, and Describe fails
-// for a member subscribed to several.
+// members' current, reconciled assignment). A KIP-848 assignment names its
+// topics by ID (Apache Kafka also sends names, kfake does not): Describe
+// sends ConsumerGroupDescribe itself and maps the IDs to names with the
+// topics' metadata, so members consuming several topics are described
+// correctly. Partitions of a topic ID the metadata does not know (the topic
+// was deleted since) are left out.
 //
 // The coordinator, Postgres and the log are read one after the other, not
 // atomically: a hand-off between the reads can show as claim-pending or
 // stale-owner for a moment. Describe bounds nothing itself: give ctx a
 // deadline.
-func Describe(ctx context.Context, adm *kadm.Client, store *sink.Store, group string, topics []string) ([]Assignment, error) {
-	if adm == nil || store == nil {
-		return nil, errors.New("consumer: Describe needs a kadm client and a sink store")
+func Describe(ctx context.Context, cl *kgo.Client, store *sink.Store, group string, topics []string) ([]Assignment, error) {
+	if cl == nil || store == nil {
+		return nil, errors.New("consumer: Describe needs a kgo client and a sink store")
 	}
 	if group == "" {
 		return nil, errors.New("consumer: Describe needs a group")
 	}
-	view, err := describeGroup(ctx, adm, group)
+	adm := kadm.NewClient(cl)
+	view, err := describeGroup(ctx, cl, adm, group)
 	if err != nil {
 		return nil, err
 	}
@@ -211,15 +217,20 @@ func (g groupView) topics(fences []sink.Fence) []string {
 // then (if the broker does not support that API, or the group is not a
 // KIP-848 group) as a classic one. An unknown group is an empty view, not an
 // error.
-func describeGroup(ctx context.Context, adm *kadm.Client, group string) (groupView, error) {
-	cg, err := adm.DescribeConsumerGroups(ctx, group)
-	if err == nil {
-		if d, ok := cg[group]; ok && d.Err == nil {
-			return consumerView(d)
-		}
+func describeGroup(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group string) (groupView, error) {
+	// Sent by hand rather than with kadm.DescribeConsumerGroups: kadm keeps
+	// only topic names, and kfake names a KIP-848 assignment's topics by ID
+	// alone.
+	req := kmsg.NewPtrConsumerGroupDescribeRequest()
+	req.Groups = []string{group}
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil && len(resp.Groups) == 1 && resp.Groups[0].ErrorCode == 0 {
+		return consumerView(resp.Groups[0], func(ids map[kadm.TopicID]bool, hint []string) (map[kadm.TopicID]string, error) {
+			return topicNames(ctx, adm, ids, hint)
+		})
 	}
 	if ctx.Err() != nil {
-		return groupView{}, fmt.Errorf("describing group %q: %w", group, err)
+		return groupView{}, fmt.Errorf("describing group %q: %w", group, ctx.Err())
 	}
 	dg, err := adm.DescribeGroups(ctx, group)
 	if err != nil {
@@ -235,26 +246,82 @@ func describeGroup(ctx context.Context, adm *kadm.Client, group string) (groupVi
 	return classicView(d), nil
 }
 
-func consumerView(d kadm.DescribedConsumerGroup) (groupView, error) {
+// nameResolver maps topic IDs to names. hint lists topics likely to hold
+// them (the members' subscriptions), to be asked about first.
+type nameResolver func(ids map[kadm.TopicID]bool, hint []string) (map[kadm.TopicID]string, error)
+
+// topicNames asks the metadata for the names of ids: first for the hinted
+// topics only, then, if some IDs are still unknown, for every topic.
+func topicNames(ctx context.Context, adm *kadm.Client, ids map[kadm.TopicID]bool, hint []string) (map[kadm.TopicID]string, error) {
+	names := map[kadm.TopicID]string{}
+	lookup := func(topics ...string) error {
+		td, err := adm.ListTopics(ctx, topics...)
+		if err != nil {
+			return fmt.Errorf("reading topic metadata to name the topic IDs of a KIP-848 assignment: %w", err)
+		}
+		for _, d := range td {
+			if d.Err == nil && ids[d.ID] {
+				names[d.ID] = d.Topic
+			}
+		}
+		return nil
+	}
+	if len(hint) > 0 {
+		if err := lookup(hint...); err != nil {
+			return nil, err
+		}
+	}
+	if len(names) < len(ids) {
+		if err := lookup(); err != nil { // every topic
+			return nil, err
+		}
+	}
+	return names, nil
+}
+
+func consumerView(d kmsg.ConsumerGroupDescribeResponseGroup, resolve nameResolver) (groupView, error) {
 	g := groupView{protocol: "consumer", state: d.State}
+	// Topic IDs sent without a name, and the topics the members subscribe
+	// to (where those IDs most likely belong).
+	unnamed := map[kadm.TopicID]bool{}
+	var hint []string
+	seen := map[string]bool{}
+	for _, m := range d.Members {
+		for _, t := range m.Assignment.TopicPartitions {
+			if t.Topic == "" {
+				unnamed[kadm.TopicID(t.TopicID)] = true
+			}
+		}
+		for _, t := range m.SubscribedTopics {
+			if !seen[t] {
+				seen[t] = true
+				hint = append(hint, t)
+			}
+		}
+	}
+	names := map[kadm.TopicID]string{}
+	if len(unnamed) > 0 {
+		var err error
+		if names, err = resolve(unnamed, hint); err != nil {
+			return groupView{}, err
+		}
+	}
 	for _, m := range d.Members {
 		epoch := m.MemberEpoch
 		mv := memberView{id: m.MemberID, clientID: m.ClientID, host: m.ClientHost, epoch: &epoch,
 			subscribed: m.SubscribedTopics, assigned: map[string][]int32{}}
-		for t, ps := range m.Assignment {
-			if t == "" {
-				// The broker sent topic IDs without names (kfake does;
-				// Apache Kafka sends both) and kadm keeps only names. The
-				// partitions can be attributed only if the member consumes
-				// a single topic.
-				if len(m.SubscribedTopics) != 1 {
-					return groupView{}, fmt.Errorf("the broker named the topics of member %s's assignment by ID only (kfake does; Apache Kafka also sends names) and the member subscribes to %d topics, so its partitions cannot be told apart", m.MemberID, len(m.SubscribedTopics))
-				}
-				t = m.SubscribedTopics[0]
+		for _, t := range m.Assignment.TopicPartitions {
+			name := t.Topic
+			if name == "" {
+				name = names[kadm.TopicID(t.TopicID)]
 			}
-			for p := range ps {
-				mv.assigned[t] = append(mv.assigned[t], p)
+			if name == "" {
+				continue // a topic deleted since it was assigned: nothing to show for it
 			}
+			mv.assigned[name] = append(mv.assigned[name], t.Partitions...)
+		}
+		for _, ps := range mv.assigned {
+			slices.Sort(ps)
 		}
 		g.members = append(g.members, mv)
 	}

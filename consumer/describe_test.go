@@ -1,11 +1,22 @@
 package consumer
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"reflect"
 	"sort"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tenure-dev/tenure/internal/devbroker"
+	"github.com/tenure-dev/tenure/internal/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -204,4 +215,206 @@ func TestAssignmentJSONFields(t *testing.T) {
 			t.Errorf("%s of an empty assignment should be null, got %v", k, m[k])
 		}
 	}
+}
+
+// cgMember builds a ConsumerGroupDescribe member whose assignment names its
+// topics as given: by ID only when the name is "".
+func cgMember(id string, epoch int32, subscribed []string, assigned ...kmsg.AssignmentTopicPartition) kmsg.ConsumerGroupDescribeResponseGroupMember {
+	m := kmsg.NewConsumerGroupDescribeResponseGroupMember()
+	m.MemberID, m.ClientID, m.ClientHost, m.MemberEpoch = id, "client-"+id, "/127.0.0.1", epoch
+	m.SubscribedTopics = subscribed
+	m.Assignment.TopicPartitions = assigned
+	return m
+}
+
+func cgAssigned(id byte, name string, parts ...int32) kmsg.AssignmentTopicPartition {
+	tp := kmsg.NewAssignmentTopicPartition()
+	tp.TopicID = [16]byte{id}
+	tp.Topic = name
+	tp.Partitions = parts
+	return tp
+}
+
+// kfake names a KIP-848 assignment's topics by ID only; the view must map
+// every ID to its name, whatever the number of topics a member consumes.
+func TestConsumerViewNamesTopicsByID(t *testing.T) {
+	g := kmsg.NewConsumerGroupDescribeResponseGroup()
+	g.State = "Stable"
+	g.Members = []kmsg.ConsumerGroupDescribeResponseGroupMember{
+		cgMember("A", 4, []string{"alpha", "beta"}, cgAssigned(1, "", 1, 0), cgAssigned(2, "", 2)),
+		cgMember("B", 5, []string{"beta", "alpha"}, cgAssigned(1, "", 2), cgAssigned(2, "", 0, 1),
+			cgAssigned(9, "", 0)), // a topic deleted since: unknown to the metadata
+		cgMember("C", 6, []string{"gamma"}, cgAssigned(3, "gamma", 0)), // named by the broker
+	}
+	var asked map[kadm.TopicID]bool
+	var hint []string
+	resolve := func(ids map[kadm.TopicID]bool, h []string) (map[kadm.TopicID]string, error) {
+		asked, hint = ids, h
+		return map[kadm.TopicID]string{{1}: "alpha", {2}: "beta"}, nil
+	}
+	v, err := consumerView(g, resolve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[kadm.TopicID]bool{{1}: true, {2}: true, {9}: true}; !reflect.DeepEqual(asked, want) {
+		t.Errorf("asked to name %v, want exactly the unnamed IDs %v", asked, want)
+	}
+	sort.Strings(hint)
+	if want := []string{"alpha", "beta", "gamma"}; !reflect.DeepEqual(hint, want) {
+		t.Errorf("hint %v, want the subscriptions %v", hint, want)
+	}
+	want := map[string]map[string][]int32{
+		"A": {"alpha": {0, 1}, "beta": {2}},
+		"B": {"alpha": {2}, "beta": {0, 1}},
+		"C": {"gamma": {0}},
+	}
+	if len(v.members) != 3 {
+		t.Fatalf("members: %+v", v.members)
+	}
+	for _, m := range v.members {
+		if !reflect.DeepEqual(m.assigned, want[m.id]) {
+			t.Errorf("member %s assigned %v, want %v", m.id, m.assigned, want[m.id])
+		}
+		if m.epoch == nil || m.clientID != "client-"+m.id {
+			t.Errorf("member %s: %+v", m.id, m)
+		}
+	}
+	if v.protocol != "consumer" || v.state != "Stable" {
+		t.Errorf("view %+v", v)
+	}
+
+	// Nothing to name: the resolver is not called.
+	g.Members = g.Members[2:]
+	if _, err := consumerView(g, func(map[kadm.TopicID]bool, []string) (map[kadm.TopicID]string, error) {
+		t.Error("resolver called although every topic is named")
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The metadata cannot be read: Describe fails rather than guess.
+	g.Members = []kmsg.ConsumerGroupDescribeResponseGroupMember{cgMember("A", 1, []string{"alpha"}, cgAssigned(1, "", 0))}
+	if _, err := consumerView(g, func(map[kadm.TopicID]bool, []string) (map[kadm.TopicID]string, error) {
+		return nil, errors.New("metadata unavailable")
+	}); err == nil {
+		t.Error("a failed metadata read must fail the view")
+	}
+}
+
+// Describe against kfake: a group of two workers consuming two topics, with
+// each protocol. Every partition of both topics must be shown assigned to
+// the member that holds its fencing row; for KIP-848 this needs the topic
+// IDs of the assignment mapped to names.
+func TestDescribeMultiTopicGroup(t *testing.T) {
+	for _, proto := range []Protocol{Classic, NextGen} {
+		t.Run(string(proto), func(t *testing.T) {
+			t.Parallel()
+			testDescribeMultiTopicGroup(t, proto)
+		})
+	}
+}
+
+func testDescribeMultiTopicGroup(t *testing.T, proto Protocol) {
+	c, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: 3 * time.Second, ConsumerHeartbeat: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t, pool)
+	store, err := sink.NewStore(pool, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	parts := map[string]int32{"alpha": 2, "beta": 3}
+	for topic, n := range parts {
+		if _, err := kadm.NewClient(cl).CreateTopic(ctx, n, 1, nil, topic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	group := "g-" + schema
+	noop := HandlerFunc(func(context.Context, pgx.Tx, *Batch) error { return nil })
+	for i := range 2 {
+		cons, err := New(Config{
+			Brokers: c.ListenAddrs(), Group: group, Topics: []string{"alpha", "beta"},
+			Store: store, Handler: noop, Protocol: proto, ClientID: fmt.Sprintf("w%d", i),
+			SessionTimeout: 3 * time.Second, RebalanceTimeout: 5 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- cons.Run(rctx) }()
+		t.Cleanup(func() {
+			stop()
+			select {
+			case <-done:
+			case <-time.After(60 * time.Second):
+				t.Error("consumer did not stop")
+			}
+		})
+	}
+
+	var rows []Assignment
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		rows, err = Describe(ctx, cl, store, group, nil)
+		// Both members must own partitions: the first one to join holds
+		// everything for a moment.
+		if err == nil && allOK(rows, parts) && len(memberIDs(rows)) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no stable view of both topics, fully claimed by both members, within 60s: err %v, rows %+v", err, rows)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, r := range rows {
+		if r.Epoch == nil && proto == NextGen {
+			t.Errorf("%s/%d: KIP-848 member epoch missing", r.Topic, r.Partition)
+		}
+	}
+
+	// Asking for one topic gives that topic only.
+	rows, err = Describe(ctx, cl, store, group, []string{"beta"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !allOK(rows, map[string]int32{"beta": 3}) {
+		t.Errorf("--topic beta: %+v", rows)
+	}
+}
+
+func memberIDs(rows []Assignment) map[string]bool {
+	m := map[string]bool{}
+	for _, r := range rows {
+		m[r.MemberID] = true
+	}
+	return m
+}
+
+// allOK reports whether rows are exactly the partitions of parts, each
+// assigned to the member that holds its fencing row.
+func allOK(rows []Assignment, parts map[string]int32) bool {
+	want := 0
+	for _, n := range parts {
+		want += int(n)
+	}
+	if len(rows) != want {
+		return false
+	}
+	for _, r := range rows {
+		if r.Partition >= parts[r.Topic] || r.State != StateOK || r.MemberID == "" {
+			return false
+		}
+	}
+	return true
 }

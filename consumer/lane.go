@@ -266,7 +266,7 @@ func (l *lane) awaitLayout() bool {
 	}
 	ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.ClaimTimeout)
 	defer cancel()
-	if _, err := l.c.claimOne(ctx, l.c.cl.Load(), l, l.next); err != nil {
+	if _, err := l.c.claimOne(ctx, l.c.cl.Load(), l, l.next, nil); err != nil {
 		l.log.Error("claim after partition count acknowledgement failed", zap.Error(err), zap.Bool("fenced", errors.Is(err, sink.ErrFenced)))
 		l.end()
 		return false

@@ -111,3 +111,54 @@ func deleteGroupWhenEmpty(t *testing.T, e *env) {
 		return err == nil && resp.Err == nil
 	})
 }
+
+// The narrowest window: a worker confirmed by the coordinator is frozen just
+// before its claim, the group is reset and a new worker takes over under a
+// new incarnation. Waking up, the old worker must not pair its old epoch with
+// the new incarnation: its claim loses, and the coordinator no longer
+// confirms it.
+func TestZombieFrozenBeforeClaimAcrossReset(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(jobsFor(keys, 0, 20)...)
+	w1 := e.startWorker("W1")
+	waitCommitted(t, e, 0, 20, "")
+	w2 := e.startWorker("W2")
+	waitForMembers(t, e, 2)
+	w2.stop(30 * time.Second)
+	w1.stop(30 * time.Second)
+
+	z := e.startWorker("Z", "--hold-once", "before-claim")
+	zAssigned := z.waitLog(30*time.Second, map[string]any{"msg": "partitions assigned"})
+	z.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
+	z.pause()
+	deleteGroupWhenEmpty(t, e)
+
+	e.produce(jobsFor(keys, 20, 10)...)
+	n := e.startWorker("N")
+	claimed := n.waitLog(60*time.Second, map[string]any{"msg": "partition claimed"})
+	waitCommitted(t, e, 0, 30, "")
+
+	z.resume()
+	// Z wakes with its old epoch. Either its claim reaches Postgres and
+	// loses to the new incarnation (and the coordinator refuses to confirm
+	// it), or kgo reports the partition lost first and the claim is
+	// abandoned. It must never claim.
+	z.waitLogAny(30*time.Second,
+		map[string]any{"msg": "claim rejected: fenced", "fenced": true},
+		map[string]any{"msg": "claim failed: abandoning the group session to rejoin"})
+	zombie := zAssigned["member"].(string)
+	if z.findLog(map[string]any{"msg": "partition claimed", "member": zombie}) != nil {
+		t.Errorf("the zombie claimed the partition after the reset")
+	}
+	e.produce(jobsFor(keys, 30, 5)...)
+	waitCommitted(t, e, 0, 35, "")
+	n.stop(30 * time.Second)
+	z.stop(30 * time.Second)
+	h := checkHistory(t, e, 0)
+	for _, en := range h.Log {
+		if en.Owner == zombie {
+			t.Errorf("the zombie is in the fence log: %+v (N claimed with %v)", en, claimed["token"])
+		}
+	}
+}

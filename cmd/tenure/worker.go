@@ -33,6 +33,9 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	session := f.Duration("session-timeout", 45*time.Second, "classic protocol session timeout (KIP-848: set on the broker)")
 	batchMax := f.Int("batch-max", 500, "most jobs per transaction")
 	idleTx := f.Duration("idle-in-tx-timeout", 60*time.Second, "Postgres idle_in_transaction_session_timeout for batch transactions")
+	maxAttempts := f.Int("max-attempts", 5, "attempts of a failing job before it is dead-lettered")
+	handlerTimeout := f.Duration("handler-timeout", 60*time.Second, "bound on one handler call (a batch); a job that keeps timing out is dead-lettered")
+	injectFaults := f.Bool("inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout")
 	noMigrate := f.Bool("no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
 	name := f.String("name", defaultWorkerName(), "this replica's name, recorded with what it writes")
 	hold := f.String("hold-once", "", "demos and tests: at the first `before-claim`, `before-batch` or `before-commit`, log \"holding\" and wait for SIGCONT")
@@ -49,12 +52,21 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	if *batchMax < 1 {
 		return usagef("--batch-max must be at least 1")
 	}
+	if *maxAttempts < 1 {
+		return usagef("--max-attempts must be at least 1")
+	}
+	if *handlerTimeout <= 0 || *session <= 0 || *idleTx < 0 {
+		return usagef("--handler-timeout and --session-timeout must be positive, --idle-in-tx-timeout not negative")
+	}
 	if err := sink.ValidateSchema(*schema); err != nil {
 		return usageError{err.Error()}
 	}
 	h, err := jobs.New(*handler, *schema, *name)
 	if err != nil {
 		return usageError{err.Error()}
+	}
+	if *injectFaults {
+		h = jobs.InjectFaults(h)
 	}
 	hooks, err := holdHooks(*hold)
 	if err != nil {
@@ -103,6 +115,8 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		Protocol:        consumer.Protocol(*protocol),
 		SessionTimeout:  *session,
 		BatchMax:        *batchMax,
+		MaxAttempts:     *maxAttempts,
+		HandlerTimeout:  *handlerTimeout,
 		IdleInTxTimeout: *idleTx,
 		ClientID:        "tenure-" + *name,
 		Logger:          log,

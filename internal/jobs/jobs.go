@@ -15,6 +15,7 @@
 package jobs
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -136,4 +137,24 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, b *consumer.Batch) error
 		[]string{"topic", "partition", "job_offset", "job_key", "incarnation", "epoch", "worker"},
 		pgx.CopyFromRows(rows))
 	return err
+}
+
+// InjectFaults wraps h for tests and chaos runs: a job whose value contains
+// "tenure-fault":"error" makes the handler fail, "panic" makes it panic, and
+// "slow" makes it wait for its context to end. Other jobs go to h.
+func InjectFaults(h consumer.Handler) consumer.Handler {
+	return consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, b *consumer.Batch) error {
+		for _, r := range b.Records {
+			switch {
+			case bytes.Contains(r.Value, []byte(`"tenure-fault":"error"`)):
+				return fmt.Errorf("%s: injected failure", consumer.JobID(r))
+			case bytes.Contains(r.Value, []byte(`"tenure-fault":"panic"`)):
+				panic("injected panic at " + consumer.JobID(r))
+			case bytes.Contains(r.Value, []byte(`"tenure-fault":"slow"`)):
+				<-ctx.Done()
+				return ctx.Err()
+			}
+		}
+		return h.Handle(ctx, tx, b)
+	})
 }

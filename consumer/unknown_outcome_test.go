@@ -1,0 +1,195 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/pgproxy"
+	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+const resolvedMsg = "commit outcome was unknown; resolved from the fencing row"
+
+// A batch's COMMIT is sent, and the connection breaks before the worker
+// learns the result. The worker must not guess: it reads the fencing row,
+// which only its own commit could have moved. When the commit took effect
+// the lane goes on after the batch; when it did not, the batch is retried.
+// Either way every job lands exactly once and the lane keeps its partition.
+func TestUnknownCommitOutcomeIsResolvedFromTheFence(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		cut  pgproxy.Cut
+		want sink.Outcome
+	}{
+		{"committed", pgproxy.AfterCommit, sink.Committed},
+		{"not committed", pgproxy.BeforeCommit, sink.NotCommitted},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testUnknownCommitOutcome(t, c.cut, c.want)
+		})
+	}
+}
+
+func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want sink.Outcome) {
+	const jobs = 300
+	b := setup(t, 3)
+	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%41) })
+
+	// The consumer's pool (claims, batches, Resolve) goes through the proxy.
+	u, err := url.Parse(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := pgproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	u.Host = proxy.Addr()
+	pcfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := sink.NewStore(pool, b.schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The handler arms the proxy on the connection of one batch in the
+	// middle of a partition (not its first): that batch's COMMIT is cut.
+	inner := ledger(t, b.schema)
+	var (
+		once   sync.Once
+		armed  = make(chan struct{})
+		report <-chan pgproxy.Report
+		victim consumer.Batch
+	)
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, batch *consumer.Batch) error {
+		if err := inner.Handle(ctx, tx, batch); err != nil {
+			return err
+		}
+		if batch.From > 0 {
+			once.Do(func() {
+				victim = *batch
+				report = proxy.CutCommit(tx.Conn().PgConn().Conn().LocalAddr(), cut)
+				close(armed)
+			})
+		}
+		return nil
+	})
+
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Core()))
+	cfg := b.config(h, log)
+	cfg.Store = store
+	stop := b.start(cfg)
+
+	select {
+	case <-armed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no batch past the first of its partition within 30s")
+	}
+	var r pgproxy.Report
+	select {
+	case r = <-report:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the COMMIT of batch %s/%d [%d,%d) was not cut within 30s", victim.Topic, victim.Partition, victim.From, victim.To)
+	}
+	t.Logf("cut %s: batch %s/%d [%d,%d), server reply %q", r.Cut, victim.Topic, victim.Partition, victim.From, victim.To, r.Reply)
+	if cut == pgproxy.AfterCommit && r.Reply != "COMMIT" {
+		t.Fatalf("the server answered the cut COMMIT with %q, want COMMIT", r.Reply)
+	}
+
+	waitDoneUnfenced(t, b, logs, 30*time.Second)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	resolved := logs.FilterMessage(resolvedMsg).All()
+	if len(resolved) != 1 {
+		t.Fatalf("%q logged %d times, want once", resolvedMsg, len(resolved))
+	}
+	f := resolved[0].ContextMap()
+	if f["outcome"] != want.String() || f["from"] != victim.From || f["to"] != victim.To {
+		t.Errorf("resolved %v (batch [%v,%v)), want %q for the cut batch [%d,%d)", f["outcome"], f["from"], f["to"], want, victim.From, victim.To)
+	}
+	for _, msg := range []string{"job dead-lettered", "batch rejected: fenced; dropping this partition's buffered records until it is assigned again"} {
+		if n := logs.FilterMessage(msg).Len(); n != 0 {
+			t.Errorf("%q logged %d times, want never", msg, n)
+		}
+	}
+
+	hist := b.check() // every job exactly once, G1-G3
+	if len(hist.Writes) != jobs {
+		t.Fatalf("ledger has %d rows, want %d", len(hist.Writes), jobs)
+	}
+	// The cut batch is in the fence log once: as committed by the cut
+	// COMMIT, or as the retry after it.
+	n := 0
+	for _, e := range hist.Log {
+		if e.Kind == "commit" && e.Partition.Partition == victim.Partition && e.From == victim.From {
+			n++
+			if e.To != victim.To {
+				t.Errorf("the batch after the cut committed [%d,%d), want [%d,%d)", e.From, e.To, victim.From, victim.To)
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d commits start at the cut batch's offset %d, want 1", n, victim.From)
+	}
+}
+
+// waitDoneUnfenced is waitDone that gives up at once when a lane is fenced:
+// nothing else is in the group, so a fenced lane means the worker misjudged
+// its own commit, and its partition would wait for a reassignment that never
+// comes.
+func waitDoneUnfenced(t *testing.T, b *bundle, logs *observer.ObservedLogs, timeout time.Duration) {
+	t.Helper()
+	end := b.endOffsets()
+	deadline := time.Now().Add(timeout)
+	for {
+		fs, err := b.store.List(context.Background(), b.group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := 0
+		for _, f := range fs {
+			if f.NextOffset >= end[f.Partition.Partition] {
+				done++
+			}
+		}
+		if done == len(end) {
+			return
+		}
+		if fenced := logs.FilterField(zap.Bool("fenced", true)).All(); len(fenced) > 0 {
+			t.Fatalf("a lane was fenced with no other member in the group: %s %v", fenced[0].Message, fenced[0].ContextMap())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not all partitions done within %s: fences %+v, ends %v", timeout, fs, end)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

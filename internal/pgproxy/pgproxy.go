@@ -1,0 +1,317 @@
+// Package pgproxy is a TCP proxy for tests that sits between PostgreSQL
+// clients and a server and can break one connection at its COMMIT, so that
+// a test can make a commit's outcome unknown to the client on purpose:
+//
+//   - BeforeCommit drops the connection when the client sends COMMIT,
+//     without forwarding it: the transaction does not commit.
+//   - AfterCommit forwards COMMIT, waits for the server's reply, and drops
+//     the connection instead of relaying it: the transaction committed, and
+//     the client only sees a broken connection.
+//
+// Everything else is relayed unchanged, on as many connections as the
+// client opens. The proxy reads the client's messages to find a COMMIT (a
+// simple-protocol Query whose text is "commit", as pgx sends it); it
+// understands unencrypted connections only (sslmode=disable).
+package pgproxy
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Cut says where a connection is broken around its COMMIT.
+type Cut int
+
+const (
+	// BeforeCommit: the COMMIT never reaches the server.
+	BeforeCommit Cut = iota + 1
+	// AfterCommit: the server answers the COMMIT; the client never sees
+	// the answer.
+	AfterCommit
+)
+
+func (c Cut) String() string {
+	switch c {
+	case BeforeCommit:
+		return "before commit"
+	case AfterCommit:
+		return "after commit"
+	}
+	return fmt.Sprintf("Cut(%d)", int(c))
+}
+
+// Report says what happened at a cut.
+type Report struct {
+	Cut Cut
+	// Reply is the server's answer to the COMMIT (AfterCommit only): its
+	// command tag ("COMMIT", or "ROLLBACK" for a failed transaction), or
+	// "error" if the server sent an ErrorResponse.
+	Reply string
+}
+
+// Proxy relays connections from its loopback address to a server.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu     sync.Mutex
+	closed bool
+	conns  map[*conn]struct{}
+	armed  map[string]*arm // by client address (the proxied connection's remote end)
+	wg     sync.WaitGroup
+}
+
+type arm struct {
+	cut    Cut
+	report chan Report // cap 1
+}
+
+// Start listens on a free loopback port and relays to target (host:port).
+func Start(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[*conn]struct{}{}, armed: map[string]*arm{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the proxy's address (host:port): point the client there.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Conns is the number of connections being relayed.
+func (p *Proxy) Conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns)
+}
+
+// CutCommit arms the connection whose client end has the address client
+// (for pgx: tx.Conn().PgConn().Conn().LocalAddr()): its next COMMIT is cut
+// as cut says. The channel receives one Report once the cut is made; it
+// never receives anything if that connection sends no COMMIT.
+func (p *Proxy) CutCommit(client net.Addr, cut Cut) <-chan Report {
+	a := &arm{cut: cut, report: make(chan Report, 1)}
+	p.mu.Lock()
+	p.armed[client.String()] = a
+	p.mu.Unlock()
+	return a.report
+}
+
+// Close stops accepting, breaks every connection and waits for the relays
+// to end.
+func (p *Proxy) Close() error {
+	err := p.ln.Close()
+	p.mu.Lock()
+	p.closed = true
+	conns := make([]*conn, 0, len(p.conns))
+	for c := range p.conns {
+		conns = append(conns, c)
+	}
+	p.mu.Unlock()
+	for _, c := range conns {
+		c.close()
+	}
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		c := &conn{p: p, client: client, server: server}
+		p.mu.Lock()
+		closed := p.closed
+		if !closed {
+			p.conns[c] = struct{}{}
+		}
+		p.mu.Unlock()
+		if closed {
+			client.Close()
+			server.Close()
+			return
+		}
+		p.wg.Add(2)
+		go c.clientToServer()
+		go c.serverToClient()
+	}
+}
+
+// takeArm returns and disarms the cut armed for c, if any.
+func (p *Proxy) takeArm(c *conn) *arm {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := c.client.RemoteAddr().String()
+	a := p.armed[key]
+	delete(p.armed, key)
+	return a
+}
+
+// conn is one relayed connection.
+type conn struct {
+	p              *Proxy
+	client, server net.Conn
+	once           sync.Once
+	// held is set when a COMMIT was forwarded under AfterCommit: from then
+	// on, nothing goes back to the client.
+	held atomic.Pointer[arm]
+}
+
+func (c *conn) close() {
+	c.once.Do(func() {
+		c.client.Close()
+		c.server.Close()
+		c.p.mu.Lock()
+		delete(c.p.conns, c)
+		c.p.mu.Unlock()
+	})
+}
+
+// Protocol codes of the untyped messages a client may send before its
+// StartupMessage.
+const (
+	sslRequest    = 80877103
+	gssEncRequest = 80877104
+)
+
+// clientToServer relays the client's messages one by one, looking for an
+// armed connection's COMMIT.
+func (c *conn) clientToServer() {
+	defer c.p.wg.Done()
+	defer c.close()
+	r := bufio.NewReader(c.client)
+	for { // untyped: SSLRequest / GSSENCRequest (answered "no"), then StartupMessage or CancelRequest
+		msg, err := readMessage(r, false)
+		if err != nil || write(c.server, msg) != nil {
+			return
+		}
+		if code := binary.BigEndian.Uint32(msg[4:8]); code != sslRequest && code != gssEncRequest {
+			break
+		}
+	}
+	for {
+		msg, err := readMessage(r, true)
+		if err != nil {
+			return
+		}
+		if isCommit(msg) {
+			if a := c.p.takeArm(c); a != nil {
+				if a.cut == BeforeCommit {
+					a.report <- Report{Cut: BeforeCommit}
+					return // closes both ends: the server rolls back
+				}
+				c.held.Store(a)
+			}
+		}
+		if write(c.server, msg) != nil {
+			return
+		}
+	}
+}
+
+// serverToClient relays bytes as they come, except after a held COMMIT:
+// then it reads the server's reply, reports it, and breaks the connection.
+func (c *conn) serverToClient() {
+	defer c.p.wg.Done()
+	defer c.close()
+	buf := make([]byte, 32<<10)
+	var reply []byte
+	for {
+		n, err := c.server.Read(buf)
+		if n > 0 {
+			if a := c.held.Load(); a != nil {
+				reply = append(reply, buf[:n]...)
+				if tag, ok := commandTag(reply); ok {
+					a.report <- Report{Cut: AfterCommit, Reply: tag}
+					return
+				}
+			} else if write(c.client, buf[:n]) != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func write(w io.Writer, b []byte) error {
+	_, err := w.Write(b)
+	return err
+}
+
+// readMessage reads one frontend message: a type byte (typed only), then an
+// int32 length that counts itself, then the body. It returns the message's
+// bytes as they arrived.
+func readMessage(r *bufio.Reader, typed bool) ([]byte, error) {
+	head := 4
+	if typed {
+		head = 5
+	}
+	msg := make([]byte, head)
+	if _, err := io.ReadFull(r, msg); err != nil {
+		return nil, err
+	}
+	n := int(binary.BigEndian.Uint32(msg[head-4:]))
+	if n < 4 || n > 1<<30 {
+		return nil, fmt.Errorf("pgproxy: bad message length %d", n)
+	}
+	msg = append(msg, make([]byte, n-4)...)
+	if _, err := io.ReadFull(r, msg[head:]); err != nil {
+		return nil, err
+	}
+	if !typed && n < 8 {
+		return nil, errors.New("pgproxy: startup message too short")
+	}
+	return msg, nil
+}
+
+// isCommit reports whether msg is a Query message ('Q') whose text is
+// COMMIT, in any case, with optional surrounding blanks and semicolon.
+func isCommit(msg []byte) bool {
+	if msg[0] != 'Q' {
+		return false
+	}
+	text := strings.TrimRight(string(msg[5:]), "\x00")
+	text = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(text), ";"))
+	return strings.EqualFold(text, "commit")
+}
+
+// commandTag finds the answer in the server's messages: the first
+// CommandComplete's tag, or "error" for an ErrorResponse. ok is false while
+// the buffer holds no complete answer yet.
+func commandTag(b []byte) (tag string, ok bool) {
+	for len(b) >= 5 {
+		n := int(binary.BigEndian.Uint32(b[1:5]))
+		if n < 4 || len(b) < 1+n {
+			return "", false
+		}
+		body := b[5 : 1+n]
+		switch b[0] {
+		case 'C':
+			return strings.TrimRight(string(body), "\x00"), true
+		case 'E':
+			return "error", true
+		}
+		b = b[1+n:] // a notice or parameter status: skip it
+	}
+	return "", false
+}

@@ -1,0 +1,197 @@
+package pgproxy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tenure-dev/tenure/internal/pgproxy"
+	"github.com/tenure-dev/tenure/internal/testdb"
+)
+
+// world is a table on the test database, a proxy in front of that
+// database, and a direct pool to check what really committed.
+type world struct {
+	proxy  *pgproxy.Proxy
+	direct *pgxpool.Pool
+	url    string // through the proxy
+	table  string // quoted
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	direct := testdb.Pool(t)
+	schema := testdb.Schema(t, direct)
+	u, err := url.Parse(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pgproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u.Host = p.Addr()
+	w := &world{proxy: p, direct: direct, url: u.String(), table: pgx.Identifier{schema, "t"}.Sanitize()}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := direct.Exec(ctx, `CREATE TABLE `+w.table+` (x int)`); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func (w *world) connect(t *testing.T) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, w.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+func (w *world) count(t *testing.T, x int) int {
+	t.Helper()
+	var n int
+	if err := w.direct.QueryRow(context.Background(), `SELECT count(*) FROM `+w.table+` WHERE x = $1`, x).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// insertAndCommit inserts x in a transaction and commits it, returning the
+// commit's error.
+func insertAndCommit(t *testing.T, c *pgx.Conn, table string, x int, before func()) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, x); err != nil {
+		t.Fatal(err)
+	}
+	if before != nil {
+		before()
+	}
+	return tx.Commit(ctx)
+}
+
+func wait(t *testing.T, ch <-chan pgproxy.Report) pgproxy.Report {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("the armed COMMIT was not cut")
+		return pgproxy.Report{}
+	}
+}
+
+// A pool of connections works through the proxy as it does directly.
+func TestRelaysManyConnections(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(w.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := range 40 {
+		wg.Go(func() {
+			// Extended protocol, a transaction and a COMMIT nobody armed.
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `INSERT INTO `+w.table+` SELECT $1 FROM pg_sleep(0.01)`, i)
+				return err
+			})
+			if err != nil {
+				errs <- fmt.Errorf("job %d: %w", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	var n int
+	if err := w.direct.QueryRow(ctx, `SELECT count(DISTINCT x) FROM `+w.table).Scan(&n); err != nil || n != 40 {
+		t.Fatalf("%d distinct rows (%v), want 40", n, err)
+	}
+	if c := w.proxy.Conns(); c < 2 {
+		t.Errorf("the pool used %d proxied connections, want several", c)
+	}
+}
+
+// AfterCommit: the transaction commits, the client gets a broken
+// connection and no server error.
+func TestCutAfterCommit(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.connect(t)
+	var report <-chan pgproxy.Report
+	err := insertAndCommit(t, c, w.table, 1, func() {
+		report = w.proxy.CutCommit(c.PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
+	})
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) {
+		t.Fatalf("commit returned %v, want a connection error", err)
+	}
+	if r := wait(t, report); r.Cut != pgproxy.AfterCommit || r.Reply != "COMMIT" {
+		t.Fatalf("report %+v, want the server's COMMIT", r)
+	}
+	if n := w.count(t, 1); n != 1 {
+		t.Fatalf("row committed %d times, want 1", n)
+	}
+}
+
+// BeforeCommit: the transaction does not commit; a commit on another
+// connection, made while the first one is armed, goes through.
+func TestCutBeforeCommit(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	a, b := w.connect(t), w.connect(t)
+	var report <-chan pgproxy.Report
+	if err := insertAndCommit(t, b, w.table, 2, func() {
+		report = w.proxy.CutCommit(a.PgConn().Conn().LocalAddr(), pgproxy.BeforeCommit)
+	}); err != nil {
+		t.Fatalf("a commit on another connection failed: %v", err)
+	}
+	err := insertAndCommit(t, a, w.table, 1, nil)
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) {
+		t.Fatalf("commit returned %v, want a connection error", err)
+	}
+	if r := wait(t, report); r.Cut != pgproxy.BeforeCommit {
+		t.Fatalf("report %+v", r)
+	}
+	// Uncommitted rows are invisible whether or not the server has noticed
+	// the closed connection yet.
+	if n := w.count(t, 1); n != 0 {
+		t.Fatalf("row committed %d times, want 0", n)
+	}
+	if n := w.count(t, 2); n != 1 {
+		t.Fatalf("the other connection's row committed %d times, want 1", n)
+	}
+}
