@@ -9,16 +9,13 @@ GO_FILES = $(shell { git ls-files --cached --others --exclude-standard '*.go' 2>
 	find . -name '*.go' -not -path './.git/*'; } | while read -r f; do [ -f "$$f" ] && echo "$$f"; done)
 
 .DEFAULT_GOAL := help
-.PHONY: help test race bench lint demo
+.PHONY: help test race bench lint demo chaos-soak
 
 help: ## list the targets
-	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-6s — %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-11s — %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-test: ## ensure Postgres, vet, gofmt check, all tests, then -race on partition/sink/consumer
-	bash scripts/ensure-postgres.sh
-	@$(MAKE) --no-print-directory lint
-	$(GO) test -count=1 -timeout 20m ./...
-	$(GO) test -race -count=1 -timeout 15m $(RACE_PKGS)
+test: ## the README's test command: set-up (Postgres, gcc), vet, gofmt, all tests, -race on the core
+	bash scripts/test.sh
 
 race: ## all tests with the race detector
 	$(GO) test -race -count=1 -timeout 30m ./...
@@ -35,5 +32,9 @@ lint: ## go vet + gofmt check
 		exit 1; \
 	fi
 
-demo: ## run the demo (go run ./cmd/tenure demo)
+demo: ## the README's run command: ensure Postgres, then go run ./cmd/tenure demo
+	bash scripts/ensure-postgres.sh
 	$(GO) run ./cmd/tenure demo
+
+chaos-soak: ## a 30-minute chaos run (CI runs the short one)
+	$(GO) test -count=1 -timeout 60m -v -run TestChaos ./integration/chaos -chaos.soak

@@ -98,6 +98,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 					// A higher token holds the partition: this member is
 					// behind the group (it will be revoked), so it must not
 					// touch it.
+					c.stats.claimsRejected.Add(1)
 					log.Error("claim rejected: fenced", zap.Error(err), zap.Bool("fenced", true))
 					l.fence()
 				case err != nil:
@@ -177,6 +178,7 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 			l.token = token
 			l.next = claimed.NextOffset
 			l.log = l.log.With(zap.Stringer("token", token))
+			c.stats.claims.Add(1)
 			l.log.Info("partition claimed", zap.Int64("next_offset", claimed.NextOffset))
 			return claimed, nil
 		}
@@ -199,6 +201,9 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 			return err
 		}); err != nil {
 			return sink.Claimed{}, err
+		}
+		if bumped {
+			c.stats.resets.Add(1)
 		}
 		l.log.Warn("group epochs restarted: new incarnation", zap.Int64("from", g.inc), zap.Int64("to", now),
 			zap.Bool("bumped_here", bumped), zap.String("reason", reason))

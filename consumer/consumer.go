@@ -35,6 +35,7 @@ type Consumer struct {
 	running chan struct{} // closed when Run starts
 
 	txOptions pgx.TxOptions
+	stats     counters
 }
 
 type tp struct {

@@ -223,6 +223,8 @@ func (l *lane) batch(recs []*kgo.Record, from int64) *Batch {
 }
 
 func (l *lane) run() {
+	l.c.stats.lanes.Add(1)
+	defer l.c.stats.lanes.Add(-1)
 	defer close(l.done)
 	defer l.release()
 	if l.blocked && !l.awaitLayout() {
@@ -297,6 +299,9 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 	b := l.batch(recs, from)
 	handlerFailures := 0
 	for attempt := 1; ; attempt++ {
+		if attempt > 1 {
+			l.c.stats.retries.Add(1)
+		}
 		err := l.attempt(b)
 		switch {
 		case err == nil:
@@ -325,6 +330,7 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 			continue
 		}
 		handlerFailures++
+		l.c.stats.handlerFailures.Add(1)
 		final := IsPermanent(err) || errors.Is(err, errPanicked)
 		if len(recs) > 1 {
 			if handlerFailures < 2 && !final {
@@ -372,6 +378,12 @@ func (l *lane) databaseAnswers() bool {
 }
 
 func (l *lane) afterBatch(b *Batch, err error) {
+	if err == nil {
+		l.c.stats.batches.Add(1)
+		l.c.stats.records.Add(int64(len(b.Records)))
+	} else {
+		l.c.stats.batchesFenced.Add(1)
+	}
 	if h := l.c.cfg.Hooks.AfterBatch; h != nil {
 		h(b, err)
 	}
@@ -397,6 +409,7 @@ func (l *lane) deadLetter(b *Batch, cause error, attempts int) (int64, error) {
 		})
 		switch {
 		case err == nil:
+			l.c.stats.deadLetters.Add(1)
 			l.log.Error("job dead-lettered", zap.String("job", JobID(r)), zap.Int("attempts", attempts),
 				zap.Bool("dead_letter", true), zap.NamedError("cause", cause))
 			l.afterBatch(b, nil)

@@ -38,7 +38,8 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	injectFaults := f.Bool("inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout")
 	noMigrate := f.Bool("no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
 	name := f.String("name", defaultWorkerName(), "this replica's name, recorded with what it writes")
-	hold := f.String("hold-once", "", "demos and tests: at the first `before-claim`, `before-batch` or `before-commit`, log \"holding\" and wait for SIGCONT")
+	hold := f.String("hold-once", "", "demos and tests: the `point` (before-claim, before-batch or before-commit) at which to log \"holding\" once and wait for SIGCONT")
+	metricsAddr := f.String("metrics-addr", "", "serve /metrics (Prometheus text) and /healthz on this address, e.g. 127.0.0.1:9100")
 	logger := logFlags(f)
 	if err := f.parse(args, 0); err != nil {
 		return err
@@ -124,6 +125,11 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	})
 	if err != nil {
 		return err
+	}
+	if *metricsAddr != "" {
+		if err := serveMetrics(ctx, *metricsAddr, c, log); err != nil {
+			return err
+		}
 	}
 	log.Info("worker starting", zap.Strings("topics", topics), zap.String("group", *group),
 		zap.String("handler", *handler), zap.String("protocol", *protocol), zap.Int("pid", os.Getpid()))

@@ -1,0 +1,34 @@
+package consumer
+
+import "sync/atomic"
+
+// Stats are a worker's counters since it started, for metrics endpoints and
+// tests. All fields are totals except Lanes.
+type Stats struct {
+	Claims          int64 // partitions claimed
+	ClaimsRejected  int64 // claims refused by the fence or the coordinator
+	Batches         int64 // batches committed
+	Records         int64 // records committed (dead letters included)
+	BatchesFenced   int64 // batches rejected by the fence
+	DeadLetters     int64 // jobs parked in the dead-letter table
+	HandlerFailures int64 // handler errors, panics and timeouts
+	Retries         int64 // batch attempts after a failure of any kind
+	Resets          int64 // incarnation bumps made by this worker
+	Lanes           int64 // partitions being processed now
+}
+
+type counters struct {
+	claims, claimsRejected, batches, records, batchesFenced atomic.Int64
+	deadLetters, handlerFailures, retries, resets, lanes     atomic.Int64
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Consumer) Stats() Stats {
+	s := &c.stats
+	return Stats{
+		Claims: s.claims.Load(), ClaimsRejected: s.claimsRejected.Load(),
+		Batches: s.batches.Load(), Records: s.records.Load(), BatchesFenced: s.batchesFenced.Load(),
+		DeadLetters: s.deadLetters.Load(), HandlerFailures: s.handlerFailures.Load(),
+		Retries: s.retries.Load(), Resets: s.resets.Load(), Lanes: s.lanes.Load(),
+	}
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The test command (README, `make test`, CI): sets up what the tests need on
+# a fresh Debian machine, then runs every check.
+#
+#   1. tools: a C compiler for -race (installed with apt-get if missing, as root)
+#   2. PostgreSQL at TENURE_TEST_DATABASE_URL or the local default (scripts/ensure-postgres.sh)
+#   3. go vet and a gofmt check
+#   4. all tests (integration and the short chaos run included), then -race on
+#      the core packages
+#
+# Kafka needs nothing: tests start franz-go's kfake on loopback ports, or use
+# the cluster named by TENURE_TEST_BROKERS.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+command -v go >/dev/null || export PATH="$PATH:/usr/local/go/bin"
+go version
+
+if ! command -v gcc >/dev/null; then
+	if [[ $EUID -ne 0 ]]; then
+		echo "test: go test -race needs gcc; install it (apt-get install gcc libc6-dev) or run as root" >&2
+		exit 1
+	fi
+	echo "test: installing gcc for the race detector"
+	timeout 600 apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq gcc libc6-dev >/dev/null
+fi
+
+bash scripts/ensure-postgres.sh
+
+echo "== go vet"
+go vet ./...
+echo "== gofmt"
+unformatted=$(gofmt -l $(git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))
+if [[ -n $unformatted ]]; then
+	echo "gofmt: these files are not formatted (gofmt -w FILE):" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+
+echo "== go test ./..."
+go test -count=1 -timeout 25m ./...
+echo "== go test -race (core packages)"
+go test -race -count=1 -timeout 15m ./partition/ ./sink/ ./consumer/
