@@ -28,7 +28,7 @@ import (
 
 // bundle is one test's broker, schema, topic and group.
 type bundle struct {
-	t       *testing.T
+	t       testing.TB
 	brokers []string
 	pool    *pgxpool.Pool
 	schema  string
@@ -39,7 +39,7 @@ type bundle struct {
 	parts   int32
 }
 
-func setup(t *testing.T, partitions int32) *bundle {
+func setup(t testing.TB, partitions int32) *bundle {
 	t.Helper()
 	c, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: 3 * time.Second, ConsumerHeartbeat: 300 * time.Millisecond})
 	if err != nil {
@@ -181,7 +181,7 @@ func (b *bundle) check() *history.History {
 	return h
 }
 
-func ledger(t *testing.T, schema string) consumer.Handler {
+func ledger(t testing.TB, schema string) consumer.Handler {
 	h, err := jobs.New("ledger", schema, "test")
 	if err != nil {
 		t.Fatal(err)
