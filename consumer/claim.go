@@ -80,6 +80,17 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 			if start < 0 { // no Kafka commit: start of the log
 				start = 0
 			}
+			c.mu.Lock()
+			if old := c.lanes[tp{topic, p}]; old != nil {
+				// Assigned again without a revoke in between (the session was
+				// abandoned): the old lane's token is stale. It is released
+				// before the new lane exists, so that it can no longer pause
+				// or resume the partition under the new lane.
+				delete(c.lanes, tp{topic, p})
+				old.release()
+				go old.stopHard()
+			}
+			c.mu.Unlock()
 			key := sink.Partition{Group: c.cfg.Group, Topic: topic, Partition: p}
 			log := c.log.With(zap.String("topic", topic), zap.Int32("partition", p), zap.String("member", member))
 			l := newLane(c, key, member, epoch, counts[topic], log)
@@ -114,11 +125,6 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 				}
 			}
 			c.mu.Lock()
-			if old := c.lanes[tp{topic, p}]; old != nil {
-				// Assigned again without a revoke in between (the session was
-				// abandoned): the old lane's token is stale.
-				go old.stopHard()
-			}
 			c.lanes[tp{topic, p}] = l
 			c.mu.Unlock()
 		}

@@ -268,5 +268,6 @@ func stopLanes(lanes []*lane, grace time.Duration) {
 	for _, l := range lanes {
 		l.stopHard()
 		<-l.done
+		l.release()
 	}
 }

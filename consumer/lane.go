@@ -56,10 +56,11 @@ type lane struct {
 
 	blocked bool // waiting for a partition count acknowledgement before claiming
 
-	mu     sync.Mutex
-	queue  []*kgo.Record
-	paused bool // fetching of the partition is paused (backpressure or ended)
-	ended  bool // the lane no longer accepts records
+	mu      sync.Mutex
+	queue   []*kgo.Record
+	paused  bool // fetching of the partition is paused (backpressure or ended)
+	ended   bool // the lane no longer accepts records
+	removed bool // the lane left the consumer's map: it must not touch the partition's fetch state
 
 	wake     chan struct{} // cap 1: records arrived
 	quit     chan struct{} // soft stop: finish the current batch, start no other
@@ -131,7 +132,7 @@ func (l *lane) sleep(d time.Duration) bool {
 func (l *lane) highWater() int { return 4 * l.c.cfg.BatchMax }
 
 func (l *lane) pauseLocked() {
-	if !l.paused {
+	if !l.paused && !l.removed {
 		l.c.cl.Load().PauseFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = true
 	}
@@ -163,17 +164,22 @@ func (l *lane) end() {
 	l.pauseLocked()
 }
 
-// release undoes the pause when the lane is removed: kgo keeps partitions
-// paused across rebalances, and a later assignment must fetch again.
+// release is called when the lane leaves the consumer's map (revoke, loss,
+// shutdown, or a new claim of the same partition). It undoes the lane's
+// pause, since kgo keeps partitions paused across rebalances and a later
+// assignment must fetch again, and stops the lane from touching the
+// partition's fetch state from then on. A fenced lane stays in the map, and
+// its partition paused, until then.
 func (l *lane) release() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.ended = true
 	l.queue = nil
-	if l.paused {
+	if l.paused && !l.removed {
 		l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
-		l.paused = false
 	}
+	l.paused = false
+	l.removed = true
 }
 
 // take waits for records and returns the next batch, or nil when the lane
@@ -198,7 +204,7 @@ func (l *lane) take() *Batch {
 			if len(l.queue) == 0 {
 				l.queue = nil // let the backing array go
 			}
-			if l.paused && !l.ended && len(l.queue) < l.highWater()/2 {
+			if l.paused && !l.ended && !l.removed && len(l.queue) < l.highWater()/2 {
 				l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 				l.paused = false
 			}
@@ -226,7 +232,6 @@ func (l *lane) run() {
 	l.c.stats.lanes.Add(1)
 	defer l.c.stats.lanes.Add(-1)
 	defer close(l.done)
-	defer l.release()
 	if l.blocked && !l.awaitLayout() {
 		return
 	}
@@ -275,7 +280,7 @@ func (l *lane) awaitLayout() bool {
 	}
 	l.log.Info("partition count acknowledged: processing resumes")
 	l.mu.Lock()
-	if l.paused && !l.ended {
+	if l.paused && !l.ended && !l.removed {
 		l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = false
 	}
@@ -495,24 +500,36 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 }
 
 func (l *lane) resolve(req sink.CommitRequest, commitErr error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*l.c.cfg.ClaimTimeout)
+	// Ask until the database answers or the lane is stopped: giving up
+	// would leave the lane not knowing its own next offset. A stopped lane
+	// may leave it unknown, because the next claim of the partition reads
+	// the stored offset, whatever happened.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() {
+		select {
+		case <-l.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	var out sink.Outcome
 	err := l.c.retry(ctx, "resolving a commit of unknown outcome", l.log, func() error {
 		var err error
 		out, err = l.c.store.Resolve(ctx, req)
 		return err
 	})
+	if err != nil && !errors.Is(err, sink.ErrFenced) {
+		l.log.Warn("commit outcome still unknown when the lane stopped; the next claim reads the stored offset",
+			zap.Int64("from", req.From), zap.Int64("to", req.To), zap.NamedError("commit_error", commitErr), zap.Error(err))
+		return fmt.Errorf("%w: commit outcome unknown: %v", errStopped, commitErr)
+	}
 	l.log.Warn("commit outcome was unknown; resolved from the fencing row",
 		zap.Int64("from", req.From), zap.Int64("to", req.To), zap.Stringer("outcome", out), zap.NamedError("commit_error", commitErr))
-	switch {
-	case err != nil && !errors.Is(err, sink.ErrFenced):
-		// Still unknown: do not guess. Fencing this lane makes the partition
-		// start again from a fresh claim, which reads the stored offset.
-		return &sink.FencedError{Op: "commit", Partition: req.Partition, Presented: req.Token, Owner: req.Owner, From: req.From}
-	case out == sink.Committed:
+	switch out {
+	case sink.Committed:
 		return nil
-	case out == sink.NotCommitted:
+	case sink.NotCommitted:
 		return infraError{fmt.Errorf("commit: %w", commitErr)}
 	}
 	return err

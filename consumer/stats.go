@@ -19,7 +19,7 @@ type Stats struct {
 
 type counters struct {
 	claims, claimsRejected, batches, records, batchesFenced atomic.Int64
-	deadLetters, handlerFailures, retries, resets, lanes     atomic.Int64
+	deadLetters, handlerFailures, retries, resets, lanes    atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.

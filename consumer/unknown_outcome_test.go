@@ -50,33 +50,7 @@ func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want sink.Outcome) 
 	b := setup(t, 3)
 	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%41) })
 
-	// The consumer's pool (claims, batches, Resolve) goes through the proxy.
-	u, err := url.Parse(testdb.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := pgproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	u.Host = proxy.Addr()
-	pcfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := sink.NewStore(pool, b.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	proxy, store := proxiedStore(t, b)
 
 	// The handler arms the proxy on the connection of one batch in the
 	// middle of a partition (not its first): that batch's COMMIT is cut.
@@ -162,10 +136,113 @@ func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want sink.Outcome) 
 	}
 }
 
-// waitDoneUnfenced is waitDone that gives up at once when a lane is fenced:
-// nothing else is in the group, so a fenced lane means the worker misjudged
-// its own commit, and its partition would wait for a reassignment that never
-// comes.
+// The database goes away at the very moment of a batch's COMMIT and stays
+// away for longer than the worker's budget for resolving it. Until the
+// database answers, nothing can tell whether the commit happened, and the
+// worker must not guess; but once it answers, the partition must move on
+// (the issue: "processing continues"), with no rebalance to help: this
+// consumer is the group's only member.
+func TestCommitOutcomeUnknownForLongStillEndsInProgress(t *testing.T) {
+	t.Parallel()
+	const jobs = 200
+	b := setup(t, 2)
+	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%29) })
+	proxy, store := proxiedStore(t, b)
+
+	inner := ledger(t, b.schema)
+	var (
+		once   sync.Once
+		armed  = make(chan struct{})
+		report <-chan pgproxy.Report
+		victim consumer.Batch
+	)
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, batch *consumer.Batch) error {
+		if err := inner.Handle(ctx, tx, batch); err != nil {
+			return err
+		}
+		if batch.From > 0 {
+			once.Do(func() {
+				victim = *batch
+				report = proxy.CutCommitAndGoDown(tx.Conn().PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
+				close(armed)
+			})
+		}
+		return nil
+	})
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)).Core()))
+	cfg := b.config(h, log)
+	cfg.Store = store
+	// Resolving gets 2 x ClaimTimeout = 1s; the outage lasts 3s.
+	cfg.ClaimTimeout = 500 * time.Millisecond
+	const outage = 3 * time.Second
+	stop := b.start(cfg)
+
+	select {
+	case <-armed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no batch past the first of its partition within 30s")
+	}
+	select {
+	case r := <-report:
+		t.Logf("cut %s and down for %s: batch %s/%d [%d,%d), server reply %q", r.Cut, outage, victim.Topic, victim.Partition, victim.From, victim.To, r.Reply)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the armed COMMIT was not cut within 30s")
+	}
+	time.Sleep(outage) // the outage itself
+	proxy.SetDown(false)
+
+	waitDoneUnfenced(t, b, nil, 20*time.Second)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := logs.FilterMessage(resolvedMsg).Len(); n == 0 {
+		t.Errorf("%q never logged", resolvedMsg)
+	}
+	if hist := b.check(); len(hist.Writes) != jobs {
+		t.Fatalf("ledger has %d rows, want %d", len(hist.Writes), jobs)
+	}
+}
+
+// proxiedStore starts a proxy in front of the test database and returns it
+// with a store on b's schema whose pool (claims, batches, Resolve) goes
+// through it.
+func proxiedStore(t *testing.T, b *bundle) (*pgproxy.Proxy, *sink.Store) {
+	t.Helper()
+	u, err := url.Parse(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := pgproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	u.Host = proxy.Addr()
+	pcfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
+	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := sink.NewStore(pool, b.schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proxy, store
+}
+
+// waitDoneUnfenced is waitDone that gives up at once when a lane is fenced
+// (unless logs is nil): nothing else is in the group, so a fenced lane means
+// the worker misjudged its own commit, and its partition would wait for a
+// reassignment that never comes.
 func waitDoneUnfenced(t *testing.T, b *bundle, logs *observer.ObservedLogs, timeout time.Duration) {
 	t.Helper()
 	end := b.endOffsets()
@@ -175,8 +252,10 @@ func waitDoneUnfenced(t *testing.T, b *bundle, logs *observer.ObservedLogs, time
 		if err != nil {
 			t.Fatal(err)
 		}
+		next := map[int32]int64{}
 		done := 0
 		for _, f := range fs {
+			next[f.Partition.Partition] = f.NextOffset
 			if f.NextOffset >= end[f.Partition.Partition] {
 				done++
 			}
@@ -184,11 +263,13 @@ func waitDoneUnfenced(t *testing.T, b *bundle, logs *observer.ObservedLogs, time
 		if done == len(end) {
 			return
 		}
-		if fenced := logs.FilterField(zap.Bool("fenced", true)).All(); len(fenced) > 0 {
-			t.Fatalf("a lane was fenced with no other member in the group: %s %v", fenced[0].Message, fenced[0].ContextMap())
+		if logs != nil {
+			if fenced := logs.FilterField(zap.Bool("fenced", true)).All(); len(fenced) > 0 {
+				t.Fatalf("a lane was fenced with no other member in the group: %s %v", fenced[0].Message, fenced[0].ContextMap())
+			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not all partitions done within %s: fences %+v, ends %v", timeout, fs, end)
+			t.Fatalf("not all partitions done within %s: stored next offsets %v, ends %v", timeout, next, end)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -9,7 +9,8 @@
 //     the client only sees a broken connection.
 //
 // Everything else is relayed unchanged, on as many connections as the
-// client opens. The proxy reads the client's messages to find a COMMIT (a
+// client opens. SetDown makes the server unreachable through the proxy, as
+// in an outage. The proxy reads the client's messages to find a COMMIT (a
 // simple-protocol Query whose text is "commit", as pgx sends it); it
 // understands unencrypted connections only (sslmode=disable).
 package pgproxy
@@ -63,6 +64,7 @@ type Proxy struct {
 
 	mu     sync.Mutex
 	closed bool
+	down   bool
 	conns  map[*conn]struct{}
 	armed  map[string]*arm // by client address (the proxied connection's remote end)
 	wg     sync.WaitGroup
@@ -70,6 +72,7 @@ type Proxy struct {
 
 type arm struct {
 	cut    Cut
+	down   bool        // take the proxy down at the cut
 	report chan Report // cap 1
 }
 
@@ -100,11 +103,33 @@ func (p *Proxy) Conns() int {
 // as cut says. The channel receives one Report once the cut is made; it
 // never receives anything if that connection sends no COMMIT.
 func (p *Proxy) CutCommit(client net.Addr, cut Cut) <-chan Report {
-	a := &arm{cut: cut, report: make(chan Report, 1)}
+	return p.arm(client, &arm{cut: cut})
+}
+
+// CutCommitAndGoDown is CutCommit, and at the cut the proxy goes down
+// (SetDown(true)) before the client's end is closed: the client cannot
+// reach the server to find out what became of its COMMIT until SetDown(false).
+func (p *Proxy) CutCommitAndGoDown(client net.Addr, cut Cut) <-chan Report {
+	return p.arm(client, &arm{cut: cut, down: true})
+}
+
+func (p *Proxy) arm(client net.Addr, a *arm) <-chan Report {
+	a.report = make(chan Report, 1)
 	p.mu.Lock()
 	p.armed[client.String()] = a
 	p.mu.Unlock()
 	return a.report
+}
+
+// SetDown(true) breaks every relayed connection and closes new ones at once,
+// like a server that went away; SetDown(false) relays again.
+func (p *Proxy) SetDown(down bool) {
+	p.mu.Lock()
+	p.down = down
+	p.mu.Unlock()
+	if down {
+		p.breakAll()
+	}
 }
 
 // Close stops accepting, breaks every connection and waits for the relays
@@ -113,6 +138,14 @@ func (p *Proxy) Close() error {
 	err := p.ln.Close()
 	p.mu.Lock()
 	p.closed = true
+	p.mu.Unlock()
+	p.breakAll()
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) breakAll() {
+	p.mu.Lock()
 	conns := make([]*conn, 0, len(p.conns))
 	for c := range p.conns {
 		conns = append(conns, c)
@@ -121,8 +154,6 @@ func (p *Proxy) Close() error {
 	for _, c := range conns {
 		c.close()
 	}
-	p.wg.Wait()
-	return err
 }
 
 func (p *Proxy) accept() {
@@ -132,6 +163,10 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return // closed
 		}
+		if p.isDown() { // do not bother the server
+			client.Close()
+			continue
+		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {
 			client.Close()
@@ -139,20 +174,29 @@ func (p *Proxy) accept() {
 		}
 		c := &conn{p: p, client: client, server: server}
 		p.mu.Lock()
-		closed := p.closed
-		if !closed {
+		closed, down := p.closed, p.down
+		if !closed && !down {
 			p.conns[c] = struct{}{}
 		}
 		p.mu.Unlock()
-		if closed {
+		if closed || down {
 			client.Close()
 			server.Close()
-			return
+			if closed {
+				return
+			}
+			continue
 		}
 		p.wg.Add(2)
 		go c.clientToServer()
 		go c.serverToClient()
 	}
+}
+
+func (p *Proxy) isDown() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.down
 }
 
 // takeArm returns and disarms the cut armed for c, if any.
@@ -215,7 +259,7 @@ func (c *conn) clientToServer() {
 		if isCommit(msg) {
 			if a := c.p.takeArm(c); a != nil {
 				if a.cut == BeforeCommit {
-					a.report <- Report{Cut: BeforeCommit}
+					c.cutDone(a, Report{Cut: BeforeCommit})
 					return // closes both ends: the server rolls back
 				}
 				c.held.Store(a)
@@ -240,7 +284,7 @@ func (c *conn) serverToClient() {
 			if a := c.held.Load(); a != nil {
 				reply = append(reply, buf[:n]...)
 				if tag, ok := commandTag(reply); ok {
-					a.report <- Report{Cut: AfterCommit, Reply: tag}
+					c.cutDone(a, Report{Cut: AfterCommit, Reply: tag})
 					return
 				}
 			} else if write(c.client, buf[:n]) != nil {
@@ -251,6 +295,15 @@ func (c *conn) serverToClient() {
 			return
 		}
 	}
+}
+
+// cutDone finishes a cut: the proxy goes down if armed so, then the report
+// goes out; the caller's return closes both ends.
+func (c *conn) cutDone(a *arm, r Report) {
+	if a.down {
+		c.p.SetDown(true)
+	}
+	a.report <- r
 }
 
 func write(w io.Writer, b []byte) error {

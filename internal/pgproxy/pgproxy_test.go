@@ -195,3 +195,53 @@ func TestCutBeforeCommit(t *testing.T) {
 		t.Fatalf("the other connection's row committed %d times, want 1", n)
 	}
 }
+
+// Down, the proxy breaks every connection and refuses new ones; up again,
+// it relays.
+func TestDownAndUp(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	w.proxy.SetDown(true)
+	if _, err := c.Exec(ctx, `SELECT 1`); err == nil {
+		t.Fatal("a connection survived the proxy going down")
+	}
+	if c, err := pgx.Connect(ctx, w.url); err == nil {
+		c.Close(ctx)
+		t.Fatal("connected while the proxy is down")
+	}
+	w.proxy.SetDown(false)
+	if _, err := w.connect(t).Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatalf("after the proxy came back: %v", err)
+	}
+}
+
+// CutCommitAndGoDown: the COMMIT is cut and, until the proxy is up again,
+// nobody can ask the server what became of it.
+func TestCutCommitAndGoDown(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	c := w.connect(t)
+	var report <-chan pgproxy.Report
+	err := insertAndCommit(t, c, w.table, 1, func() {
+		report = w.proxy.CutCommitAndGoDown(c.PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
+	})
+	if err == nil {
+		t.Fatal("the cut commit returned no error")
+	}
+	if r := wait(t, report); r.Reply != "COMMIT" {
+		t.Fatalf("report %+v, want the server's COMMIT", r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if c, err := pgx.Connect(ctx, w.url); err == nil {
+		c.Close(ctx)
+		t.Fatal("connected while the proxy is down")
+	}
+	w.proxy.SetDown(false)
+	if n := w.count(t, 1); n != 1 {
+		t.Fatalf("row committed %d times, want 1", n)
+	}
+}
