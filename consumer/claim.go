@@ -65,6 +65,9 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 		if lerr != nil {
 			c.log.Error("topic partitions changed: not processing it", zap.String("topic", t), zap.Error(lerr))
 			blocked[t] = lerr
+			// The partitions this worker already runs are held too: the
+			// new layout applies to the whole topic.
+			c.holdTopic(t, counts[t])
 		}
 	}
 
@@ -183,7 +186,7 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 		if err == nil {
 			l.token = token
 			l.next = claimed.NextOffset
-			l.log = l.log.With(zap.Stringer("token", token))
+			l.log = l.baseLog.With(zap.Stringer("token", token))
 			c.stats.claims.Add(1)
 			l.log.Info("partition claimed", zap.Int64("next_offset", claimed.NextOffset))
 			return claimed, nil
@@ -334,25 +337,95 @@ func (c *Consumer) describeMember(ctx context.Context, cl *kgo.Client, member st
 	return false, nil, nil
 }
 
+// partitionCountsOf asks the cluster for the topics' partition counts with
+// a metadata request of its own: kgo's cached metadata can be minutes old,
+// and a stale count would let new partitions through the layout check.
 func (c *Consumer) partitionCountsOf(ctx context.Context, cl *kgo.Client, topics []string) (map[string]int32, error) {
-	adm := kadm.NewClient(cl)
 	var out map[string]int32
-	err := c.retry(ctx, "metadata", c.log, func() error {
-		td, err := adm.ListTopics(ctx, topics...)
-		if err != nil {
-			return err
-		}
-		out = make(map[string]int32, len(topics))
-		for _, t := range topics {
-			d, ok := td[t]
-			if !ok || d.Err != nil || len(d.Partitions) == 0 {
-				return fmt.Errorf("topic %q has no partitions in metadata (%v)", t, d.Err)
-			}
-			out[t] = int32(len(d.Partitions))
-		}
-		return nil
+	err := c.retry(ctx, "metadata", c.log, func() (err error) {
+		out, err = partitionCounts(ctx, cl, topics)
+		return err
 	})
 	return out, err
+}
+
+func partitionCounts(ctx context.Context, cl *kgo.Client, topics []string) (map[string]int32, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	for _, t := range topics {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(t)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int32, len(topics))
+	for _, t := range resp.Topics {
+		if t.Topic == nil {
+			continue
+		}
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
+			return nil, fmt.Errorf("topic %q: %w", *t.Topic, err)
+		}
+		out[*t.Topic] = int32(len(t.Partitions))
+	}
+	for _, t := range topics {
+		if out[t] <= 0 {
+			return nil, fmt.Errorf("topic %q has no partitions in metadata", t)
+		}
+	}
+	return out, nil
+}
+
+// watchLayouts checks every layoutWatch that the topics' partition counts
+// are still the ones the group recorded. Assignments check it too, but a
+// worker whose assignment does not change would otherwise go on processing
+// a topic whose keys now map elsewhere. On a change, every lane of the topic
+// finishes its batch and waits for the operator's acknowledgement.
+func (c *Consumer) watchLayouts(ctx context.Context, cl *kgo.Client) {
+	t := time.NewTicker(layoutWatch)
+	defer t.Stop()
+	warned := map[string]int32{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		counts, err := partitionCounts(ctx, cl, c.cfg.Topics)
+		if err != nil {
+			c.log.Debug("partition count check skipped", zap.Error(err))
+			continue
+		}
+		for topic, n := range counts {
+			err := c.store.CheckLayout(ctx, c.cfg.Group, topic, n)
+			if !errors.Is(err, sink.ErrPartitionsChanged) {
+				continue
+			}
+			if warned[topic] != n {
+				warned[topic] = n
+				c.log.Error("topic partitions changed: not processing it", zap.String("topic", topic), zap.Error(err))
+				// kgo refreshes metadata every few minutes; a classic
+				// group's leader assigns the new partitions only once it
+				// sees them.
+				cl.ForceMetadataRefresh()
+			}
+			c.holdTopic(topic, n)
+		}
+	}
+}
+
+// holdTopic makes every lane of topic wait for the acknowledgement of n
+// partitions.
+func (c *Consumer) holdTopic(topic string, n int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, l := range c.lanes {
+		if k.topic == topic {
+			l.holdForLayout(n)
+		}
+	}
 }
 
 // retry runs fn until it succeeds, returns an error matching sink.ErrFenced,

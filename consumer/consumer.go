@@ -141,6 +141,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.cl.CompareAndSwap(nil, cl)
 	defer c.shutdown(cl)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go c.watchLayouts(wctx, cl)
 	for {
 		// PollRecords bounds a poll so that callbacks are never blocked by a
 		// huge hand-off.

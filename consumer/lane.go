@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,8 +29,12 @@ const lostGrace = 2 * time.Second
 const commitTimeout = 15 * time.Second
 
 // layoutRecheck is how often a lane blocked by a partition count change
-// looks for the operator's acknowledgement.
-const layoutRecheck = 2 * time.Second
+// looks for the operator's acknowledgement; layoutWatch is how often a
+// worker compares its topics' partition counts with the recorded ones.
+const (
+	layoutRecheck = 2 * time.Second
+	layoutWatch   = 5 * time.Second
+)
 
 // errStopped ends a batch whose lane was stopped: nothing committed, nothing
 // lost; the next owner starts from the stored offset.
@@ -50,11 +55,13 @@ type lane struct {
 	partitions int32 // the topic's partition count at assignment
 
 	// Set by the claim, then read by the lane goroutine only.
-	token sink.Token
-	next  int64 // the stored next offset as this lane knows it
-	log   *zap.Logger
+	token   sink.Token
+	next    int64 // the stored next offset as this lane knows it
+	log     *zap.Logger
+	baseLog *zap.Logger // log without the token
 
-	blocked bool // waiting for a partition count acknowledgement before claiming
+	blocked    bool         // waiting for a partition count acknowledgement before claiming
+	layoutHold atomic.Int32 // a new partition count to wait for, set by the layout watcher; 0: none
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
@@ -73,7 +80,7 @@ type lane struct {
 func newLane(c *Consumer, key sink.Partition, owner string, epoch, partitions int32, log *zap.Logger) *lane {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &lane{
-		c: c, key: key, owner: owner, epoch: epoch, partitions: partitions, log: log,
+		c: c, key: key, owner: owner, epoch: epoch, partitions: partitions, log: log, baseLog: log,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
 	}
@@ -96,6 +103,16 @@ func (l *lane) block(start int64) {
 func (l *lane) fence() {
 	l.end()
 	close(l.done)
+}
+
+// holdForLayout makes the lane stop after its current batch and wait until
+// the topic's new partition count n is acknowledged.
+func (l *lane) holdForLayout(n int32) {
+	l.layoutHold.Store(n)
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
 }
 
 func (l *lane) stopSoft() { l.quitOnce.Do(func() { close(l.quit) }) }
@@ -186,7 +203,7 @@ func (l *lane) release() {
 // must stop.
 func (l *lane) take() *Batch {
 	for {
-		if l.stopping() {
+		if l.stopping() || l.layoutHold.Load() != 0 {
 			return nil
 		}
 		l.mu.Lock()
@@ -232,12 +249,26 @@ func (l *lane) run() {
 	l.c.stats.lanes.Add(1)
 	defer l.c.stats.lanes.Add(-1)
 	defer close(l.done)
-	if l.blocked && !l.awaitLayout() {
+	if l.blocked && !l.awaitLayout(true) {
 		return
 	}
 	for {
+		if n := l.layoutHold.Swap(0); n != 0 {
+			// The topic's partition count changed under this lane: keep the
+			// buffer, stop fetching, and claim again once acknowledged.
+			l.partitions = n
+			l.mu.Lock()
+			l.pauseLocked()
+			l.mu.Unlock()
+			if !l.awaitLayout(false) {
+				return
+			}
+		}
 		b := l.take()
 		if b == nil {
+			if l.layoutHold.Load() != 0 {
+				continue
+			}
 			return
 		}
 		next, err := l.process(b.Records, b.From)
@@ -257,8 +288,13 @@ func (l *lane) run() {
 }
 
 // awaitLayout waits, while the partition stays assigned, for an operator to
-// acknowledge the topic's new partition count, then claims the partition.
-func (l *lane) awaitLayout() bool {
+// acknowledge the topic's new partition count. A lane that never claimed
+// (claim) claims then, with the member's epoch at that moment: the partition
+// is still assigned to this member (a revoke would have removed the lane),
+// so its current epoch is above any earlier owner's. A lane that had claimed
+// keeps its claim: if someone took the partition meanwhile, its next commit
+// is fenced.
+func (l *lane) awaitLayout(claim bool) bool {
 	for {
 		err := l.c.store.CheckLayout(l.ctx, l.key.Group, l.key.Topic, l.partitions)
 		if err == nil {
@@ -271,12 +307,20 @@ func (l *lane) awaitLayout() bool {
 			return false
 		}
 	}
-	ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.ClaimTimeout)
-	defer cancel()
-	if _, err := l.c.claimOne(ctx, l.c.cl.Load(), l, l.next, nil); err != nil {
-		l.log.Error("claim after partition count acknowledgement failed", zap.Error(err), zap.Bool("fenced", errors.Is(err, sink.ErrFenced)))
-		l.end()
-		return false
+	// A hold for this same count, set while we waited, is answered too.
+	l.layoutHold.CompareAndSwap(l.partitions, 0)
+	if claim {
+		cl := l.c.cl.Load()
+		if member, epoch := cl.GroupMetadata(); member == l.owner && epoch > l.epoch {
+			l.epoch = epoch
+		}
+		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.ClaimTimeout)
+		defer cancel()
+		if _, err := l.c.claimOne(ctx, cl, l, l.next, nil); err != nil {
+			l.log.Error("claim after partition count acknowledgement failed", zap.Error(err), zap.Bool("fenced", errors.Is(err, sink.ErrFenced)))
+			l.end()
+			return false
+		}
 	}
 	l.log.Info("partition count acknowledged: processing resumes")
 	l.mu.Lock()

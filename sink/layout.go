@@ -38,14 +38,12 @@ func (s *Store) CheckLayout(ctx context.Context, group, topic string, now int32)
 	}
 	q := quote(s.schema)
 	var recorded int32
-	err := s.pool.QueryRow(ctx, `WITH ins AS (
-		INSERT INTO `+q+`.topic_layouts (consumer_group, topic, partition_count) VALUES ($1, $2, $3)
-		ON CONFLICT (consumer_group, topic) DO NOTHING
-		RETURNING partition_count)
-	SELECT partition_count FROM ins
-	UNION ALL
-	SELECT partition_count FROM `+q+`.topic_layouts WHERE consumer_group = $1 AND topic = $2
-	LIMIT 1`, group, topic, now).Scan(&recorded)
+	// The no-op update makes the statement return the row whether this call
+	// inserted it or another did concurrently (a plain DO NOTHING returns no
+	// row to the loser of that race).
+	err := s.pool.QueryRow(ctx, `INSERT INTO `+q+`.topic_layouts AS l (consumer_group, topic, partition_count) VALUES ($1, $2, $3)
+		ON CONFLICT (consumer_group, topic) DO UPDATE SET partition_count = l.partition_count
+		RETURNING partition_count`, group, topic, now).Scan(&recorded)
 	if err != nil {
 		return fmt.Errorf("checking the partition count of topic %q: %w", topic, err)
 	}

@@ -19,7 +19,7 @@ import (
 )
 
 func init() {
-	register(command{name: "admin", summary: "inspect topics, groups, assignments and fencing rows; create topics", run: runAdmin})
+	register(command{name: "admin", summary: "inspect topics, groups, assignments, fencing rows and dead letters; create topics, replay jobs", run: runAdmin})
 }
 
 // adminTimeout bounds each admin command's broker and database round trips,
@@ -41,12 +41,22 @@ func adminCommands() []adminCommand {
 			"create a topic", runTopicCreate},
 		{"topic describe", "--brokers HOST:PORT[,..] --topic T [--output table|json]",
 			"a topic's partitions, leaders and high watermarks", runTopicDescribe},
+		{"topic acknowledge-partitions", "--database-url URL --group G --topic T (--partitions N | --brokers HOST:PORT[,..] [--partitions N]) [--schema S] [--actor A]",
+			"accept a topic's new partition count for a group, so that its workers resume it", runAcknowledgePartitions},
 		{"groups", "--brokers HOST:PORT[,..] [--output table|json]",
 			"list consumer groups: type, state, protocol, member count", runGroups},
 		{"assignments", "--brokers HOST:PORT[,..] --group G --database-url URL [--schema S] [--topic T[,T2]] [--output table|json]",
 			"per partition, the coordinator's assignment beside Postgres's fencing row, and the lag", runAssignments},
 		{"fences", "--database-url URL [--schema S] [--group G] [--output table|json]",
 			"the fencing rows in Postgres", runFences},
+		{"dlq list", "--database-url URL [--schema S] [--group G] [--topic T] [--status dead|replayed|discarded|all] [--limit N] [--output table|json]",
+			"dead-lettered jobs, oldest first (default: those still dead)", runDLQList},
+		{"dlq show", "ID --database-url URL [--schema S] [--output table|json]",
+			"one dead letter in full: job, headers, error, attempts, token, owner, and what was done to it", runDLQShow},
+		{"dlq replay", "ID [ID...] --brokers HOST:PORT[,..] --database-url URL [--schema S] [--actor A]",
+			"re-produce dead letters to their topic (same key, value and headers) and record it", runDLQReplay},
+		{"dlq discard", "ID [ID...] --database-url URL [--schema S] [--actor A]",
+			"mark dead letters as dealt with, without replaying them, and record it", runDLQDiscard},
 	}
 }
 
@@ -54,7 +64,7 @@ func printAdminUsage(w io.Writer) {
 	fmt.Fprintln(w, "usage: tenure admin <subcommand> [flags]")
 	fmt.Fprintln(w)
 	for _, c := range adminCommands() {
-		fmt.Fprintf(w, "  %-15s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-29s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Flags also read TENURE_* environment variables (flags win). 'tenure admin <subcommand> --help' for its flags.")

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/sink"
@@ -64,7 +63,7 @@ func runAssignments(ctx context.Context, e *env, f *flagSet, args []string) erro
 	if _, err := store.List(ctx, *group); err != nil {
 		return dbError(sch, err)
 	}
-	rows, err := consumer.Describe(ctx, kadm.NewClient(cl), store, *group, topics)
+	rows, err := consumer.Describe(ctx, cl, store, *group, topics)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) || pgconn.Timeout(err) {
@@ -82,8 +81,8 @@ func runAssignments(ctx context.Context, e *env, f *flagSet, args []string) erro
 	fmt.Fprintln(tw, "TOPIC\tPARTITION\tMEMBER_ID\tCLIENT_ID\tHOST\tEPOCH\tFENCE_EPOCH\tFENCE_OWNER\tNEXT_OFFSET\tHIGH_WATERMARK\tLAG\tSTATE")
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Topic, r.Partition,
-			dash(r.MemberID), dash(r.ClientID), dash(r.Host), dashInt(r.Epoch),
-			dash(r.FenceEpoch), dash(r.FenceOwner), dashInt(r.NextOffset),
+			dash(printableString(r.MemberID)), dash(printableString(r.ClientID)), dash(printableString(r.Host)), dashInt(r.Epoch),
+			dash(r.FenceEpoch), dash(printableString(r.FenceOwner)), dashInt(r.NextOffset),
 			dashInt(r.HighWatermark), dashInt(r.Lag), r.State)
 	}
 	return tw.Flush()
@@ -162,7 +161,7 @@ func runFences(ctx context.Context, e *env, f *flagSet, args []string) error {
 		if r.CommittedAt != nil {
 			committed = r.CommittedAt.Format(ts)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Group, r.Topic, r.Partition, r.Token, r.Owner,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", printableString(r.Group), r.Topic, r.Partition, r.Token, printableString(r.Owner),
 			r.NextOffset, r.PartitionCount, r.ClaimedAt.Format(ts), committed)
 	}
 	if err := tw.Flush(); err != nil {
@@ -171,7 +170,7 @@ func runFences(ctx context.Context, e *env, f *flagSet, args []string) error {
 	if len(rows) == 0 {
 		where := "schema " + sch
 		if *group != "" {
-			where += " for group " + *group
+			where += " for group " + printableString(*group)
 		}
 		fmt.Fprintf(e.stderr, "no fencing rows in %s\n", where)
 	}

@@ -63,6 +63,23 @@ func kafkaClient(brokers []string, opts ...kgo.Opt) (*kgo.Client, error) {
 	return cl, nil
 }
 
+// kgoDefaultBatchMaxBytes is kgo's ProducerBatchMaxBytes default, kept below
+// the brokers' default message.max.bytes.
+const kgoDefaultBatchMaxBytes = 1000012
+
+// producerClient makes the client jobs are produced with: idempotent with
+// acks=all, and the murmur2 key partitioner of the Java client (what
+// partition.For computes), so that a key lands where every tenure tool
+// expects it. largest is the biggest record (key + value bytes) it will send.
+func producerClient(brokers []string, largest int) (*kgo.Client, error) {
+	return kafkaClient(brokers,
+		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotence (kgo's default) needs acks=all
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.ProducerBatchMaxBytes(int32(max(kgoDefaultBatchMaxBytes, largest+1024))),
+		kgo.RecordDeliveryTimeout(30*time.Second),
+	)
+}
+
 // checkTopics returns the partition count of each topic, or one sentence:
 // unreachable brokers, or a missing topic and the command that creates it.
 func checkTopics(ctx context.Context, cl *kgo.Client, brokers, topics []string) (map[string]int32, error) {

@@ -1,9 +1,21 @@
 // Command tenure runs fenced partition workers and inspects them.
 //
 //	tenure worker    run one worker replica
-//	tenure broker    run a local development broker (kfake)
-//	tenure migrate   apply or inspect the Postgres schema
+//	tenure produce   produce jobs to a topic, keyed like the Java client (murmur2)
+//	tenure migrate   apply (up), revert one (down) or list (status) schema migrations
+//	tenure broker    run a local development broker (kfake; not for production)
 //	tenure demo      replay the paused-worker story on a local broker
+//	tenure admin     inspect and operate, one subcommand each:
+//	    topic create                   create a topic
+//	    topic describe                 a topic's partitions, leaders and high watermarks
+//	    topic acknowledge-partitions   accept a topic's new partition count for a group
+//	    groups                         consumer groups: type, state, protocol, members
+//	    assignments                    the coordinator's assignment beside Postgres's fencing rows
+//	    fences                         the fencing rows in Postgres
+//	    dlq list                       dead-lettered jobs
+//	    dlq show                       one dead letter in full, with what was done to it
+//	    dlq replay                     re-produce dead letters to their topic
+//	    dlq discard                    mark dead letters as dealt with
 //
 // Every flag also reads an environment variable (TENURE_BROKERS, ...); flags
 // win. Logs go to stderr (JSON, or --log-format console); results to stdout.
@@ -34,6 +46,7 @@ type command struct {
 // env is what a command talks to: its streams and environment, so that tests
 // can run commands in-process too.
 type env struct {
+	stdin          io.Reader // `produce --input -`
 	stdout, stderr io.Writer
 	getenv         func(string) string
 }
@@ -49,7 +62,7 @@ func (e usageError) Error() string { return e.msg }
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
 func main() {
-	e := &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
 	ctx, stop := signalContext()
 	defer stop()
 	os.Exit(run(ctx, e, os.Args[1:]))

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"text/tabwriter"
-	"time"
 	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -33,9 +32,6 @@ const (
 	// perKeyListMax: inputs with at most this many distinct keys are
 	// reported key by key, larger ones partition by partition.
 	perKeyListMax = 20
-	// kgoDefaultBatchMaxBytes is kgo's ProducerBatchMaxBytes default, kept
-	// below the brokers' default message.max.bytes.
-	kgoDefaultBatchMaxBytes = 1000012
 )
 
 // job is one validated record to produce.
@@ -100,7 +96,7 @@ func runProduce(ctx context.Context, e *env, args []string) error {
 		jobs = []job{j}
 	case *input != "":
 		var err error
-		jobs, err = readJobs(*input, *maxBytes)
+		jobs, err = readJobs(e.stdin, *input, *maxBytes)
 		if err != nil {
 			return err
 		}
@@ -114,12 +110,7 @@ func runProduce(ctx context.Context, e *env, args []string) error {
 	for _, j := range jobs {
 		largest = max(largest, len(j.key)+len(j.value))
 	}
-	cl, err := kafkaClient(brokerList,
-		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotence (kgo's default) needs acks=all
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
-		kgo.ProducerBatchMaxBytes(int32(max(kgoDefaultBatchMaxBytes, largest+1024))),
-		kgo.RecordDeliveryTimeout(30*time.Second),
-	)
+	cl, err := producerClient(brokerList, largest)
 	if err != nil {
 		return err
 	}
@@ -179,8 +170,11 @@ func inputName(path string) string {
 
 // readJobs reads and validates every line of path ("-": stdin). Blank lines
 // are skipped. The first bad line is the error.
-func readJobs(path string, maxBytes int) ([]job, error) {
-	var r io.Reader = os.Stdin
+func readJobs(stdin io.Reader, path string, maxBytes int) ([]job, error) {
+	r := stdin
+	if path == "-" && r == nil {
+		return nil, errors.New("--input - reads standard input, and there is none")
+	}
 	if path != "-" {
 		f, err := os.Open(path)
 		if err != nil {

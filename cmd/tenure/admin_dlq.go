@@ -1,0 +1,720 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// replayTimeout bounds one replay: producing the job (kgo gives up after its
+// 30s delivery timeout) and recording it.
+const replayTimeout = 60 * time.Second
+
+// deadLetterRow is a dead letter as `tenure admin dlq list|show --output
+// json` prints it. Key and value are text, with every byte that is not
+// UTF-8 written as \xNN; the _base64 fields are the exact bytes. Absent key
+// or value: null.
+type deadLetterRow struct {
+	ID          int64       `json:"id"`
+	Status      string      `json:"status"`
+	Group       string      `json:"consumer_group"`
+	Topic       string      `json:"topic"`
+	Partition   int32       `json:"partition"`
+	Offset      int64       `json:"offset"`
+	Job         string      `json:"job"` // topic/partition/offset, as the worker logs it
+	Key         *string     `json:"key"`
+	KeyBase64   *string     `json:"key_base64"`
+	Value       *string     `json:"value"`
+	ValueBase64 *string     `json:"value_base64"`
+	Headers     []headerRow `json:"headers"`
+	Error       string      `json:"error"`
+	Attempts    int         `json:"attempts"`
+	Token       string      `json:"token"`
+	Owner       string      `json:"owner"`
+	DeadAt      time.Time   `json:"dead_at"`
+	// Actions are the replays and discards of this dead letter (show only).
+	Actions []actionRow `json:"actions,omitempty"`
+}
+
+type headerRow struct {
+	Key         string  `json:"key"`
+	Value       *string `json:"value"`
+	ValueBase64 *string `json:"value_base64"`
+}
+
+// actionRow is one row of dead_letter_actions.
+type actionRow struct {
+	Action    string    `json:"action"` // replay or discard
+	Actor     string    `json:"actor"`
+	At        time.Time `json:"at"`
+	Topic     *string   `json:"topic,omitempty"` // replay: where the job went
+	Partition *int32    `json:"partition,omitempty"`
+	Offset    *int64    `json:"offset,omitempty"`
+}
+
+func newDeadLetterRow(d sink.DeadLetter) deadLetterRow {
+	r := deadLetterRow{ID: d.ID, Status: d.Status, Group: d.Partition.Group, Topic: d.Partition.Topic,
+		Partition: d.Partition.Partition, Offset: d.Offset,
+		Job:   d.Partition.Topic + "/" + strconv.FormatInt(int64(d.Partition.Partition), 10) + "/" + strconv.FormatInt(d.Offset, 10),
+		Error: d.Error, Attempts: d.Attempts, Token: d.Token.String(), Owner: d.Owner, DeadAt: d.DeadAt.UTC(),
+		Headers: []headerRow{}}
+	r.Key, r.KeyBase64 = textAndBase64(d.Key)
+	r.Value, r.ValueBase64 = textAndBase64(d.Value)
+	for _, h := range d.Headers {
+		hr := headerRow{Key: h.Key}
+		hr.Value, hr.ValueBase64 = textAndBase64(h.Value)
+		r.Headers = append(r.Headers, hr)
+	}
+	return r
+}
+
+func textAndBase64(b []byte) (*string, *string) {
+	if b == nil {
+		return nil, nil
+	}
+	t, e := escapeInvalid(b), base64.StdEncoding.EncodeToString(b)
+	return &t, &e
+}
+
+// escapeInvalid returns b as text, each byte that is not part of valid UTF-8
+// written as \xNN.
+func escapeInvalid(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	var sb strings.Builder
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError && n == 1 {
+			fmt.Fprintf(&sb, `\x%02x`, b[0])
+		} else {
+			sb.WriteString(string(b[:n]))
+		}
+		b = b[n:]
+	}
+	return sb.String()
+}
+
+// printable renders bytes for a terminal: printable characters as they are;
+// control characters, other invisible ones and bytes that are not UTF-8
+// escaped Go-style (\n, \x1b, \u200b, \xff), so that a job can neither break
+// a table's lines nor send escape sequences to the terminal.
+func printable(b []byte) string {
+	var sb strings.Builder
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&sb, `\x%02x`, b[0])
+		case r == ' ' || (unicode.IsPrint(r) && r != '\\'):
+			sb.WriteRune(r)
+		default:
+			q := strconv.QuoteRuneToASCII(r) // '\n', '\x1b', '\u200b', '\\'
+			sb.WriteString(q[1 : len(q)-1])
+		}
+		b = b[n:]
+	}
+	return sb.String()
+}
+
+func printableString(s string) string { return printable([]byte(s)) }
+
+// clip shortens s to at most n runes for a table cell.
+func clip(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// parseWithIDs parses flags given before, between or after the positional
+// dead-letter IDs (`replay 4 7 --brokers ...`), and the IDs.
+func parseWithIDs(f *flagSet, args []string) ([]int64, error) {
+	var pos []string
+	for {
+		if err := f.Parse(args); err != nil {
+			if err == flag.ErrHelp {
+				return nil, err
+			}
+			return nil, usageError{err.Error()}
+		}
+		rest := f.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if i := len(args) - len(rest) - 1; i >= 0 && args[i] == "--" {
+			pos = append(pos, rest...) // after "--" everything is an ID
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	if len(f.envErrs) > 0 {
+		return nil, usageError{strings.Join(f.envErrs, "; ")}
+	}
+	if len(pos) == 0 {
+		return nil, usagef("give the ID of at least one dead letter (see `tenure admin dlq list`)")
+	}
+	seen := map[int64]bool{}
+	ids := make([]int64, 0, len(pos))
+	for _, p := range pos {
+		id, err := strconv.ParseInt(p, 10, 64)
+		if err != nil || id <= 0 {
+			return nil, usagef("dead letter ID %q is not a positive integer", p)
+		}
+		if seen[id] {
+			return nil, usagef("dead letter %d is given twice", id)
+		}
+		seen[id] = true
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// actorFlag adds --actor: who is recorded as having replayed, discarded or
+// acknowledged something. Default: $USER@host.
+func actorFlag(f *flagSet) func() (string, error) {
+	user := f.e.getenv("USER")
+	if user == "" {
+		user = f.e.getenv("LOGNAME")
+	}
+	if user == "" {
+		user = "unknown"
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	a := f.String("actor", user+"@"+host, "who is recorded as doing this")
+	return func() (string, error) {
+		if strings.TrimSpace(*a) == "" {
+			return "", usagef("--actor must not be empty")
+		}
+		return *a, nil
+	}
+}
+
+// openStore opens the database and a store on schema.
+func openStore(ctx context.Context, dbURL, schema string) (*pgxpool.Pool, *sink.Store, error) {
+	pool, err := openDB(ctx, dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := sink.NewStore(pool, schema)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, store, nil
+}
+
+// storeError turns a failed read or write of tenure's tables into one
+// sentence.
+func storeError(schema, what string, err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined table, undefined schema
+		return fmt.Errorf("schema %q lacks tenure's tables: run `tenure migrate up --schema %s` (or give the right --schema)", schema, schema)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: the database did not answer in time", what)
+	}
+	return fmt.Errorf("%s: %s", what, pgxCauseOf(err))
+}
+
+// deadLetterActions reads what was done to dead letter id, oldest first.
+func deadLetterActions(ctx context.Context, pool *pgxpool.Pool, schema string, id int64) ([]actionRow, error) {
+	rows, err := pool.Query(ctx, `SELECT action, actor, at, topic, partition, job_offset FROM `+
+		pgx.Identifier{schema}.Sanitize()+`.dead_letter_actions WHERE dead_letter_id = $1 ORDER BY id`, id)
+	if err != nil {
+		return nil, err
+	}
+	var out []actionRow
+	var a actionRow
+	_, err = pgx.ForEachRow(rows, []any{&a.Action, &a.Actor, &a.At, &a.Topic, &a.Partition, &a.Offset}, func() error {
+		a.At = a.At.UTC()
+		out = append(out, a)
+		a = actionRow{}
+		return nil
+	})
+	return out, err
+}
+
+// describeAction says in a few words what an action did.
+func describeAction(a actionRow) string {
+	s := fmt.Sprintf("%s by %s at %s", pastTense(a.Action), printableString(a.Actor), a.At.Format(time.RFC3339))
+	if a.Topic != nil && a.Partition != nil && a.Offset != nil {
+		s += fmt.Sprintf(" (to %s/%d at offset %d)", *a.Topic, *a.Partition, *a.Offset)
+	}
+	return s
+}
+
+func pastTense(action string) string {
+	switch action {
+	case "replay":
+		return "replayed"
+	case "discard":
+		return "discarded"
+	}
+	return action
+}
+
+// loadDead reads the dead letters ids, each of which must exist and still
+// be dead; otherwise one sentence says why none is touched.
+func loadDead(ctx context.Context, pool *pgxpool.Pool, store *sink.Store, schema string, ids []int64, verb string) ([]sink.DeadLetter, error) {
+	out := make([]sink.DeadLetter, 0, len(ids))
+	for _, id := range ids {
+		d, err := store.DeadLetterByID(ctx, id)
+		if errors.Is(err, sink.ErrNoDeadLetter) {
+			return nil, fmt.Errorf("there is no dead letter %d in schema %q (see `tenure admin dlq list --status all`); nothing was %s", id, schema, verb)
+		}
+		if err != nil {
+			return nil, storeError(schema, fmt.Sprintf("reading dead letter %d", id), err)
+		}
+		if d.Status != "dead" {
+			return nil, fmt.Errorf("%s; nothing was %s", alreadyDone(ctx, pool, schema, d), verb)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// alreadyDone says who dealt with dead letter d, which is no longer dead.
+func alreadyDone(ctx context.Context, pool *pgxpool.Pool, schema string, d sink.DeadLetter) string {
+	s := fmt.Sprintf("dead letter %d was already %s", d.ID, d.Status)
+	if acts, err := deadLetterActions(ctx, pool, schema, d.ID); err == nil && len(acts) > 0 {
+		s = fmt.Sprintf("dead letter %d was already %s", d.ID, describeAction(acts[len(acts)-1]))
+	}
+	return s
+}
+
+func runDLQList(ctx context.Context, e *env, f *flagSet, args []string) error {
+	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
+	schema := schemaFlag(f)
+	group := f.String("group", "", "only this consumer group's dead letters (default: every group)")
+	topic := f.String("topic", "", "only this topic's dead letters (default: every topic)")
+	status := f.String("status", "dead", "dead (waiting for a decision), replayed, discarded, or all")
+	limit := f.Int("limit", 1000, "show at most this many, oldest first")
+	output := outputFlag(f)
+	if err := f.parse(args, 0); err != nil {
+		return err
+	}
+	if err := required("database-url", *dbURL); err != nil {
+		return err
+	}
+	out, err := output()
+	if err != nil {
+		return err
+	}
+	sch, err := schema()
+	if err != nil {
+		return err
+	}
+	st := *status
+	switch st {
+	case "dead", "replayed", "discarded":
+	case "all":
+		st = ""
+	default:
+		return usagef("--status %q is not dead, replayed, discarded or all", *status)
+	}
+	if *limit < 1 {
+		return usagef("--limit must be at least 1")
+	}
+	pool, store, err := openStore(ctx, *dbURL, sch)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	dls, err := store.DeadLetters(ctx, sink.DeadLetterFilter{Group: *group, Topic: *topic, Status: st, Limit: *limit})
+	if err != nil {
+		return storeError(sch, "reading the dead letters", err)
+	}
+	rows := make([]deadLetterRow, len(dls))
+	for i, d := range dls {
+		rows[i] = newDeadLetterRow(d)
+	}
+	if out == "json" {
+		if err := writeJSON(e.stdout, rows); err != nil {
+			return err
+		}
+	} else {
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tSTATUS\tGROUP\tJOB\tKEY\tATTEMPTS\tDEAD_AT\tERROR")
+		for i, r := range rows {
+			key := "-"
+			if dls[i].Key != nil {
+				key = clip(printable(dls[i].Key), 32)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, r.Status, clip(printableString(r.Group), 32), r.Job, key,
+				r.Attempts, r.DeadAt.Format("2006-01-02 15:04:05Z"), clip(printableString(r.Error), 80))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(rows) == *limit {
+		fmt.Fprintf(e.stderr, "showing the oldest %d; there may be more (--limit)\n", *limit)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintf(e.stderr, "no %s in schema %s\n", describeFilter(*status, *group, *topic), sch)
+	}
+	return nil
+}
+
+func describeFilter(status, group, topic string) string {
+	s := "dead letters"
+	if status != "all" {
+		s = "dead letters with status " + status
+	}
+	if group != "" {
+		s += " of group " + printableString(group)
+	}
+	if topic != "" {
+		s += " on topic " + printableString(topic)
+	}
+	return s
+}
+
+func runDLQShow(ctx context.Context, e *env, f *flagSet, args []string) error {
+	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
+	schema := schemaFlag(f)
+	output := outputFlag(f)
+	ids, err := parseWithIDs(f, args)
+	if err != nil {
+		return err
+	}
+	if len(ids) != 1 {
+		return usagef("show takes one dead letter ID")
+	}
+	if err := required("database-url", *dbURL); err != nil {
+		return err
+	}
+	out, err := output()
+	if err != nil {
+		return err
+	}
+	sch, err := schema()
+	if err != nil {
+		return err
+	}
+	pool, store, err := openStore(ctx, *dbURL, sch)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	d, err := store.DeadLetterByID(ctx, ids[0])
+	if errors.Is(err, sink.ErrNoDeadLetter) {
+		return fmt.Errorf("there is no dead letter %d in schema %q (see `tenure admin dlq list --status all`)", ids[0], sch)
+	}
+	if err != nil {
+		return storeError(sch, fmt.Sprintf("reading dead letter %d", ids[0]), err)
+	}
+	acts, err := deadLetterActions(ctx, pool, sch, d.ID)
+	if err != nil {
+		return storeError(sch, fmt.Sprintf("reading what was done to dead letter %d", d.ID), err)
+	}
+	row := newDeadLetterRow(d)
+	row.Actions = acts
+	if out == "json" {
+		return writeJSON(e.stdout, row)
+	}
+	return printDeadLetter(e.stdout, d, row)
+}
+
+func printDeadLetter(w io.Writer, d sink.DeadLetter, r deadLetterRow) error {
+	bytesField := func(b []byte) string {
+		switch {
+		case b == nil:
+			return "(none)"
+		case !utf8.Valid(b):
+			return printable(b) + fmt.Sprintf("   (%d bytes, not UTF-8: shown with \\xNN escapes)", len(b))
+		}
+		return printable(b)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	fmt.Fprintf(tw, "dead letter\t%d\n", r.ID)
+	fmt.Fprintf(tw, "status\t%s\n", r.Status)
+	fmt.Fprintf(tw, "group\t%s\n", printableString(r.Group))
+	fmt.Fprintf(tw, "topic\t%s\n", r.Topic)
+	fmt.Fprintf(tw, "partition\t%d\n", r.Partition)
+	fmt.Fprintf(tw, "offset\t%d\n", r.Offset)
+	fmt.Fprintf(tw, "job\t%s\n", r.Job)
+	fmt.Fprintf(tw, "key\t%s\n", bytesField(d.Key))
+	fmt.Fprintf(tw, "value\t%s\n", bytesField(d.Value))
+	if len(d.Headers) == 0 {
+		fmt.Fprintf(tw, "headers\t(none)\n")
+	} else {
+		fmt.Fprintf(tw, "headers\t%d\n", len(d.Headers))
+		for _, h := range d.Headers {
+			fmt.Fprintf(tw, "  %s\t%s\n", printableString(h.Key), bytesField(h.Value))
+		}
+	}
+	fmt.Fprintf(tw, "error\t%s\n", printableString(r.Error))
+	fmt.Fprintf(tw, "attempts\t%d\n", r.Attempts)
+	fmt.Fprintf(tw, "token\t%s\n", r.Token)
+	fmt.Fprintf(tw, "owner\t%s\n", printableString(r.Owner))
+	fmt.Fprintf(tw, "dead at\t%s\n", r.DeadAt.Format(time.RFC3339Nano))
+	if len(r.Actions) == 0 {
+		fmt.Fprintf(tw, "actions\t(none)\n")
+	} else {
+		fmt.Fprintf(tw, "actions\t%d\n", len(r.Actions))
+		for i, a := range r.Actions {
+			fmt.Fprintf(tw, "  #%d\t%s\n", i+1, describeAction(a))
+		}
+	}
+	return tw.Flush()
+}
+
+func runDLQReplay(ctx context.Context, e *env, f *flagSet, args []string) error {
+	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
+	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
+	schema := schemaFlag(f)
+	actor := actorFlag(f)
+	ids, err := parseWithIDs(f, args)
+	if err != nil {
+		return err
+	}
+	if err := required("brokers", *brokers, "database-url", *dbURL); err != nil {
+		return err
+	}
+	sch, err := schema()
+	if err != nil {
+		return err
+	}
+	who, err := actor()
+	if err != nil {
+		return err
+	}
+	brokerList := splitList(*brokers)
+	pool, store, err := openStore(ctx, *dbURL, sch)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	lctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	dls, err := loadDead(lctx, pool, store, sch, ids, "replayed")
+	if err != nil {
+		return err
+	}
+	largest := 0
+	var topics []string
+	seen := map[string]bool{}
+	for _, d := range dls {
+		largest = max(largest, len(d.Key)+len(d.Value))
+		if !seen[d.Partition.Topic] {
+			seen[d.Partition.Topic] = true
+			topics = append(topics, d.Partition.Topic)
+		}
+	}
+	cl, err := producerClient(brokerList, largest)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if _, err := checkTopics(ctx, cl, brokerList, topics); err != nil {
+		return fmt.Errorf("%s; nothing was replayed", strings.TrimSuffix(err.Error(), "."))
+	}
+	produce := func(ctx context.Context, d sink.DeadLetter) (string, int32, int64, error) {
+		rec := &kgo.Record{Topic: d.Partition.Topic, Key: d.Key, Value: d.Value}
+		for _, h := range d.Headers {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+		r, err := cl.ProduceSync(ctx, rec).First()
+		if err != nil {
+			return "", 0, 0, err
+		}
+		return r.Topic, r.Partition, r.Offset, nil
+	}
+	for i, d := range dls {
+		rctx, cancel := context.WithTimeout(ctx, replayTimeout)
+		_, err := store.Replay(rctx, d.ID, who, produce)
+		cancel()
+		if err != nil {
+			done := ""
+			if i > 0 {
+				done = fmt.Sprintf(" (%d of %d replayed before it, listed above)", i, len(dls))
+			}
+			return fmt.Errorf("%s%s", replayError(ctx, pool, store, sch, d, err), done)
+		}
+		acts, aerr := deadLetterActions(ctx, pool, sch, d.ID)
+		where := "recorded"
+		if aerr == nil && len(acts) > 0 {
+			if a := acts[len(acts)-1]; a.Topic != nil && a.Partition != nil && a.Offset != nil {
+				where = fmt.Sprintf("%s/%d at offset %d", *a.Topic, *a.Partition, *a.Offset)
+				if *a.Partition != d.Partition.Partition {
+					where += fmt.Sprintf(" (it was on partition %d: the topic's partition count changed)", d.Partition.Partition)
+				}
+			}
+		}
+		key := "(none)"
+		if d.Key != nil {
+			key = `"` + printable(d.Key) + `"`
+		}
+		fmt.Fprintf(e.stdout, "replayed dead letter %d (job %s/%d/%d, key %s) to %s\n",
+			d.ID, d.Partition.Topic, d.Partition.Partition, d.Offset, key, where)
+	}
+	return nil
+}
+
+// replayError says why store.Replay refused or failed dead letter d.
+func replayError(ctx context.Context, pool *pgxpool.Pool, store *sink.Store, schema string, d sink.DeadLetter, err error) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminTimeout)
+	defer cancel()
+	if errors.Is(err, sink.ErrNoDeadLetter) {
+		return fmt.Errorf("dead letter %d no longer exists; it was not replayed", d.ID)
+	}
+	// Another operator may have replayed or discarded it meanwhile.
+	if now, rerr := store.DeadLetterByID(rctx, d.ID); rerr == nil && now.Status != "dead" {
+		return fmt.Errorf("%s; it was not replayed again", alreadyDone(rctx, pool, schema, now))
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) || errors.Is(err, context.DeadlineExceeded) {
+		return storeError(schema, fmt.Sprintf("replaying dead letter %d (it stays dead; if the job was produced before the failure it may now be in Kafka twice)", d.ID), err)
+	}
+	return fmt.Errorf("replaying dead letter %d failed, it stays dead: %v", d.ID, err)
+}
+
+func runDLQDiscard(ctx context.Context, e *env, f *flagSet, args []string) error {
+	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
+	schema := schemaFlag(f)
+	actor := actorFlag(f)
+	ids, err := parseWithIDs(f, args)
+	if err != nil {
+		return err
+	}
+	if err := required("database-url", *dbURL); err != nil {
+		return err
+	}
+	sch, err := schema()
+	if err != nil {
+		return err
+	}
+	who, err := actor()
+	if err != nil {
+		return err
+	}
+	pool, store, err := openStore(ctx, *dbURL, sch)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	dls, err := loadDead(ctx, pool, store, sch, ids, "discarded")
+	if err != nil {
+		return err
+	}
+	for i, d := range dls {
+		if err := store.Discard(ctx, d.ID, who); err != nil {
+			done := ""
+			if i > 0 {
+				done = fmt.Sprintf(" (%d of %d discarded before it, listed above)", i, len(dls))
+			}
+			if now, rerr := store.DeadLetterByID(ctx, d.ID); rerr == nil && now.Status != "dead" {
+				return fmt.Errorf("%s; it was not discarded%s", alreadyDone(ctx, pool, sch, now), done)
+			}
+			return fmt.Errorf("%s%s", storeError(sch, fmt.Sprintf("discarding dead letter %d", d.ID), err), done)
+		}
+		fmt.Fprintf(e.stdout, "discarded dead letter %d (job %s/%d/%d), recorded as done by %s\n",
+			d.ID, d.Partition.Topic, d.Partition.Partition, d.Offset, printableString(who))
+	}
+	return nil
+}
+
+// orderingHazard is said whenever a partition count change is accepted.
+const orderingHazard = "ordering hazard: keys now hash to other partitions, so a key's jobs still waiting on its old partition " +
+	"can run after, or at the same time as, its newer jobs on the new one; if per-key order matters, drain the old partitions before acknowledging"
+
+func runAcknowledgePartitions(ctx context.Context, e *env, f *flagSet, args []string) error {
+	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
+	schema := schemaFlag(f)
+	group := f.String("group", "", "consumer group whose workers refuse the topic")
+	topic := f.String("topic", "", "topic whose partition count changed")
+	brokers := f.String("brokers", "", "Kafka seed brokers: read the topic's partition count from Kafka")
+	partitions := f.Int("partitions", 0, "the topic's new partition count (checked against Kafka when --brokers is given)")
+	actor := actorFlag(f)
+	if err := f.parse(args, 0); err != nil {
+		return err
+	}
+	if err := required("database-url", *dbURL, "group", *group, "topic", *topic); err != nil {
+		return err
+	}
+	if strings.Contains(*topic, ",") {
+		return usagef("--topic takes one topic, got %q", *topic)
+	}
+	if *partitions < 0 || (*partitions == 0 && strings.TrimSpace(*brokers) == "") {
+		return usagef("give the new count with --partitions N (at least 1), or --brokers to read it from Kafka")
+	}
+	sch, err := schema()
+	if err != nil {
+		return err
+	}
+	who, err := actor()
+	if err != nil {
+		return err
+	}
+	count := int32(*partitions)
+	if strings.TrimSpace(*brokers) != "" {
+		brokerList := splitList(*brokers)
+		cl, err := kafkaClient(brokerList)
+		if err != nil {
+			return err
+		}
+		counts, err := checkTopics(ctx, cl, brokerList, []string{*topic})
+		cl.Close()
+		if err != nil {
+			return err
+		}
+		n := counts[*topic]
+		if count != 0 && count != n {
+			return fmt.Errorf("topic %q has %d partitions in Kafka, not %d as --partitions says; nothing was changed", *topic, n, count)
+		}
+		count = n
+	}
+	pool, store, err := openStore(ctx, *dbURL, sch)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	old, err := store.AcknowledgePartitions(ctx, *group, *topic, count, who)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || errors.Is(err, context.DeadlineExceeded) {
+			return storeError(sch, "recording the partition count", err)
+		}
+		return fmt.Errorf("%v; nothing was changed", err)
+	}
+	if old == count {
+		fmt.Fprintf(e.stdout, "group %s already had topic %s recorded at %d partitions; nothing changed\n",
+			printableString(*group), *topic, count)
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "group %s now accepts topic %s at %d partitions (was %d), recorded as acknowledged by %s; workers that see %d partitions resume the topic within seconds; %s\n",
+		printableString(*group), *topic, count, old, printableString(who), count, orderingHazard)
+	return nil
+}

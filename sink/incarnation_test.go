@@ -1,0 +1,163 @@
+package sink_test
+
+import (
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+func TestIncarnationOfUnknownGroupIsZero(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	inc, err := e.store.Incarnation(e.ctx, "never-reset")
+	if err != nil || inc != 0 {
+		t.Fatalf("Incarnation of a group without a reset = %d, %v; want 0, nil", inc, err)
+	}
+}
+
+// BumpIncarnation is a compare-and-set: it moves the group from `from` to
+// from+1 only while the group is still at `from`, and otherwise reports the
+// current value without changing anything.
+func TestBumpIncarnationCompareAndSet(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	bump := func(group string, from int64) (int64, bool) {
+		t.Helper()
+		now, moved, err := e.store.BumpIncarnation(e.ctx, group, from, "member-"+group, "test")
+		if err != nil {
+			t.Fatalf("BumpIncarnation(%s, from %d): %v", group, from, err)
+		}
+		return now, moved
+	}
+	current := func(group string) int64 {
+		t.Helper()
+		inc, err := e.store.Incarnation(e.ctx, group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return inc
+	}
+
+	// The first bump of a group inserts its row at 1.
+	if now, moved := bump("g", 0); now != 1 || !moved {
+		t.Fatalf("first bump from 0 = %d, %v; want 1, true", now, moved)
+	}
+	if inc := current("g"); inc != 1 {
+		t.Fatalf("Incarnation after the first bump = %d, want 1", inc)
+	}
+	var by, reason string
+	if err := e.pool.QueryRow(e.ctx, `SELECT bumped_by, reason FROM `+e.q()+`.group_incarnations WHERE consumer_group = 'g'`).
+		Scan(&by, &reason); err != nil || by != "member-g" || reason != "test" {
+		t.Fatalf("group_incarnations row: by %q, reason %q, %v", by, reason, err)
+	}
+
+	// A stale `from` (someone bumped already) changes nothing and returns
+	// the current value, so the caller can claim with it.
+	if now, moved := bump("g", 0); now != 1 || moved {
+		t.Fatalf("stale bump from 0 = %d, %v; want 1, false", now, moved)
+	}
+	// A `from` from the future changes nothing either.
+	if now, moved := bump("g", 7); now != 1 || moved {
+		t.Fatalf("bump from 7 while at 1 = %d, %v; want 1, false", now, moved)
+	}
+	if now, moved := bump("g", 1); now != 2 || !moved {
+		t.Fatalf("bump from 1 = %d, %v; want 2, true", now, moved)
+	}
+	if inc := current("g"); inc != 2 {
+		t.Fatalf("Incarnation = %d, want 2", inc)
+	}
+
+	// Groups are independent.
+	if inc := current("other"); inc != 0 {
+		t.Fatalf("another group's incarnation moved to %d", inc)
+	}
+	if now, moved := bump("other", 0); now != 1 || !moved {
+		t.Fatalf("first bump of another group = %d, %v", now, moved)
+	}
+	if inc := current("g"); inc != 2 {
+		t.Fatalf("bumping another group moved g to %d", inc)
+	}
+}
+
+// Many claimants that saw the same incarnation bump at once: exactly one
+// moves it, and all of them learn the same new value.
+func TestBumpIncarnationConcurrent(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 12
+	for from := int64(0); from < 3; from++ {
+		var wg sync.WaitGroup
+		nows := make([]int64, n)
+		moved := make([]bool, n)
+		errs := make([]error, n)
+		start := make(chan struct{})
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				nows[i], moved[i], errs[i] = e.store.BumpIncarnation(e.ctx, "g", from, "member", "race")
+			}()
+		}
+		close(start)
+		wg.Wait()
+		winners := 0
+		for i := range n {
+			if errs[i] != nil {
+				t.Fatalf("bump %d from %d: %v", i, from, errs[i])
+			}
+			if nows[i] != from+1 {
+				t.Errorf("bump %d from %d returned %d, want %d", i, from, nows[i], from+1)
+			}
+			if moved[i] {
+				winners++
+			}
+		}
+		if winners != 1 {
+			t.Fatalf("%d concurrent bumps from %d moved the incarnation %d times, want exactly once", n, from, winners)
+		}
+	}
+	if inc, err := e.store.Incarnation(e.ctx, "g"); err != nil || inc != 3 {
+		t.Fatalf("Incarnation after three rounds = %d, %v; want 3", inc, err)
+	}
+}
+
+// The incarnation leads the token: a claim with a higher incarnation beats
+// any epoch of a lower one, however high, and from then on every token of
+// the lower incarnation is fenced, claims and commits alike.
+func TestClaimHigherIncarnationBeatsAnyEpoch(t *testing.T) {
+	t.Parallel()
+	for _, oldEpoch := range []int32{1, 82, math.MaxInt32} {
+		e := setup(t)
+		p := sink.Partition{Group: "g", Topic: "t", Partition: 3}
+		next := e.mustClaim(t, p, tok(0, oldEpoch), "zombie", 10)
+		e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tok(0, oldEpoch), Owner: "zombie", From: next, To: next + 5})
+
+		// The group restarted: epochs begin again at 1, under incarnation 1.
+		inc, moved, err := e.store.BumpIncarnation(e.ctx, p.Group, 0, "fresh", "epochs restarted")
+		if err != nil || !moved || inc != 1 {
+			t.Fatalf("bump: %d, %v, %v", inc, moved, err)
+		}
+		if got := e.mustClaim(t, p, tok(inc, 1), "fresh", 0); got != 15 {
+			t.Fatalf("the fresh owner resumes at %d, want 15 (the zombie's last commit)", got)
+		}
+
+		// The zombie's old token loses, whatever its epoch.
+		asFenced(t, e.commit(t, sink.CommitRequest{Partition: p, Token: tok(0, oldEpoch), Owner: "zombie", From: 15, To: 16}))
+		if _, err := e.claim(p, tok(0, oldEpoch), "zombie", 0); err == nil {
+			t.Fatalf("a claim at 0.%d was accepted after 1.1", oldEpoch)
+		} else if fe := asFenced(t, err); fe.Current != tok(1, 1) || fe.CurrentOwner != "fresh" {
+			t.Fatalf("rejection names %s by %q, want 1.1 by fresh", fe.Current, fe.CurrentOwner)
+		}
+		if _, err := e.claim(p, tok(0, math.MaxInt32), "other", 0); err == nil {
+			t.Fatalf("a claim at 0.%d was accepted after 1.1", int32(math.MaxInt32))
+		}
+		e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tok(1, 1), Owner: "fresh", From: 15, To: 20})
+		e.checkEffectsExactlyOnce(t, p, 10, 20)
+		if f := e.mustGet(t, p); f.Token != tok(1, 1) || f.Owner != "fresh" || f.NextOffset != 20 {
+			t.Fatalf("fence row %+v", f)
+		}
+	}
+}
