@@ -73,9 +73,16 @@ type Config struct {
 	// processed unclaimed.
 	ClaimTimeout time.Duration
 	// IdleInTxTimeout is set as Postgres's idle_in_transaction_session_timeout
-	// on every batch transaction (default 60s; negative disables). A worker
+	// on every batch transaction (default 30s; negative disables). A worker
 	// paused in the middle of a transaction would otherwise hold its row
-	// locks, and the new owner would wait for a zombie.
+	// locks, and the new owner would wait for a zombie. Keep it below
+	// HandlerTimeout.
+	//
+	// Every batch transaction also sets lock_timeout to half of
+	// HandlerTimeout: a handler waiting that long for a row lock is waiting
+	// for someone else (often such a zombie), so the wait ends as a database
+	// error, retried without counting against the job, instead of as a
+	// handler timeout that would dead-letter a good job.
 	IdleInTxTimeout time.Duration
 	// ShutdownTimeout bounds how long a graceful stop lets in-flight batches
 	// finish before abandoning them (default 30s).
@@ -146,7 +153,7 @@ func (c *Config) setDefaults() {
 		c.ClaimTimeout = 30 * time.Second
 	}
 	if c.IdleInTxTimeout == 0 {
-		c.IdleInTxTimeout = 60 * time.Second
+		c.IdleInTxTimeout = 30 * time.Second
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second

@@ -57,11 +57,16 @@ func New(cfg Config) (*Consumer, error) {
 		partitionCounts: map[string]int32{},
 		running:         make(chan struct{}),
 	}
+	// Set per transaction so that a pool shared with other code keeps its
+	// own settings. One round trip: BEGIN and the SETs travel together.
+	begin := "BEGIN"
 	if cfg.IdleInTxTimeout > 0 {
-		// Set per transaction so that a pool shared with other code keeps
-		// its own settings. One round trip: BEGIN and SET travel together.
-		c.txOptions.BeginQuery = fmt.Sprintf("BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d", cfg.IdleInTxTimeout.Milliseconds())
+		begin += fmt.Sprintf("; SET LOCAL idle_in_transaction_session_timeout = %d", cfg.IdleInTxTimeout.Milliseconds())
 	}
+	if cfg.HandlerTimeout > 0 {
+		begin += fmt.Sprintf("; SET LOCAL lock_timeout = %d", max(cfg.HandlerTimeout.Milliseconds()/2, 1))
+	}
+	c.txOptions.BeginQuery = begin
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
@@ -198,7 +203,16 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 	if err := cl.LeaveGroupContext(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		c.log.Warn("leaving group", zap.Error(err))
 	}
-	cl.Close()
+	// Close can wait on a group request that kgo sends on the client's own
+	// context (seen: a JoinGroup pending on a coordinator that holds a
+	// rebalance open). A stopping worker must not hang on it.
+	closed := make(chan struct{})
+	go func() { cl.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		c.log.Warn("kafka client did not close within 10s; stopping without waiting for it")
+	}
 	c.log.Info("worker stopped")
 }
 

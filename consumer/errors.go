@@ -68,6 +68,7 @@ func isConnectionError(err error) bool {
 		switch pgErr.Code {
 		case "57P01", "57P02", "57P03", // admin shutdown, crash shutdown, cannot connect now
 			"25P03",          // idle-in-transaction timeout ended the session
+			"55P03",          // lock_timeout: waiting for someone else's row lock
 			"40001", "40P01": // serialization failure, deadlock: transient by definition
 			return true
 		}

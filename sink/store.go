@@ -185,8 +185,21 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx, req CommitRequest) error 
 	if n == 1 {
 		return nil
 	}
-	// Report what won. The read runs outside tx: tx may have to be rolled
-	// back, and its snapshot could predate the winning claim.
+	// Report what won, read inside tx: under READ COMMITTED (the default,
+	// and what tenure's lanes use) the statement sees the winning row, and it
+	// needs no second connection, which a pool full of transactions waiting
+	// for the same answer could not give. Under a snapshot isolation level
+	// the row may predate the winner, so read it outside.
+	var iso string
+	if err := tx.QueryRow(ctx, `SHOW transaction_isolation`).Scan(&iso); err == nil && iso == "read committed" {
+		f, err := scanFence(tx.QueryRow(ctx, s.getSQL, p.Group, p.Topic, p.Partition))
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return &FencedError{Op: "commit", Partition: p, Presented: req.Token, Owner: req.Owner, From: req.From}
+		case err == nil:
+			return fencedFrom("commit", p, req.Token, req.Owner, req.From, f)
+		}
+	}
 	return s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From)
 }
 

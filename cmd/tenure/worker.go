@@ -32,7 +32,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	protocol := f.String("protocol", "classic", "group protocol: classic (cooperative-sticky) or consumer (KIP-848)")
 	session := f.Duration("session-timeout", 45*time.Second, "classic protocol session timeout (KIP-848: set on the broker)")
 	batchMax := f.Int("batch-max", 500, "most jobs per transaction")
-	idleTx := f.Duration("idle-in-tx-timeout", 60*time.Second, "Postgres idle_in_transaction_session_timeout for batch transactions")
+	idleTx := f.Duration("idle-in-tx-timeout", 30*time.Second, "Postgres idle_in_transaction_session_timeout for batch transactions: how long a worker frozen mid-transaction can hold row locks (keep it below --handler-timeout)")
 	maxAttempts := f.Int("max-attempts", 5, "attempts of a failing job before it is dead-lettered")
 	handlerTimeout := f.Duration("handler-timeout", 60*time.Second, "bound on one handler call (a batch); a job that keeps timing out is dead-lettered")
 	injectFaults := f.Bool("inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout")

@@ -55,9 +55,12 @@ type History struct {
 }
 
 // CheckLog verifies, per partition: commits cover consecutive offset ranges
-// with no gap and no overlap, ending at the fencing row's next offset (G1);
-// no commit carries a token lower than an earlier commit's (G2) or an
-// earlier claim's (G3).
+// with no gap and no overlap, ending at the fencing row's next offset, and
+// every claim resumes where the log had reached (G1); no commit carries a
+// token lower than an earlier commit's (G2) or an earlier claim's (G3); and
+// every commit is made by the latest claimant with the token it claimed with
+// (G3: a claim fences everyone else at once, and only a claim sets a token).
+// A fencing row with no history at all is reported too.
 func CheckLog(log []Entry, fences []sink.Fence) []Violation {
 	var out []Violation
 	byPart := map[sink.Partition][]Entry{}
@@ -67,32 +70,49 @@ func CheckLog(log []Entry, fences []sink.Fence) []Violation {
 	final := map[sink.Partition]int64{}
 	for _, f := range fences {
 		final[f.Partition] = f.NextOffset
+		if _, ok := byPart[f.Partition]; !ok {
+			out = append(out, Violation{"G1", fmt.Sprintf("%s: the fencing row says next offset %d but no claim or commit was logged", f.Partition, f.NextOffset)})
+		}
 	}
 	for p, es := range byPart {
 		sort.Slice(es, func(i, j int) bool { return es[i].ID < es[j].ID })
 		var (
 			maxCommit, maxClaim sink.Token
 			seenCommit          bool
-			next                int64 = -1
+			holder              *Entry // the latest claim
+			next                int64  = -1
 		)
-		for _, e := range es {
+		for i := range es {
+			e := es[i]
 			switch e.Kind {
 			case "claim":
 				if next < 0 {
 					next = e.From
+				} else if e.From != next {
+					out = append(out, Violation{"G1", fmt.Sprintf("%s: claim #%d resumed at %d but the log had reached %d", p, e.ID, e.From, next)})
 				}
 				if e.Token.Less(maxClaim) || e.Token.Less(maxCommit) {
 					out = append(out, Violation{"G2", fmt.Sprintf("%s: claim #%d with token %s after token %s", p, e.ID, e.Token, maxToken(maxClaim, maxCommit))})
 				}
+				if holder != nil && holder.Token == e.Token && holder.Owner != e.Owner {
+					out = append(out, Violation{"G3", fmt.Sprintf("%s: claim #%d by %q took token %s from %q", p, e.ID, e.Owner, e.Token, holder.Owner)})
+				}
 				if maxClaim.Less(e.Token) {
 					maxClaim = e.Token
 				}
+				holder = &es[i]
 			case "commit":
 				if seenCommit && e.Token.Less(maxCommit) {
 					out = append(out, Violation{"G2", fmt.Sprintf("%s: commit #%d [%d,%d) with token %s after a commit with token %s", p, e.ID, e.From, e.To, e.Token, maxCommit)})
 				}
-				if e.Token.Less(maxClaim) {
+				switch {
+				case e.Token.Less(maxClaim):
 					out = append(out, Violation{"G3", fmt.Sprintf("%s: commit #%d [%d,%d) with token %s after a claim with token %s", p, e.ID, e.From, e.To, e.Token, maxClaim)})
+				case holder == nil:
+					out = append(out, Violation{"G3", fmt.Sprintf("%s: commit #%d [%d,%d) with token %s before any claim", p, e.ID, e.From, e.To, e.Token)})
+				case holder.Token != e.Token || holder.Owner != e.Owner:
+					out = append(out, Violation{"G3", fmt.Sprintf("%s: commit #%d [%d,%d) by %q with token %s while %q holds the partition with token %s",
+						p, e.ID, e.From, e.To, e.Owner, e.Token, holder.Owner, holder.Token)})
 				}
 				if next >= 0 && e.From != next {
 					kind := "gap"
@@ -146,21 +166,31 @@ func CheckWrites(writes, deadLetters []Write, fences []sink.Fence, produced map[
 			count[tp] = map[int64]int{}
 		}
 		count[tp][w.Offset]++
-		if n, ok := next[tp]; ok && w.Offset >= n {
+		if n, ok := next[tp]; !ok {
+			out = append(out, Violation{"G1", fmt.Sprintf("%s/%d: job at offset %d has a committed effect but the partition has no fencing row", w.Topic, w.Partition, w.Offset)})
+		} else if w.Offset >= n {
 			out = append(out, Violation{"G1", fmt.Sprintf("%s/%d: job at offset %d has a committed effect but the next offset is %d", w.Topic, w.Partition, w.Offset, n)})
 		}
 		if w.Version > 0 {
 			byKey[w.Key] = append(byKey[w.Key], w)
 		}
 	}
+	dead := map[TopicPartition]map[int64]bool{}
 	for _, d := range deadLetters {
 		tp := TopicPartition{d.Topic, d.Partition}
 		if count[tp] == nil {
 			count[tp] = map[int64]int{}
 		}
-		if count[tp][d.Offset] > 0 {
+		if dead[tp] == nil {
+			dead[tp] = map[int64]bool{}
+		}
+		switch {
+		case dead[tp][d.Offset]:
+			out = append(out, Violation{"duplicate", fmt.Sprintf("%s/%d: job at offset %d is dead-lettered twice", d.Topic, d.Partition, d.Offset)})
+		case count[tp][d.Offset] > 0:
 			out = append(out, Violation{"duplicate", fmt.Sprintf("%s/%d: job at offset %d is dead-lettered and has a committed effect", d.Topic, d.Partition, d.Offset)})
 		}
+		dead[tp][d.Offset] = true
 		count[tp][d.Offset]++
 		if n, ok := next[tp]; ok && d.Offset >= n {
 			out = append(out, Violation{"G1", fmt.Sprintf("%s/%d: job at offset %d is dead-lettered but the next offset is %d", d.Topic, d.Partition, d.Offset, n)})

@@ -1,0 +1,70 @@
+package consumer_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// A handler that waits on a row lock held by someone else (a worker frozen
+// mid-transaction, say) is not failing its job: the wait ends as a
+// lock_timeout error, which is retried without counting, and the job
+// commits once the lock is gone. Without that, the handler timeout would
+// dead-letter a good job.
+func TestLockWaitsAreNotTheJobsFault(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `CREATE TABLE "`+b.schema+`".counters (k text PRIMARY KEY, n int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO "`+b.schema+`".counters VALUES ('k', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	// The "zombie": holds the row lock for a while.
+	zombie, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zombie.Exec(ctx, `UPDATE "`+b.schema+`".counters SET n = n WHERE k = 'k'`); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{})
+	go func() {
+		time.Sleep(4 * time.Second) // longer than isolating one job and its attempts takes
+		_ = zombie.Rollback(ctx)
+		close(released)
+	}()
+
+	b.produce(5, func(int) string { return "k" })
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, batch *consumer.Batch) error {
+		_, err := tx.Exec(ctx, `UPDATE "`+b.schema+`".counters SET n = n + $1 WHERE k = 'k'`, len(batch.Records))
+		return err
+	})
+	cfg := b.config(h, zap.NewNop())
+	cfg.MaxAttempts = 1
+	cfg.HandlerTimeout = 400 * time.Millisecond
+	stop := b.start(cfg)
+	b.waitDone(30 * time.Second)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	<-released
+	dls, err := b.store.DeadLetters(ctx, sink.DeadLetterFilter{Group: b.group})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != 0 {
+		t.Fatalf("a lock wait dead-lettered %d good jobs: %s", len(dls), dls[0].Error)
+	}
+	var n int
+	if err := b.pool.QueryRow(ctx, `SELECT n FROM "`+b.schema+`".counters WHERE k = 'k'`).Scan(&n); err != nil || n != 5 {
+		t.Fatalf("counter = %d (%v), want 5: every job exactly once", n, err)
+	}
+}

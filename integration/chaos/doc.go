@@ -1,0 +1,67 @@
+// Package chaos is tenure's chaos run: a real broker (`tenure broker`, kfake
+// persisted to disk), N >= 3 real `tenure worker` processes, a throwaway
+// PostgreSQL cluster and a producer of keyed jobs, with faults injected at
+// random (from a seed) for a bounded time:
+//
+//   - pause: SIGSTOP of a worker for longer than the session timeout, then
+//     SIGCONT (the worker wakes up as a zombie);
+//   - kill: SIGKILL of a worker, restarted a moment later;
+//   - pg-restart: PostgreSQL stopped (fast or immediate) and started again;
+//   - broker-restart: the broker stopped (SIGTERM or SIGKILL) and started
+//     again on the same port and data directory;
+//   - group-delete: every worker stopped gracefully, the consumer group
+//     deleted (its epochs restart at 1), the workers started again;
+//   - fault jobs, all along: about 1% of the jobs carry
+//     "tenure-fault":"error" or "panic" and must end in the dead-letter table.
+//
+// Afterwards the producer stops, the workers catch up with the log, and the
+// whole history Postgres recorded (fence log, fencing rows, export versions,
+// dead letters) goes through internal/history's checker, plus checks of its
+// own: every record in the log was exported or dead-lettered exactly once,
+// fault jobs were dead-lettered and nothing else was, every acknowledged job
+// is in the log, every commit a worker logged is in the fence log and no
+// rejected batch is, and each key's final export is its newest job. The
+// summary gives the jobs, the faults by kind, the rejections observed, the
+// violations (must be 0) and the time to recover from each kind of fault.
+//
+// A violation (a broken promise) fails the test. A finding is something the
+// guarantee allows but that deserves a look: a good job dead-lettered, a
+// process that died on its own, a worker that would not stop on SIGTERM (it
+// then gets SIGQUIT, so that its log ends with a goroutine dump). Findings
+// are listed in the test log and keep the logs directory.
+//
+// Recovery time of a fault: once the fault is in effect (the worker stopped
+// or dead, the server down, the group's workers stopped) the harness produces
+// one marker job to every partition; the fault has recovered when every
+// partition's stored next offset is past its marker. It is measured from
+// injection (SIGSTOP, SIGKILL, the server stop, the first SIGTERM) and from
+// the end of the fault (SIGCONT, the restart, the workers started again); a
+// pause often recovers before its end, as the group moves the partitions
+// after one session timeout.
+//
+// The summary goes to the test log and to stdout; `go test` shows a passing
+// package's output only with -v.
+//
+// Run the short run (part of `go test ./...`; about 2 minutes, at most 3 on
+// two cores unless something is stuck):
+//
+//	go test ./integration/chaos -run TestChaos -v
+//
+// and the soak (30 minutes of faults; go test's default 10-minute timeout
+// must be lifted):
+//
+//	go test ./integration/chaos -run TestChaos -v -timeout 0 -chaos.soak
+//
+// Flags (environment variables in brackets): -chaos.duration [TENURE_CHAOS_DURATION]
+// (default 90s, 30m with -chaos.soak), -chaos.workers [TENURE_CHAOS_WORKERS]
+// (default 3), -chaos.seed [TENURE_CHAOS_SEED] (default: from the clock;
+// printed, so that a run can be replayed with the same fault schedule),
+// -chaos.soak [TENURE_CHAOS_SOAK], -chaos.rate [TENURE_CHAOS_RATE] (jobs per
+// second, default 100), -chaos.protocol [TENURE_CHAOS_PROTOCOL] (classic or
+// consumer), -chaos.keep [TENURE_CHAOS_KEEP] (keep the logs directory even
+// when the run passes; it is always kept when it fails).
+//
+// A seed fixes the schedule (which fault, which worker, how long) and the
+// jobs' keys and faults; the timing of real processes still varies from run
+// to run.
+package chaos

@@ -1,0 +1,159 @@
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The log lines of `tenure worker` the run records (consumer/lane.go,
+// consumer/claim.go).
+const (
+	msgCommitted   = "batch committed"
+	msgRejected    = "batch rejected: fenced; dropping this partition's buffered records until it is assigned again"
+	msgClaimFenced = "claim rejected: fenced"
+	msgDeadLetter  = "job dead-lettered"
+	msgIncarnation = "group epochs restarted: new incarnation"
+	msgUnknown     = "commit outcome was unknown; resolved from the fencing row"
+	msgPanicked    = "handler panicked"
+	msgLost        = "partitions lost"
+	msgClaimed     = "partition claimed"
+)
+
+// batchEvent is a commit or a rejection a worker logged.
+type batchEvent struct {
+	Worker    string
+	At        time.Time
+	Partition int32
+	Token     string
+	Member    string
+	From, To  int64
+}
+
+func (b batchEvent) String() string {
+	return fmt.Sprintf("%s: partition %d [%d,%d) token %s member %s at %s", b.Worker, b.Partition, b.From, b.To, b.Token, b.Member, b.At.Format("15:04:05.000"))
+}
+
+// logbook collects what every worker logged.
+type logbook struct {
+	mu           sync.Mutex
+	lines        int
+	unparsed     int
+	commits      []batchEvent
+	rejections   []batchEvent
+	claimFenced  []batchEvent
+	deadLetters  map[string]int // job id -> times logged
+	incarnations int            // bumps made (bumped_here)
+	incSeen      int            // workers that saw a bump
+	unknown      map[string]int // commit outcomes resolved from the fencing row
+	panics       int
+	lost         int
+	claims       int
+	byLevel      map[string]map[string]int // level -> msg -> count (warn and error)
+}
+
+func newLogbook() *logbook {
+	return &logbook{deadLetters: map[string]int{}, unknown: map[string]int{}, byLevel: map[string]map[string]int{}}
+}
+
+func (lb *logbook) record(worker, line string) {
+	var m map[string]any
+	if err := json.Unmarshal([]byte(line), &m); err != nil {
+		lb.mu.Lock()
+		lb.lines++
+		lb.unparsed++
+		lb.mu.Unlock()
+		return
+	}
+	msg, _ := m["msg"].(string)
+	level, _ := m["level"].(string)
+	ev := func() batchEvent {
+		e := batchEvent{Worker: worker, At: time.Now()}
+		if ts, ok := m["ts"].(string); ok {
+			if t, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts); err == nil {
+				e.At = t
+			}
+		}
+		if p, ok := m["partition"].(float64); ok {
+			e.Partition = int32(p)
+		}
+		e.Token, _ = m["token"].(string)
+		e.Member, _ = m["member"].(string)
+		if f, ok := m["from"].(float64); ok {
+			e.From = int64(f)
+		}
+		if t, ok := m["to"].(float64); ok {
+			e.To = int64(t)
+		}
+		return e
+	}
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	lb.lines++
+	if level == "warn" || level == "error" {
+		if lb.byLevel[level] == nil {
+			lb.byLevel[level] = map[string]int{}
+		}
+		lb.byLevel[level][msg]++
+	}
+	switch msg {
+	case msgCommitted:
+		lb.commits = append(lb.commits, ev())
+	case msgRejected:
+		if f, _ := m["fenced"].(bool); f {
+			lb.rejections = append(lb.rejections, ev())
+		}
+	case msgClaimFenced:
+		lb.claimFenced = append(lb.claimFenced, ev())
+	case msgDeadLetter:
+		job, _ := m["job"].(string)
+		lb.deadLetters[job]++
+	case msgIncarnation:
+		lb.incSeen++
+		if b, _ := m["bumped_here"].(bool); b {
+			lb.incarnations++
+		}
+	case msgUnknown:
+		out, _ := m["outcome"].(string)
+		lb.unknown[out]++
+	case msgPanicked:
+		lb.panics++
+	case msgLost:
+		lb.lost++
+	case msgClaimed:
+		lb.claims++
+	}
+}
+
+// topMessages lists the most frequent warn and error messages.
+func (lb *logbook) topMessages(n int) []string {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	type kv struct {
+		k string
+		v int
+	}
+	var all []kv
+	for level, msgs := range lb.byLevel {
+		for msg, c := range msgs {
+			if len(msg) > 90 {
+				msg = msg[:90] + "…"
+			}
+			all = append(all, kv{level + ": " + msg, c})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].v != all[j].v {
+			return all[i].v > all[j].v
+		}
+		return all[i].k < all[j].k
+	})
+	var out []string
+	for i := 0; i < len(all) && i < n; i++ {
+		out = append(out, fmt.Sprintf("%6d  %s", all[i].v, strings.TrimSpace(all[i].k)))
+	}
+	return out
+}

@@ -1,0 +1,142 @@
+package chaos
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+var (
+	durationFlag = flag.Duration("chaos.duration", 0, "how long faults are injected (default 90s, 30m with -chaos.soak) [TENURE_CHAOS_DURATION]")
+	workersFlag  = flag.Int("chaos.workers", 0, "worker processes, at least 3 (default 3) [TENURE_CHAOS_WORKERS]")
+	seedFlag     = flag.Int64("chaos.seed", 0, "seed of the fault schedule and the jobs (default: from the clock) [TENURE_CHAOS_SEED]")
+	soakFlag     = flag.Bool("chaos.soak", false, "long run: 30m of faults (needs -timeout 0) [TENURE_CHAOS_SOAK]")
+	rateFlag     = flag.Int("chaos.rate", 0, "jobs produced per second (default 100) [TENURE_CHAOS_RATE]")
+	protocolFlag = flag.String("chaos.protocol", "", "group protocol of the workers: classic or consumer (default classic) [TENURE_CHAOS_PROTOCOL]")
+	keepFlag     = flag.Bool("chaos.keep", false, "keep the logs directory even when the run passes [TENURE_CHAOS_KEEP]")
+)
+
+const (
+	shortDuration = 90 * time.Second
+	soakDuration  = 30 * time.Minute
+)
+
+// config is one run's settings, from flags, else the environment, else the
+// defaults.
+type config struct {
+	duration time.Duration
+	workers  int
+	seed     int64
+	soak     bool
+	rate     int
+	protocol string
+	keep     bool
+}
+
+func loadConfig() (config, error) {
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	env := func(flagName, envName string) (string, bool) {
+		if set[flagName] {
+			return "", false
+		}
+		v := os.Getenv(envName)
+		return v, v != ""
+	}
+	c := config{duration: *durationFlag, workers: *workersFlag, seed: *seedFlag, soak: *soakFlag,
+		rate: *rateFlag, protocol: *protocolFlag, keep: *keepFlag}
+	var err error
+	if v, ok := env("chaos.soak", "TENURE_CHAOS_SOAK"); ok {
+		if c.soak, err = strconv.ParseBool(v); err != nil {
+			return c, fmt.Errorf("TENURE_CHAOS_SOAK=%q: %v", v, err)
+		}
+	}
+	if v, ok := env("chaos.keep", "TENURE_CHAOS_KEEP"); ok {
+		if c.keep, err = strconv.ParseBool(v); err != nil {
+			return c, fmt.Errorf("TENURE_CHAOS_KEEP=%q: %v", v, err)
+		}
+	}
+	if v, ok := env("chaos.duration", "TENURE_CHAOS_DURATION"); ok {
+		if c.duration, err = time.ParseDuration(v); err != nil {
+			return c, fmt.Errorf("TENURE_CHAOS_DURATION=%q: %v", v, err)
+		}
+	}
+	if v, ok := env("chaos.workers", "TENURE_CHAOS_WORKERS"); ok {
+		if c.workers, err = strconv.Atoi(v); err != nil {
+			return c, fmt.Errorf("TENURE_CHAOS_WORKERS=%q: %v", v, err)
+		}
+	}
+	if v, ok := env("chaos.seed", "TENURE_CHAOS_SEED"); ok {
+		if c.seed, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return c, fmt.Errorf("TENURE_CHAOS_SEED=%q: %v", v, err)
+		}
+	}
+	if v, ok := env("chaos.rate", "TENURE_CHAOS_RATE"); ok {
+		if c.rate, err = strconv.Atoi(v); err != nil {
+			return c, fmt.Errorf("TENURE_CHAOS_RATE=%q: %v", v, err)
+		}
+	}
+	if v, ok := env("chaos.protocol", "TENURE_CHAOS_PROTOCOL"); ok {
+		c.protocol = v
+	}
+	if c.duration == 0 {
+		c.duration = shortDuration
+		if c.soak {
+			c.duration = soakDuration
+		}
+	}
+	if c.workers == 0 {
+		c.workers = 3
+	}
+	if c.rate == 0 {
+		c.rate = 100
+	}
+	if c.protocol == "" {
+		c.protocol = "classic"
+	}
+	if c.seed == 0 {
+		c.seed = time.Now().UnixNano() % 1_000_000_000
+	}
+	switch {
+	case c.duration < 10*time.Second:
+		return c, fmt.Errorf("chaos duration %s is too short to inject anything (at least 10s)", c.duration)
+	case c.workers < 3:
+		return c, fmt.Errorf("chaos runs need at least 3 workers, not %d", c.workers)
+	case c.rate < 1 || c.rate > 5000:
+		return c, fmt.Errorf("job rate %d/s is not in [1, 5000]", c.rate)
+	case c.protocol != "classic" && c.protocol != "consumer":
+		return c, fmt.Errorf("protocol %q is not classic or consumer", c.protocol)
+	}
+	return c, nil
+}
+
+// tenureBin is the `tenure` binary, built once for the package.
+var tenureBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run()) // TestChaos skips itself: no binary needed
+	}
+	dir, err := os.MkdirTemp("", "tenure-chaos-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	tenureBin = filepath.Join(dir, "tenure")
+	build := exec.Command("go", "build", "-o", tenureBin, "github.com/tenure-dev/tenure/cmd/tenure")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building tenure:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}

@@ -1,0 +1,218 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tenure-dev/tenure/partition"
+)
+
+// job is one job the producer wrote and the broker acknowledged.
+type job struct {
+	Seq       int64
+	Key       string
+	Fault     string // "", "error" or "panic"
+	Marker    bool
+	Partition int32
+	Offset    int64
+}
+
+// jobValue is a job's JSON value. Fault jobs carry the field the workers'
+// --inject-faults handler reacts to.
+type jobValue struct {
+	Seq    int64  `json:"seq"`
+	Key    string `json:"key"`
+	Marker bool   `json:"marker,omitempty"`
+	Fault  string `json:"tenure-fault,omitempty"`
+}
+
+// producer writes keyed jobs at a steady rate with an idempotent kgo
+// producer (murmur2 key partitioning, acks=all, retries without limit), and
+// records where each acknowledged job landed.
+type producer struct {
+	cl         *kgo.Client
+	topic      string
+	partitions int32
+	keys       []string
+	keyOf      []string // keyOf[p]: a key that maps onto partition p
+	faultRate  float64
+
+	seq atomic.Int64
+
+	mu       sync.Mutex
+	acked    []job
+	failed   []string // produce errors (a job that may or may not be in the log)
+	inflight sync.WaitGroup
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+}
+
+// chaosKeys returns n keys, extended until every partition has at least one.
+func chaosKeys(n int, partitions int32) (keys, keyOf []string) {
+	keyOf = make([]string, partitions)
+	covered := 0
+	for i := 0; i < n || covered < int(partitions); i++ {
+		if i > 10_000 {
+			panic("cannot cover every partition with keys")
+		}
+		k := fmt.Sprintf("key-%03d", i)
+		p := partition.For([]byte(k), partitions)
+		if keyOf[p] == "" {
+			keyOf[p] = k
+			covered++
+		}
+		keys = append(keys, k)
+	}
+	return keys, keyOf
+}
+
+func newProducer(brokers []string, topic string, partitions int32, nkeys int) (*producer, error) {
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.DefaultProduceTopic(topic),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // murmur2 for keyed records
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(5*time.Millisecond),
+	)
+	if err != nil {
+		return nil, err
+	}
+	keys, keyOf := chaosKeys(nkeys, partitions)
+	return &producer{cl: cl, topic: topic, partitions: partitions, keys: keys, keyOf: keyOf, faultRate: 0.01,
+		stop: make(chan struct{}), done: make(chan struct{})}, nil
+}
+
+func (p *producer) record(j job) *kgo.Record {
+	v, _ := json.Marshal(jobValue{Seq: j.Seq, Key: j.Key, Marker: j.Marker, Fault: j.Fault})
+	return &kgo.Record{Topic: p.topic, Key: []byte(j.Key), Value: v}
+}
+
+func (p *producer) produce(j job) {
+	p.inflight.Add(1)
+	p.cl.Produce(context.Background(), p.record(j), func(r *kgo.Record, err error) {
+		defer p.inflight.Done()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if err != nil {
+			p.failed = append(p.failed, fmt.Sprintf("seq %d key %s: %v", j.Seq, j.Key, err))
+			return
+		}
+		j.Partition, j.Offset = r.Partition, r.Offset
+		p.acked = append(p.acked, j)
+	})
+}
+
+// run produces rate jobs per second until stopped. Keys and faults come from
+// rng (the run's seed).
+func (p *producer) run(rate int, rng *rand.Rand) {
+	defer close(p.done)
+	const tick = 20 * time.Millisecond
+	perTick := float64(rate) * tick.Seconds()
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	owed := 0.0
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		owed += perTick
+		for ; owed >= 1; owed-- {
+			j := job{Seq: p.seq.Add(1), Key: p.keys[rng.IntN(len(p.keys))]}
+			if rng.Float64() < p.faultRate {
+				j.Fault = "error"
+				if rng.IntN(2) == 0 {
+					j.Fault = "panic"
+				}
+			}
+			p.produce(j)
+		}
+	}
+}
+
+// mark produces one plain job to every partition and returns their offsets
+// once acknowledged: a partition has processed everything up to the mark
+// when its stored next offset is past it.
+func (p *producer) mark(ctx context.Context) (map[int32]int64, error) {
+	recs := make([]*kgo.Record, p.partitions)
+	jobs := make([]job, p.partitions)
+	for i := range recs {
+		jobs[i] = job{Seq: p.seq.Add(1), Key: p.keyOf[i], Marker: true}
+		recs[i] = p.record(jobs[i])
+	}
+	res := p.cl.ProduceSync(ctx, recs...)
+	out := map[int32]int64{}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range res {
+		// Results come in completion order, not in the order given.
+		i := slices.Index(recs, r.Record)
+		if i < 0 {
+			return nil, fmt.Errorf("marker result for a record that was not produced")
+		}
+		if r.Err != nil {
+			p.failed = append(p.failed, fmt.Sprintf("marker seq %d: %v", jobs[i].Seq, r.Err))
+			continue
+		}
+		jobs[i].Partition, jobs[i].Offset = r.Record.Partition, r.Record.Offset
+		p.acked = append(p.acked, jobs[i])
+		out[r.Record.Partition] = r.Record.Offset
+	}
+	if err := res.FirstErr(); err != nil {
+		return nil, err
+	}
+	for i := int32(0); i < p.partitions; i++ {
+		if _, ok := out[i]; !ok {
+			return nil, fmt.Errorf("marker for partition %d landed elsewhere (key %s): partitioner mismatch", i, p.keyOf[i])
+		}
+	}
+	return out, nil
+}
+
+// halt stops the producing loop (idempotent) and waits for it.
+func (p *producer) halt() {
+	p.stopOnce.Do(func() { close(p.stop) })
+	<-p.done
+}
+
+// finish stops producing and waits (bounded) until every job is settled.
+func (p *producer) finish(timeout time.Duration) error {
+	p.halt()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := p.cl.Flush(ctx); err != nil {
+		return fmt.Errorf("flushing the producer: %w", err)
+	}
+	p.inflight.Wait()
+	return nil
+}
+
+func (p *producer) snapshot() (acked []job, failed []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]job(nil), p.acked...), append([]string(nil), p.failed...)
+}
+
+// ackedEnd is, per partition, one past the highest acknowledged offset.
+func (p *producer) ackedEnd() map[int32]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[int32]int64{}
+	for _, j := range p.acked {
+		if j.Offset+1 > out[j.Partition] {
+			out[j.Partition] = j.Offset + 1
+		}
+	}
+	return out
+}
