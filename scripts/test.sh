@@ -45,7 +45,8 @@ go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)
 echo "== chaos run (short; the soak is: make chaos-soak)"
 chaos_log=$(mktemp)
 if go test -count=1 -timeout 10m -v -run TestChaos ./integration/chaos >"$chaos_log" 2>&1; then
-	sed -n '/==== chaos summary/,$p' "$chaos_log"
+	# The summary is logged twice (test log and stdout); print the last.
+	tac "$chaos_log" | sed '/^==== chaos summary/q' | tac
 	rm -f "$chaos_log"
 else
 	grep -v '^=== ' "$chaos_log" | tail -n 300
