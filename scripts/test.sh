@@ -46,7 +46,7 @@ echo "== chaos run (short; the soak is: make chaos-soak)"
 chaos_log=$(mktemp)
 if go test -count=1 -timeout 10m -v -run TestChaos ./integration/chaos >"$chaos_log" 2>&1; then
 	# The summary is logged twice (test log and stdout); print the last.
-	tac "$chaos_log" | sed '/^==== chaos summary/q' | tac
+	awk '/^==== chaos summary/ { buf = ""; on = 1 } on { buf = buf $0 "\n" } END { printf "%s", buf }' "$chaos_log"
 	rm -f "$chaos_log"
 else
 	grep -v '^=== ' "$chaos_log" | tail -n 300
