@@ -1,0 +1,39 @@
+package integration
+
+import (
+	"syscall"
+	"testing"
+	"time"
+)
+
+// SIGTERM asks for a graceful stop, which waits for the batch in flight; a
+// second signal exits at once. The worker here is held inside its batch, so
+// only the second signal can end it quickly.
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(jobsFor(keys, 0, 5)...)
+	w := e.startWorker("S", "--hold-once", "before-batch")
+	w.waitLog(30*time.Second, map[string]any{"msg": "holding"})
+
+	w.signal(syscall.SIGTERM)
+	select {
+	case <-w.done:
+		t.Fatal("the worker stopped on the first signal although its batch was still in flight")
+	case <-time.After(time.Second):
+	}
+	start := time.Now()
+	w.signal(syscall.SIGINT)
+	select {
+	case <-w.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker did not exit on the second signal")
+	}
+	if code := w.cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("exit code %d after the second signal, want 130", code)
+	}
+	t.Logf("exited %s after the second signal", time.Since(start).Round(time.Millisecond))
+	if n := committedLogCount(t, e); n != 0 {
+		t.Errorf("the held batch must not have committed: %d commits", n)
+	}
+}
