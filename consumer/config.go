@@ -87,11 +87,6 @@ type Config struct {
 	// ShutdownTimeout bounds how long a graceful stop lets in-flight batches
 	// finish before abandoning them (default 30s).
 	ShutdownTimeout time.Duration
-	// MirrorOffsets, when true (the default is false), also commits the
-	// Postgres offsets to Kafka after they land, so that lag tools that
-	// read the group's committed offsets see progress. Kafka's copy is never
-	// read back except as the start of a partition that has no fencing row.
-	MirrorOffsets bool
 
 	// ClientID is kgo's client id (default "tenure").
 	ClientID string

@@ -29,8 +29,6 @@ type Consumer struct {
 
 	mu    sync.Mutex
 	lanes map[tp]*lane
-	// partitionCounts caches topic partition counts for claims.
-	partitionCounts map[string]int32
 
 	running chan struct{} // closed when Run starts
 
@@ -50,12 +48,11 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	c := &Consumer{
-		cfg:             cfg,
-		log:             cfg.Logger.With(zap.String("group", cfg.Group)),
-		store:           cfg.Store,
-		lanes:           map[tp]*lane{},
-		partitionCounts: map[string]int32{},
-		running:         make(chan struct{}),
+		cfg:     cfg,
+		log:     cfg.Logger.With(zap.String("group", cfg.Group)),
+		store:   cfg.Store,
+		lanes:   map[tp]*lane{},
+		running: make(chan struct{}),
 	}
 	// Set per transaction so that a pool shared with other code keeps its
 	// own settings. One round trip: BEGIN and the SETs travel together.
