@@ -31,6 +31,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	schema := f.String("schema", sink.DefaultSchema, "Postgres schema of tenure's tables")
 	protocol := f.String("protocol", "classic", "group protocol: classic (cooperative-sticky) or consumer (KIP-848)")
 	session := f.Duration("session-timeout", 45*time.Second, "classic protocol session timeout (KIP-848: set on the broker)")
+	rebalance := f.Duration("rebalance-timeout", 60*time.Second, "classic protocol rebalance timeout; revoked partitions get half of it to finish their batch")
 	batchMax := f.Int("batch-max", 500, "most jobs per transaction")
 	idleTx := f.Duration("idle-in-tx-timeout", 30*time.Second, "Postgres idle_in_transaction_session_timeout for batch transactions: how long a worker frozen mid-transaction can hold row locks (keep it below --handler-timeout)")
 	maxAttempts := f.Int("max-attempts", 5, "attempts of a failing job before it is dead-lettered")
@@ -56,8 +57,8 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	if *maxAttempts < 1 {
 		return usagef("--max-attempts must be at least 1")
 	}
-	if *handlerTimeout <= 0 || *session <= 0 || *idleTx < 0 {
-		return usagef("--handler-timeout and --session-timeout must be positive, --idle-in-tx-timeout not negative")
+	if *handlerTimeout <= 0 || *session <= 0 || *rebalance <= 0 || *idleTx < 0 {
+		return usagef("--handler-timeout, --session-timeout and --rebalance-timeout must be positive, --idle-in-tx-timeout not negative")
 	}
 	if err := sink.ValidateSchema(*schema); err != nil {
 		return usageError{err.Error()}
@@ -113,15 +114,16 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	c, err := consumer.New(consumer.Config{
 		Brokers: brokerList, Group: *group, Topics: topics,
 		Store: store, Handler: h,
-		Protocol:        consumer.Protocol(*protocol),
-		SessionTimeout:  *session,
-		BatchMax:        *batchMax,
-		MaxAttempts:     *maxAttempts,
-		HandlerTimeout:  *handlerTimeout,
-		IdleInTxTimeout: *idleTx,
-		ClientID:        "tenure-" + *name,
-		Logger:          log,
-		Hooks:           hooks(log),
+		Protocol:         consumer.Protocol(*protocol),
+		SessionTimeout:   *session,
+		RebalanceTimeout: *rebalance,
+		BatchMax:         *batchMax,
+		MaxAttempts:      *maxAttempts,
+		HandlerTimeout:   *handlerTimeout,
+		IdleInTxTimeout:  *idleTx,
+		ClientID:         "tenure-" + *name,
+		Logger:           log,
+		Hooks:            hooks(log),
 	})
 	if err != nil {
 		return err

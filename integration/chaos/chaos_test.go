@@ -271,6 +271,9 @@ func (w *world) startWorker(s *slot) error {
 		"--database-url", w.pg.URL(), "--schema", schemaName, "--no-migrate",
 		"--handler", "export", "--inject-faults",
 		"--session-timeout", sessionTimeout.String(), "--max-attempts", "2", "--handler-timeout", "1s",
+		// kfake waits the whole rebalance timeout for a member that died in
+		// the middle of a rebalance; keep that short.
+		"--rebalance-timeout", "10s",
 		"--protocol", w.cfg.protocol, "--batch-max", "50",
 		"--name", name, "--log-level", "debug",
 	}
@@ -571,7 +574,11 @@ func (w *world) deleteGroup() {
 	}
 	wg.Wait()
 	w.mark(f)
-	deadline := time.Now().Add(30 * time.Second)
+	// A worker killed between its JoinGroup and SyncGroup can keep the group
+	// non-empty until the rebalance timeout (60s, the workers' default)
+	// passes: kfake waits that long for it, where Apache Kafka would drop
+	// it after the session timeout. Wait past that.
+	deadline := time.Now().Add(90 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		resp, err := w.adm.DeleteGroup(ctx, groupName)
