@@ -43,6 +43,9 @@ go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)
 # -v so that the chaos run's summary (faults, rejections, violations,
 # recovery times) is in the output even when it passes.
 echo "== chaos run (short; the soak is: make chaos-soak)"
+# A fixed fault schedule here, so that a failure can be replayed with the
+# same seed (timing still varies); set TENURE_CHAOS_SEED to try others.
+export TENURE_CHAOS_SEED=${TENURE_CHAOS_SEED:-42}
 chaos_log=$(mktemp)
 if go test -count=1 -timeout 10m -v -run TestChaos ./integration/chaos >"$chaos_log" 2>&1; then
 	# The summary is logged twice (test log and stdout); print the last.
