@@ -115,6 +115,28 @@ func outputFlag(f *flagSet) func() (string, error) {
 	}
 }
 
+// dbFlags are --database-url and --schema, shared by the commands that read
+// tenure's tables.
+type dbFlags struct {
+	url    *string
+	schema func() (string, error)
+}
+
+func addDBFlags(f *flagSet) dbFlags {
+	return dbFlags{
+		url:    f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)"),
+		schema: schemaFlag(f),
+	}
+}
+
+// check validates both flags (usage errors) and returns the schema.
+func (d dbFlags) check() (string, error) {
+	if err := required("database-url", *d.url); err != nil {
+		return "", err
+	}
+	return d.schema()
+}
+
 func schemaFlag(f *flagSet) func() (string, error) {
 	s := f.String("schema", sink.DefaultSchema, "Postgres schema of tenure's tables")
 	return func() (string, error) {

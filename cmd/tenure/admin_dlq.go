@@ -306,8 +306,7 @@ func alreadyDone(ctx context.Context, pool *pgxpool.Pool, schema string, d sink.
 }
 
 func runDLQList(ctx context.Context, e *env, f *flagSet, args []string) error {
-	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
-	schema := schemaFlag(f)
+	db := addDBFlags(f)
 	group := f.String("group", "", "only this consumer group's dead letters (default: every group)")
 	topic := f.String("topic", "", "only this topic's dead letters (default: every topic)")
 	status := f.String("status", "dead", "dead (waiting for a decision), replayed, discarded, or all")
@@ -316,14 +315,11 @@ func runDLQList(ctx context.Context, e *env, f *flagSet, args []string) error {
 	if err := f.parse(args, 0); err != nil {
 		return err
 	}
-	if err := required("database-url", *dbURL); err != nil {
-		return err
-	}
 	out, err := output()
 	if err != nil {
 		return err
 	}
-	sch, err := schema()
+	sch, err := db.check()
 	if err != nil {
 		return err
 	}
@@ -338,7 +334,7 @@ func runDLQList(ctx context.Context, e *env, f *flagSet, args []string) error {
 	if *limit < 1 {
 		return usagef("--limit must be at least 1")
 	}
-	pool, store, err := openStore(ctx, *dbURL, sch)
+	pool, store, err := openStore(ctx, *db.url, sch)
 	if err != nil {
 		return err
 	}
@@ -396,8 +392,7 @@ func describeFilter(status, group, topic string) string {
 }
 
 func runDLQShow(ctx context.Context, e *env, f *flagSet, args []string) error {
-	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
-	schema := schemaFlag(f)
+	db := addDBFlags(f)
 	output := outputFlag(f)
 	ids, err := parseWithIDs(f, args)
 	if err != nil {
@@ -406,18 +401,15 @@ func runDLQShow(ctx context.Context, e *env, f *flagSet, args []string) error {
 	if len(ids) != 1 {
 		return usagef("show takes one dead letter ID")
 	}
-	if err := required("database-url", *dbURL); err != nil {
-		return err
-	}
 	out, err := output()
 	if err != nil {
 		return err
 	}
-	sch, err := schema()
+	sch, err := db.check()
 	if err != nil {
 		return err
 	}
-	pool, store, err := openStore(ctx, *dbURL, sch)
+	pool, store, err := openStore(ctx, *db.url, sch)
 	if err != nil {
 		return err
 	}
@@ -489,17 +481,16 @@ func printDeadLetter(w io.Writer, d sink.DeadLetter, r deadLetterRow) error {
 
 func runDLQReplay(ctx context.Context, e *env, f *flagSet, args []string) error {
 	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
-	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
-	schema := schemaFlag(f)
+	db := addDBFlags(f)
 	actor := actorFlag(f)
 	ids, err := parseWithIDs(f, args)
 	if err != nil {
 		return err
 	}
-	if err := required("brokers", *brokers, "database-url", *dbURL); err != nil {
+	if err := required("brokers", *brokers, "database-url", *db.url); err != nil {
 		return err
 	}
-	sch, err := schema()
+	sch, err := db.schema()
 	if err != nil {
 		return err
 	}
@@ -508,7 +499,7 @@ func runDLQReplay(ctx context.Context, e *env, f *flagSet, args []string) error 
 		return err
 	}
 	brokerList := splitList(*brokers)
-	pool, store, err := openStore(ctx, *dbURL, sch)
+	pool, store, err := openStore(ctx, *db.url, sch)
 	if err != nil {
 		return err
 	}
@@ -598,17 +589,13 @@ func replayError(ctx context.Context, pool *pgxpool.Pool, store *sink.Store, sch
 }
 
 func runDLQDiscard(ctx context.Context, e *env, f *flagSet, args []string) error {
-	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
-	schema := schemaFlag(f)
+	db := addDBFlags(f)
 	actor := actorFlag(f)
 	ids, err := parseWithIDs(f, args)
 	if err != nil {
 		return err
 	}
-	if err := required("database-url", *dbURL); err != nil {
-		return err
-	}
-	sch, err := schema()
+	sch, err := db.check()
 	if err != nil {
 		return err
 	}
@@ -616,7 +603,7 @@ func runDLQDiscard(ctx context.Context, e *env, f *flagSet, args []string) error
 	if err != nil {
 		return err
 	}
-	pool, store, err := openStore(ctx, *dbURL, sch)
+	pool, store, err := openStore(ctx, *db.url, sch)
 	if err != nil {
 		return err
 	}
@@ -649,8 +636,7 @@ const orderingHazard = "ordering hazard: keys now hash to other partitions, so a
 	"can run after, or at the same time as, its newer jobs on the new one; if per-key order matters, drain the old partitions before acknowledging"
 
 func runAcknowledgePartitions(ctx context.Context, e *env, f *flagSet, args []string) error {
-	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
-	schema := schemaFlag(f)
+	db := addDBFlags(f)
 	group := f.String("group", "", "consumer group whose workers refuse the topic")
 	topic := f.String("topic", "", "topic whose partition count changed")
 	brokers := f.String("brokers", "", "Kafka seed brokers: read the topic's partition count from Kafka")
@@ -659,7 +645,7 @@ func runAcknowledgePartitions(ctx context.Context, e *env, f *flagSet, args []st
 	if err := f.parse(args, 0); err != nil {
 		return err
 	}
-	if err := required("database-url", *dbURL, "group", *group, "topic", *topic); err != nil {
+	if err := required("database-url", *db.url, "group", *group, "topic", *topic); err != nil {
 		return err
 	}
 	if strings.Contains(*topic, ",") {
@@ -668,7 +654,7 @@ func runAcknowledgePartitions(ctx context.Context, e *env, f *flagSet, args []st
 	if *partitions < 0 || (*partitions == 0 && strings.TrimSpace(*brokers) == "") {
 		return usagef("give the new count with --partitions N (at least 1), or --brokers to read it from Kafka")
 	}
-	sch, err := schema()
+	sch, err := db.schema()
 	if err != nil {
 		return err
 	}
@@ -694,7 +680,7 @@ func runAcknowledgePartitions(ctx context.Context, e *env, f *flagSet, args []st
 		}
 		count = n
 	}
-	pool, store, err := openStore(ctx, *dbURL, sch)
+	pool, store, err := openStore(ctx, *db.url, sch)
 	if err != nil {
 		return err
 	}

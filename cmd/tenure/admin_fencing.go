@@ -17,21 +17,20 @@ import (
 func runAssignments(ctx context.Context, e *env, f *flagSet, args []string) error {
 	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
 	group := f.String("group", "", "consumer group to describe")
-	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
-	schema := schemaFlag(f)
+	db := addDBFlags(f)
 	topic := f.String("topic", "", "topics, comma separated (default: those the group's members consume plus those in its fencing rows)")
 	output := outputFlag(f)
 	if err := f.parse(args, 0); err != nil {
 		return err
 	}
-	if err := required("brokers", *brokers, "group", *group, "database-url", *dbURL); err != nil {
+	if err := required("brokers", *brokers, "group", *group, "database-url", *db.url); err != nil {
 		return err
 	}
 	out, err := output()
 	if err != nil {
 		return err
 	}
-	sch, err := schema()
+	sch, err := db.schema()
 	if err != nil {
 		return err
 	}
@@ -42,7 +41,7 @@ func runAssignments(ctx context.Context, e *env, f *flagSet, args []string) erro
 	}
 	defer cl.Close()
 
-	pool, err := openDB(ctx, *dbURL)
+	pool, err := openDB(ctx, *db.url)
 	if err != nil {
 		return err
 	}
@@ -106,25 +105,21 @@ type fenceRow struct {
 }
 
 func runFences(ctx context.Context, e *env, f *flagSet, args []string) error {
-	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
-	schema := schemaFlag(f)
+	db := addDBFlags(f)
 	group := f.String("group", "", "only this consumer group's rows (default: every group)")
 	output := outputFlag(f)
 	if err := f.parse(args, 0); err != nil {
-		return err
-	}
-	if err := required("database-url", *dbURL); err != nil {
 		return err
 	}
 	out, err := output()
 	if err != nil {
 		return err
 	}
-	sch, err := schema()
+	sch, err := db.check()
 	if err != nil {
 		return err
 	}
-	pool, err := openDB(ctx, *dbURL)
+	pool, err := openDB(ctx, *db.url)
 	if err != nil {
 		return err
 	}
