@@ -31,8 +31,10 @@ type Config struct {
 	Brokers []string
 	// Group is the consumer group. Required. Every replica of a worker uses
 	// the same group; the group's assignment decides who owns each partition.
+	// It must pass ValidateGroup.
 	Group string
-	// Topics to consume. Required.
+	// Topics to consume. Required; each must pass ValidateTopic (Kafka's
+	// rules for topic names).
 	Topics []string
 	// Store is the fencing state in Postgres. Required; its pool also runs the
 	// handler's transactions.
@@ -88,7 +90,9 @@ type Config struct {
 	// finish before abandoning them (default 30s).
 	ShutdownTimeout time.Duration
 
-	// ClientID is kgo's client id (default "tenure").
+	// ClientID is kgo's client id (default "tenure"); it must pass
+	// ValidateClientID, since member ids, which Postgres records as owners,
+	// are built from it.
 	ClientID string
 	// Logger receives structured logs (default: none).
 	Logger *zap.Logger
@@ -173,14 +177,19 @@ func (c *Config) validate() error {
 	}
 	if strings.TrimSpace(c.Group) == "" {
 		errs = append(errs, "a consumer group is required")
+	} else if err := ValidateGroup(c.Group); err != nil {
+		errs = append(errs, err.Error())
 	}
 	if len(c.Topics) == 0 {
 		errs = append(errs, "at least one topic is required")
 	}
 	for _, t := range c.Topics {
-		if strings.TrimSpace(t) == "" {
-			errs = append(errs, "topic names must not be empty")
+		if err := ValidateTopic(t); err != nil {
+			errs = append(errs, err.Error())
 		}
+	}
+	if err := ValidateClientID(c.ClientID); err != nil {
+		errs = append(errs, err.Error())
 	}
 	if c.Store == nil {
 		errs = append(errs, "a sink.Store is required")
