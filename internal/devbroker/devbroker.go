@@ -10,7 +10,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tenure-dev/tenure/partition"
 )
 
 // Config describes a development broker.
@@ -19,7 +23,8 @@ type Config struct {
 	Listen string
 	// DataDir, when set, persists the cluster there and reloads it on start.
 	DataDir string
-	// Partitions is the partition count of auto-created topics (default 3).
+	// Partitions is the partition count of auto-created topics (default 3,
+	// at most partition.MaxCount).
 	Partitions int
 	// Topics are created at start with Partitions partitions.
 	Topics []string
@@ -36,6 +41,11 @@ type Config struct {
 }
 
 // Start starts the broker. Close it with Cluster.Close.
+//
+// The broker refuses CreateTopics and CreatePartitions requests for more
+// than partition.MaxCount partitions (INVALID_PARTITIONS, with a message):
+// kfake would try to build them all and grow until the machine runs out of
+// memory, unresponsive to everyone in the meantime.
 func Start(cfg Config) (*kfake.Cluster, error) {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
@@ -57,8 +67,8 @@ func Start(cfg Config) (*kfake.Cluster, error) {
 	if err != nil || port < 0 || port > 65535 {
 		return nil, fmt.Errorf("listen address %q has a bad port", cfg.Listen)
 	}
-	if cfg.Partitions < 1 {
-		return nil, fmt.Errorf("partition count %d must be at least 1", cfg.Partitions)
+	if err := partition.CheckCount(int64(cfg.Partitions)); err != nil {
+		return nil, err
 	}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
@@ -91,5 +101,78 @@ func Start(cfg Config) (*kfake.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting development broker on %s: %w", cfg.Listen, err)
 	}
+	refuseAbsurdCounts(c)
 	return c, nil
+}
+
+// tooMany is the message of a refused request.
+func tooMany(n int32) string {
+	return fmt.Sprintf("%d partitions is more than this development broker allows (%d)", n, partition.MaxCount)
+}
+
+// refuseAbsurdCounts answers CreateTopics and CreatePartitions requests that
+// ask for more than partition.MaxCount partitions in a topic, before kfake
+// sees them. A request that names such a topic is refused whole: the topics
+// over the limit get INVALID_PARTITIONS, the others INVALID_REQUEST, and
+// nothing is created.
+func refuseAbsurdCounts(c *kfake.Cluster) {
+	c.ControlKey(int16(kmsg.CreateTopics), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := r.(*kmsg.CreateTopicsRequest)
+		over := map[string]int32{}
+		for _, t := range req.Topics {
+			n := t.NumPartitions
+			if len(t.ReplicaAssignment) > 0 {
+				n = int32(min(len(t.ReplicaAssignment), 1<<31-1))
+			}
+			if n > partition.MaxCount {
+				over[t.Topic] = n
+			}
+		}
+		if len(over) == 0 {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
+		for _, t := range req.Topics {
+			rt := kmsg.NewCreateTopicsResponseTopic()
+			rt.Topic = t.Topic
+			rt.NumPartitions, rt.ReplicationFactor = -1, -1
+			if n, ok := over[t.Topic]; ok {
+				rt.ErrorCode = kerr.InvalidPartitions.Code
+				rt.ErrorMessage = kmsg.StringPtr(tooMany(n))
+			} else {
+				rt.ErrorCode = kerr.InvalidRequest.Code
+				rt.ErrorMessage = kmsg.StringPtr("another topic of this request asks for too many partitions; nothing was created")
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	c.ControlKey(int16(kmsg.CreatePartitions), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := r.(*kmsg.CreatePartitionsRequest)
+		over := map[string]int32{}
+		for _, t := range req.Topics {
+			if t.Count > partition.MaxCount {
+				over[t.Topic] = t.Count
+			}
+		}
+		if len(over) == 0 {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.CreatePartitionsResponse)
+		for _, t := range req.Topics {
+			rt := kmsg.NewCreatePartitionsResponseTopic()
+			rt.Topic = t.Topic
+			if n, ok := over[t.Topic]; ok {
+				rt.ErrorCode = kerr.InvalidPartitions.Code
+				rt.ErrorMessage = kmsg.StringPtr(tooMany(n))
+			} else {
+				rt.ErrorCode = kerr.InvalidRequest.Code
+				rt.ErrorMessage = kmsg.StringPtr("another topic of this request asks for too many partitions; nothing was changed")
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
 }
