@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -43,6 +44,12 @@ const (
 	// (PreparingRebalance or CompletingRebalance); the coordinator does not
 	// reveal assignments until the group is Stable again.
 	StateRebalancing State = "rebalancing"
+	// StateHeldPartitions: the partition is assigned, but the topic's
+	// partition count in Kafka differs from the count the group recorded
+	// (sink's topic_layouts), so the group's workers hold the whole topic
+	// and process none of it until an operator acknowledges the count
+	// (tenure admin topic acknowledge-partitions).
+	StateHeldPartitions State = "held-partitions"
 )
 
 // Assignment is one partition of a consumer group seen from both sides: the
@@ -95,6 +102,9 @@ type Assignment struct {
 	//   - rebalancing: classic group mid-rebalance, no member is shown
 	//     assigned (assignments are hidden until the group is Stable);
 	//   - unowned: no member assigned;
+	//   - held-partitions: the topic's partition count in Kafka is not the
+	//     one the group recorded: its workers process none of the topic
+	//     until the new count is acknowledged;
 	//   - ok: fence_owner == member_id;
 	//   - stale-owner: there is a fencing row, its owner differs and is not
 	//     a member of the group any more;
@@ -143,6 +153,10 @@ func Describe(ctx context.Context, cl *kgo.Client, store *sink.Store, group stri
 	if err != nil {
 		return nil, fmt.Errorf("reading the fencing rows of group %q: %w", group, err)
 	}
+	recorded, err := recordedCounts(ctx, store, group)
+	if err != nil {
+		return nil, fmt.Errorf("reading the partition counts group %q recorded: %w", group, err)
+	}
 	if len(topics) == 0 {
 		topics = view.topics(fences)
 	}
@@ -168,7 +182,25 @@ func Describe(ctx context.Context, cl *kgo.Client, store *sink.Store, group stri
 		}
 		ends[o.Topic][o.Partition] = o.Offset
 	})
-	return join(view, fences, ends, topics), nil
+	return join(view, fences, ends, recorded, topics), nil
+}
+
+// recordedCounts reads the partition count the group recorded for each
+// topic it consumed (the layout check's record).
+func recordedCounts(ctx context.Context, store *sink.Store, group string) (map[string]int32, error) {
+	rows, err := store.Pool().Query(ctx, `SELECT topic, partition_count FROM `+pgx.Identifier{store.Schema()}.Sanitize()+
+		`.topic_layouts WHERE consumer_group = $1`, group)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int32{}
+	var topic string
+	var n int32
+	_, err = pgx.ForEachRow(rows, []any{&topic, &n}, func() error {
+		out[topic] = n
+		return nil
+	})
+	return out, err
 }
 
 // groupView is the coordinator's view of a group.
@@ -379,8 +411,10 @@ func inferGeneration(state string, joined []int32) *int32 {
 // join is the pure part of Describe: it lines up, per partition of topics,
 // the coordinator's assignment, the fencing row and the high watermark
 // (ends[topic][partition]; -1 means the partition exists but its end is
-// unknown), and applies the state rules documented on Assignment.
-func join(g groupView, fences []sink.Fence, ends map[string]map[int32]int64, topics []string) []Assignment {
+// unknown), and applies the state rules documented on Assignment; recorded
+// are the partition counts the group recorded per topic (ends has the
+// topics' partitions as Kafka has them now).
+func join(g groupView, fences []sink.Fence, ends map[string]map[int32]int64, recorded map[string]int32, topics []string) []Assignment {
 	type key struct {
 		topic     string
 		partition int32
@@ -438,9 +472,13 @@ func join(g groupView, fences []sink.Fence, ends map[string]map[int32]int64, top
 			a.Lag = ptr(*a.HighWatermark - f.NextOffset)
 		}
 	}
+	held := map[string]bool{}
+	for t, n := range recorded {
+		held[t] = len(ends[t]) > 0 && int32(len(ends[t])) != n
+	}
 	out := make([]Assignment, 0, len(rows))
 	for _, a := range rows {
-		a.State = stateOf(g, members, a)
+		a.State = stateOf(g, members, held[a.Topic], a)
 		out = append(out, *a)
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -452,12 +490,14 @@ func join(g groupView, fences []sink.Fence, ends map[string]map[int32]int64, top
 	return out
 }
 
-func stateOf(g groupView, members map[string]bool, a *Assignment) State {
+func stateOf(g groupView, members map[string]bool, held bool, a *Assignment) State {
 	switch {
 	case a.MemberID == "" && g.rebalancing:
 		return StateRebalancing
 	case a.MemberID == "":
 		return StateUnowned
+	case held:
+		return StateHeldPartitions
 	case a.FenceOwner == a.MemberID:
 		return StateOK
 	case a.FenceOwner != "" && !members[a.FenceOwner]:

@@ -54,7 +54,7 @@ func TestJoinStates(t *testing.T) {
 		dFence("jobs", 3, 0, 4, "Z", 31), // B is assigned, Z has left the group
 		dFence("jobs", 4, 1, 2, "A", 50), // nobody is assigned
 	}
-	rows := join(g, fences, ends, []string{"jobs"})
+	rows := join(g, fences, ends, nil, []string{"jobs"})
 	if len(rows) != 5 {
 		t.Fatalf("want 5 rows, got %d: %+v", len(rows), rows)
 	}
@@ -93,7 +93,7 @@ func TestJoinEmptyGroupIsUnowned(t *testing.T) {
 	// ago): every partition is unowned, and the fencing rows still show the
 	// last owner and its progress.
 	ends := map[string]map[int32]int64{"jobs": {0: 5, 1: 0}}
-	rows := join(groupView{}, []sink.Fence{dFence("jobs", 0, 0, 3, "A", 4)}, ends, []string{"jobs"})
+	rows := join(groupView{}, []sink.Fence{dFence("jobs", 0, 0, 3, "A", 4)}, ends, nil, []string{"jobs"})
 	if len(rows) != 2 {
 		t.Fatalf("rows: %+v", rows)
 	}
@@ -112,7 +112,7 @@ func TestJoinClassicRebalancing(t *testing.T) {
 	// that is not "unowned".
 	g := groupView{protocol: "classic", state: "PreparingRebalance", rebalancing: true,
 		members: []memberView{{id: "A"}, {id: "B"}}}
-	rows := join(g, []sink.Fence{dFence("jobs", 0, 0, 3, "A", 4)}, map[string]map[int32]int64{"jobs": {0: 4, 1: 0}}, []string{"jobs"})
+	rows := join(g, []sink.Fence{dFence("jobs", 0, 0, 3, "A", 4)}, map[string]map[int32]int64{"jobs": {0: 4, 1: 0}}, nil, []string{"jobs"})
 	for _, r := range rows {
 		if r.State != StateRebalancing {
 			t.Errorf("partition %d: %q, want rebalancing", r.Partition, r.State)
@@ -125,7 +125,7 @@ func TestJoinUnknownEndsAndDeletedTopics(t *testing.T) {
 	// "gone" has a fencing row but no partitions any more.
 	ends := map[string]map[int32]int64{"jobs": {0: -1}}
 	fences := []sink.Fence{dFence("jobs", 0, 0, 1, "A", 3), dFence("gone", 2, 0, 1, "A", 8)}
-	rows := join(groupView{}, fences, ends, []string{"gone", "jobs"})
+	rows := join(groupView{}, fences, ends, nil, []string{"gone", "jobs"})
 	if len(rows) != 2 || rows[0].Topic != "gone" || rows[1].Topic != "jobs" {
 		t.Fatalf("rows should be sorted by topic: %+v", rows)
 	}
@@ -136,13 +136,42 @@ func TestJoinUnknownEndsAndDeletedTopics(t *testing.T) {
 	}
 }
 
+func TestJoinHeldPartitions(t *testing.T) {
+	// The group recorded 2 partitions of "jobs"; Kafka has 4 now (or an
+	// operator recorded 5 where Kafka has 4): its workers hold the topic, so
+	// an assigned partition is held-partitions, not ok. "other" matches its
+	// record; unassigned partitions stay unowned.
+	g := groupView{protocol: "consumer", state: "Stable", members: []memberView{
+		dMember("A", 3, map[string][]int32{"jobs": {0, 1, 2}, "other": {0}}),
+	}}
+	fences := []sink.Fence{dFence("jobs", 0, 0, 3, "A", 0), dFence("jobs", 1, 0, 3, "A", 0), dFence("other", 0, 0, 3, "A", 0)}
+	ends := map[string]map[int32]int64{"jobs": {0: 0, 1: 0, 2: 0, 3: 0}, "other": {0: 0}}
+	for _, recorded := range []int32{2, 5} {
+		rows := join(g, fences, ends, map[string]int32{"jobs": recorded, "other": 1}, []string{"jobs", "other"})
+		want := []State{StateHeldPartitions, StateHeldPartitions, StateHeldPartitions, StateUnowned, StateOK}
+		if len(rows) != len(want) {
+			t.Fatalf("rows: %+v", rows)
+		}
+		for i, r := range rows {
+			if r.State != want[i] {
+				t.Errorf("recorded %d: %s/%d is %q, want %q", recorded, r.Topic, r.Partition, r.State, want[i])
+			}
+		}
+	}
+	// Acknowledged: the record matches Kafka again.
+	rows := join(g, fences, ends, map[string]int32{"jobs": 4, "other": 1}, []string{"jobs"})
+	if rows[0].State != StateOK || rows[2].State != StateClaimPending {
+		t.Errorf("after the acknowledgement: %+v", rows)
+	}
+}
+
 func TestJoinTopicFilter(t *testing.T) {
 	g := groupView{protocol: "consumer", state: "Stable", members: []memberView{
 		dMember("A", 3, map[string][]int32{"jobs": {0}, "other": {0}}),
 	}}
 	fences := []sink.Fence{dFence("jobs", 0, 0, 3, "A", 0), dFence("other", 0, 0, 3, "A", 0)}
 	ends := map[string]map[int32]int64{"jobs": {0: 0}, "other": {0: 0}}
-	rows := join(g, fences, ends, []string{"jobs"})
+	rows := join(g, fences, ends, nil, []string{"jobs"})
 	if len(rows) != 1 || rows[0].Topic != "jobs" || rows[0].State != StateOK {
 		t.Fatalf("only the asked topic: %+v", rows)
 	}
@@ -151,7 +180,7 @@ func TestJoinTopicFilter(t *testing.T) {
 func TestJoinNegativeLag(t *testing.T) {
 	// The topic was recreated: Postgres is ahead of the new log.
 	rows := join(groupView{}, []sink.Fence{dFence("jobs", 0, 0, 3, "A", 100)},
-		map[string]map[int32]int64{"jobs": {0: 7}}, []string{"jobs"})
+		map[string]map[int32]int64{"jobs": {0: 7}}, nil, []string{"jobs"})
 	if *dByPartition(rows)[0].Lag != -93 {
 		t.Fatalf("lag: %+v", rows)
 	}
