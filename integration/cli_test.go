@@ -150,7 +150,7 @@ func testCLIProduceAndAssignments(t *testing.T, proto string) {
 	}
 	brokers := strings.Join(e.brokers, ",")
 
-	r := runCLI(t, 60*time.Second, "", "produce", "--brokers", brokers, "--topic", e.topic, "--generate", "300", "--keys", "12")
+	r := runCLI(t, 60*time.Second, "", "produce", "--brokers", brokers, "--topic", e.topic, "--generate", "300", "--key-count", "12")
 	if r.code != 0 || !strings.Contains(r.stdout, "produced 300 jobs") {
 		t.Fatalf("produce --generate: %s", r)
 	}
@@ -382,8 +382,9 @@ func TestCLIUsageErrors(t *testing.T) {
 	}{
 		{[]string{"admin"}, []string{"usage: tenure admin", "topic create", "topic describe", "groups", "assignments", "fences"}},
 		{[]string{"admin", "bogus"}, []string{"unknown subcommand", "usage: tenure admin"}},
-		{[]string{"admin", "topic"}, []string{"unknown subcommand", "topic create"}},
-		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", "t"}, []string{"--partitions must be at least 1", "usage: tenure admin topic create"}},
+		{[]string{"admin", "topic"}, []string{"needs a subcommand", "topic create", "topic add-partitions"}},
+		{[]string{"admin", "topic", "bogus"}, []string{`unknown subcommand "topic bogus"`, "topic create"}},
+		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", "t"}, []string{"--partitions is required", "usage: tenure admin topic create"}},
 		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", "t", "--partitions", "3", "--replication-factor", "0"}, []string{"--replication-factor"}},
 		{[]string{"admin", "topic", "describe", "--brokers", "h:1"}, []string{"--topic is required"}},
 		{[]string{"admin", "groups", "--bogus"}, []string{"flag provided but not defined", "usage: tenure admin groups"}},
@@ -396,7 +397,8 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"produce", "--brokers", "h:1", "--topic", "t"}, []string{"exactly one of"}},
 		{[]string{"produce", "--brokers", "h:1", "--topic", "t", "--key", "k", "--value", "v", "--generate", "3"}, []string{"exactly one of"}},
 		{[]string{"produce", "--brokers", "h:1", "--topic", "t", "--value", "v"}, []string{"--value needs --key"}},
-		{[]string{"produce", "--brokers", "h:1", "--topic", "t", "--generate", "3", "--keys", "0"}, []string{"--keys must be at least 1"}},
+		{[]string{"produce", "--brokers", "h:1", "--topic", "t", "--generate", "3", "--key-count", "0"}, []string{"--key-count must be at least 1"}},
+		{[]string{"produce", "--brokers", "h:1", "--topic", "t", "--generate", "3", "--keys", "2"}, []string{"flag provided but not defined: --keys"}},
 		{[]string{"produce", "--brokers", "nohostport", "--topic", "t", "--key", "k", "--value", "v"}, []string{"not host:port"}},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {

@@ -41,8 +41,10 @@ func adminCommands() []adminCommand {
 			"create a topic", runTopicCreate},
 		{"topic describe", "--brokers HOST:PORT[,..] --topic T [--output table|json]",
 			"a topic's partitions, leaders and high watermarks", runTopicDescribe},
-		{"topic acknowledge-partitions", "--database-url URL --group G --topic T (--partitions N | --brokers HOST:PORT[,..] [--partitions N]) [--schema S] [--actor A]",
-			"accept a topic's new partition count for a group, so that its workers resume it", runAcknowledgePartitions},
+		{"topic add-partitions", "--brokers HOST:PORT[,..] --topic T --partitions N",
+			"grow a topic to N partitions (its groups then hold it until acknowledge-partitions)", runAddPartitions},
+		{"topic acknowledge-partitions", "--brokers HOST:PORT[,..] --database-url URL --group G --topic T [--partitions N] [--schema S] [--actor A]",
+			"accept a topic's new partition count (read from Kafka) for a group, so that its workers resume it", runAcknowledgePartitions},
 		{"groups", "--brokers HOST:PORT[,..] [--output table|json]",
 			"list consumer groups: type, state, protocol, member count", runGroups},
 		{"assignments", "--brokers HOST:PORT[,..] --group G --database-url URL [--schema S] [--topic T[,T2]] [--output table|json]",
@@ -60,23 +62,29 @@ func adminCommands() []adminCommand {
 	}
 }
 
-func printAdminUsage(w io.Writer) {
-	fmt.Fprintln(w, "usage: tenure admin <subcommand> [flags]")
-	fmt.Fprintln(w)
+// printAdminUsage lists the admin subcommands whose names start with
+// prefix ("" for all, "topic " or "dlq " for a group).
+func printAdminUsage(w io.Writer, prefix string) {
+	fmt.Fprintf(w, "usage: tenure admin %s<subcommand> [flags]\n\n", prefix)
 	for _, c := range adminCommands() {
-		fmt.Fprintf(w, "  %-29s %s\n", c.name, c.summary)
+		if strings.HasPrefix(c.name, prefix) {
+			fmt.Fprintf(w, "  %-29s %s\n", c.name, c.summary)
+		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Flags also read TENURE_* environment variables (flags win). 'tenure admin <subcommand> --help' for its flags.")
+	fmt.Fprintf(w, "Flags also read TENURE_* environment variables (flags win). 'tenure admin %s<subcommand> --help' for its flags.\n", prefix)
 }
+
+// adminGroups are the first words of two-word subcommands.
+var adminGroups = []string{"topic", "dlq"}
 
 func runAdmin(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
-		printAdminUsage(e.stderr)
+		printAdminUsage(e.stderr, "")
 		return usagef("a subcommand is required")
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		printAdminUsage(e.stderr)
+	if isHelp(args[0]) {
+		printAdminUsage(e.stdout, "")
 		return flag.ErrHelp
 	}
 	for _, c := range adminCommands() {
@@ -85,23 +93,38 @@ func runAdmin(ctx context.Context, e *env, args []string) error {
 			continue
 		}
 		f := newFlagSet(e, "admin "+c.name, c.args)
-		// The flag package prints the full usage on a flag error; other
-		// usage errors get the one-line usage here.
-		printed := false
-		usage := f.Usage
-		f.Usage = func() { printed = true; usage() }
 		err := c.run(ctx, e, f, args[len(words):])
 		var ue usageError
 		if errors.As(err, &ue) {
-			if !printed {
-				fmt.Fprintf(e.stderr, "usage: tenure admin %s %s\n", c.name, c.args)
+			// A flag error printed the usage line; other usage errors get
+			// it here.
+			if !f.usagePrinted {
+				f.printUsageLine(e.stderr)
 			}
-			return usagef("%s: %s", c.name, ue.msg)
+			return usageError{msg: ue.msg, cmd: "admin " + c.name}
+		}
+		if err != nil && !errors.Is(err, flag.ErrHelp) {
+			return commandError{cmd: "admin " + c.name, err: err}
 		}
 		return err
 	}
-	printAdminUsage(e.stderr)
-	return usagef("unknown subcommand %q", strings.Join(args[:min(len(args), 2)], " "))
+	for _, g := range adminGroups {
+		if args[0] != g {
+			continue
+		}
+		switch {
+		case len(args) == 1:
+			printAdminUsage(e.stderr, g+" ")
+			return usageError{msg: fmt.Sprintf("%q needs a subcommand", "admin "+g), cmd: "admin " + g}
+		case isHelp(args[1]):
+			printAdminUsage(e.stdout, g+" ")
+			return flag.ErrHelp
+		}
+		printAdminUsage(e.stderr, g+" ")
+		return usageError{msg: fmt.Sprintf("unknown subcommand %q", g+" "+args[1]), cmd: "admin " + g}
+	}
+	printAdminUsage(e.stderr, "")
+	return usagef("unknown subcommand %q", args[0])
 }
 
 // outputFlag adds --output and returns a checker for it.
@@ -141,7 +164,7 @@ func schemaFlag(f *flagSet) func() (string, error) {
 	s := f.String("schema", sink.DefaultSchema, "Postgres schema of tenure's tables")
 	return func() (string, error) {
 		if err := sink.ValidateSchema(*s); err != nil {
-			return "", usageError{err.Error()}
+			return "", usageError{msg: err.Error()}
 		}
 		return *s, nil
 	}

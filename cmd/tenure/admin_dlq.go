@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tenure-dev/tenure/partition"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -148,28 +149,10 @@ func clip(s string, n int) string {
 // parseWithIDs parses flags given before, between or after the positional
 // dead-letter IDs (`replay 4 7 --brokers ...`), and the IDs.
 func parseWithIDs(f *flagSet, args []string) ([]int64, error) {
-	var pos []string
-	for {
-		if err := f.Parse(args); err != nil {
-			if err == flag.ErrHelp {
-				return nil, err
-			}
-			return nil, usageError{err.Error()}
-		}
-		rest := f.Args()
-		if len(rest) == 0 {
-			break
-		}
-		if i := len(args) - len(rest) - 1; i >= 0 && args[i] == "--" {
-			pos = append(pos, rest...) // after "--" everything is an ID
-			break
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
+	if err := f.parse(args, math.MaxInt); err != nil {
+		return nil, err
 	}
-	if len(f.envErrs) > 0 {
-		return nil, usageError{strings.Join(f.envErrs, "; ")}
-	}
+	pos := f.positional
 	if len(pos) == 0 {
 		return nil, usagef("give the ID of at least one dead letter (see `tenure admin dlq list`)")
 	}
@@ -315,6 +298,12 @@ func runDLQList(ctx context.Context, e *env, f *flagSet, args []string) error {
 	if err := f.parse(args, 0); err != nil {
 		return err
 	}
+	if err := optional(*group, func() error { return validGroup("group", *group) }); err != nil {
+		return err
+	}
+	if err := optional(*topic, func() error { return validTopic("topic", *topic) }); err != nil {
+		return err
+	}
 	out, err := output()
 	if err != nil {
 		return err
@@ -361,7 +350,7 @@ func runDLQList(ctx context.Context, e *env, f *flagSet, args []string) error {
 			if dls[i].Key != nil {
 				key = clip(printable(dls[i].Key), 32)
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, r.Status, clip(printableString(r.Group), 32), r.Job, key,
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, r.Status, clip(printableString(r.Group), 32), printableString(r.Job), key,
 				r.Attempts, r.DeadAt.Format("2006-01-02 15:04:05Z"), clip(printableString(r.Error), 80))
 		}
 		if err := tw.Flush(); err != nil {
@@ -449,10 +438,10 @@ func printDeadLetter(w io.Writer, d sink.DeadLetter, r deadLetterRow) error {
 	fmt.Fprintf(tw, "dead letter\t%d\n", r.ID)
 	fmt.Fprintf(tw, "status\t%s\n", r.Status)
 	fmt.Fprintf(tw, "group\t%s\n", printableString(r.Group))
-	fmt.Fprintf(tw, "topic\t%s\n", r.Topic)
+	fmt.Fprintf(tw, "topic\t%s\n", printableString(r.Topic))
 	fmt.Fprintf(tw, "partition\t%d\n", r.Partition)
 	fmt.Fprintf(tw, "offset\t%d\n", r.Offset)
-	fmt.Fprintf(tw, "job\t%s\n", r.Job)
+	fmt.Fprintf(tw, "job\t%s\n", printableString(r.Job))
 	fmt.Fprintf(tw, "key\t%s\n", bytesField(d.Key))
 	fmt.Fprintf(tw, "value\t%s\n", bytesField(d.Value))
 	if len(d.Headers) == 0 {
@@ -525,7 +514,8 @@ func runDLQReplay(ctx context.Context, e *env, f *flagSet, args []string) error 
 		return err
 	}
 	defer cl.Close()
-	if _, err := checkTopics(ctx, cl, brokerList, topics); err != nil {
+	counts, err := checkTopics(ctx, cl, brokerList, topics)
+	if err != nil {
 		return fmt.Errorf("%s; nothing was replayed", strings.TrimSuffix(err.Error(), "."))
 	}
 	produce := func(ctx context.Context, d sink.DeadLetter) (string, int32, int64, error) {
@@ -554,9 +544,12 @@ func runDLQReplay(ctx context.Context, e *env, f *flagSet, args []string) error 
 		where := "recorded"
 		if aerr == nil && len(acts) > 0 {
 			if a := acts[len(acts)-1]; a.Topic != nil && a.Partition != nil && a.Offset != nil {
-				where = fmt.Sprintf("%s/%d at offset %d", *a.Topic, *a.Partition, *a.Offset)
+				where = fmt.Sprintf("%s/%d at offset %d", printableString(*a.Topic), *a.Partition, *a.Offset)
 				if *a.Partition != d.Partition.Partition {
-					where += fmt.Sprintf(" (it was on partition %d: the topic's partition count changed)", d.Partition.Partition)
+					rctx, cancel := context.WithTimeout(ctx, adminTimeout)
+					recorded, _ := recordedCount(rctx, pool, sch, d.Partition.Group, d.Partition.Topic)
+					cancel()
+					where += " (" + whyMoved(d, counts[d.Partition.Topic], recorded) + ")"
 				}
 			}
 		}
@@ -568,6 +561,24 @@ func runDLQReplay(ctx context.Context, e *env, f *flagSet, args []string) error 
 			d.ID, d.Partition.Topic, d.Partition.Partition, d.Offset, key, where)
 	}
 	return nil
+}
+
+// whyMoved says why a replayed job landed on another partition than the
+// one it was dead-lettered from: the producer of a keyless job picks any
+// partition; a keyed job goes where murmur2 of its key says for the topic's
+// partition count now (count), so either that count differs from the one the
+// group recorded (recorded, 0 if unknown) and explains the old partition, or
+// the job's original producer did not partition by murmur2 of the key.
+func whyMoved(d sink.DeadLetter, count, recorded int32) string {
+	was := d.Partition.Partition
+	switch {
+	case d.Key == nil:
+		return fmt.Sprintf("it was on partition %d: the job has no key, so the producer picks a partition for it, this time another one", was)
+	case recorded > 0 && recorded != count && partition.For(d.Key, recorded) == was:
+		return fmt.Sprintf("it was on partition %d: the topic has %d partitions now, %d when the group recorded it, and its key hashes to another one", was, count, recorded)
+	}
+	return fmt.Sprintf("it was on partition %d, not the one murmur2 of its key gives for %s: its original producer chose the partition itself or hashes keys differently",
+		was, plural(int(count), "partition"))
 }
 
 // replayError says why store.Replay refused or failed dead letter d.
@@ -628,79 +639,5 @@ func runDLQDiscard(ctx context.Context, e *env, f *flagSet, args []string) error
 		fmt.Fprintf(e.stdout, "discarded dead letter %d (job %s/%d/%d), recorded as done by %s\n",
 			d.ID, d.Partition.Topic, d.Partition.Partition, d.Offset, printableString(who))
 	}
-	return nil
-}
-
-// orderingHazard is said whenever a partition count change is accepted.
-const orderingHazard = "ordering hazard: keys now hash to other partitions, so a key's jobs still waiting on its old partition " +
-	"can run after, or at the same time as, its newer jobs on the new one; if per-key order matters, drain the old partitions before acknowledging"
-
-func runAcknowledgePartitions(ctx context.Context, e *env, f *flagSet, args []string) error {
-	db := addDBFlags(f)
-	group := f.String("group", "", "consumer group whose workers refuse the topic")
-	topic := f.String("topic", "", "topic whose partition count changed")
-	brokers := f.String("brokers", "", "Kafka seed brokers: read the topic's partition count from Kafka")
-	partitions := f.Int("partitions", 0, "the topic's new partition count (checked against Kafka when --brokers is given)")
-	actor := actorFlag(f)
-	if err := f.parse(args, 0); err != nil {
-		return err
-	}
-	if err := required("database-url", *db.url, "group", *group, "topic", *topic); err != nil {
-		return err
-	}
-	if strings.Contains(*topic, ",") {
-		return usagef("--topic takes one topic, got %q", *topic)
-	}
-	if *partitions < 0 || (*partitions == 0 && strings.TrimSpace(*brokers) == "") {
-		return usagef("give the new count with --partitions N (at least 1), or --brokers to read it from Kafka")
-	}
-	sch, err := db.schema()
-	if err != nil {
-		return err
-	}
-	who, err := actor()
-	if err != nil {
-		return err
-	}
-	count := int32(*partitions)
-	if strings.TrimSpace(*brokers) != "" {
-		brokerList := splitList(*brokers)
-		cl, err := kafkaClient(brokerList)
-		if err != nil {
-			return err
-		}
-		counts, err := checkTopics(ctx, cl, brokerList, []string{*topic})
-		cl.Close()
-		if err != nil {
-			return err
-		}
-		n := counts[*topic]
-		if count != 0 && count != n {
-			return fmt.Errorf("topic %q has %d partitions in Kafka, not %d as --partitions says; nothing was changed", *topic, n, count)
-		}
-		count = n
-	}
-	pool, store, err := openStore(ctx, *db.url, sch)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	old, err := store.AcknowledgePartitions(ctx, *group, *topic, count, who)
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) || errors.Is(err, context.DeadlineExceeded) {
-			return storeError(sch, "recording the partition count", err)
-		}
-		return fmt.Errorf("%v; nothing was changed", err)
-	}
-	if old == count {
-		fmt.Fprintf(e.stdout, "group %s already had topic %s recorded at %d partitions; nothing changed\n",
-			printableString(*group), *topic, count)
-		return nil
-	}
-	fmt.Fprintf(e.stdout, "group %s now accepts topic %s at %d partitions (was %d), recorded as acknowledged by %s; workers that see %d partitions resume the topic within seconds; %s\n",
-		printableString(*group), *topic, count, old, printableString(who), count, orderingHazard)
 	return nil
 }

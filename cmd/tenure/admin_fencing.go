@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -24,6 +23,12 @@ func runAssignments(ctx context.Context, e *env, f *flagSet, args []string) erro
 		return err
 	}
 	if err := required("brokers", *brokers, "group", *group, "database-url", *db.url); err != nil {
+		return err
+	}
+	if err := validGroup("group", *group); err != nil {
+		return err
+	}
+	if err := validTopics("topic", splitList(*topic)); err != nil {
 		return err
 	}
 	out, err := output()
@@ -79,7 +84,7 @@ func runAssignments(ctx context.Context, e *env, f *flagSet, args []string) erro
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TOPIC\tPARTITION\tMEMBER_ID\tCLIENT_ID\tHOST\tEPOCH\tFENCE_EPOCH\tFENCE_OWNER\tNEXT_OFFSET\tHIGH_WATERMARK\tLAG\tSTATE")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Topic, r.Partition,
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printableString(r.Topic), r.Partition,
 			dash(printableString(r.MemberID)), dash(printableString(r.ClientID)), dash(printableString(r.Host)), dashInt(r.Epoch),
 			dash(r.FenceEpoch), dash(printableString(r.FenceOwner)), dashInt(r.NextOffset),
 			dashInt(r.HighWatermark), dashInt(r.Lag), r.State)
@@ -111,6 +116,9 @@ func runFences(ctx context.Context, e *env, f *flagSet, args []string) error {
 	if err := f.parse(args, 0); err != nil {
 		return err
 	}
+	if err := optional(*group, func() error { return validGroup("group", *group) }); err != nil {
+		return err
+	}
 	out, err := output()
 	if err != nil {
 		return err
@@ -130,7 +138,7 @@ func runFences(ctx context.Context, e *env, f *flagSet, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	defer cancel()
-	fences, err := store.List(ctx, strings.TrimSpace(*group))
+	fences, err := store.List(ctx, *group)
 	if err != nil {
 		return dbError(sch, err)
 	}
@@ -156,7 +164,7 @@ func runFences(ctx context.Context, e *env, f *flagSet, args []string) error {
 		if r.CommittedAt != nil {
 			committed = r.CommittedAt.Format(ts)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", printableString(r.Group), r.Topic, r.Partition, r.Token, printableString(r.Owner),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", printableString(r.Group), printableString(r.Topic), r.Partition, r.Token, printableString(r.Owner),
 			r.NextOffset, r.PartitionCount, r.ClaimedAt.Format(ts), committed)
 	}
 	if err := tw.Flush(); err != nil {

@@ -10,12 +10,14 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/tenure-dev/tenure/partition"
 )
 
 func runTopicCreate(ctx context.Context, e *env, f *flagSet, args []string) error {
 	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
 	topic := f.String("topic", "", "topic to create")
-	partitions := f.Int("partitions", 0, "partition count (at least 1); it bounds the number of workers that can share the work")
+	partitions := f.Count("partitions", 0, "partition count, from 1 to 10000; it bounds the number of workers that can share the work")
 	rf := f.Int("replication-factor", 1, "replicas per partition; -1 means the broker's default (default.replication.factor)")
 	if err := f.parse(args, 0); err != nil {
 		return err
@@ -23,14 +25,14 @@ func runTopicCreate(ctx context.Context, e *env, f *flagSet, args []string) erro
 	if err := required("brokers", *brokers, "topic", *topic); err != nil {
 		return err
 	}
-	if strings.Contains(*topic, ",") {
-		return usagef("--topic takes one topic, got %q", *topic)
+	if err := validTopic("topic", *topic); err != nil {
+		return err
 	}
-	if *partitions < 1 {
-		return usagef("--partitions must be at least 1")
+	if *partitions == 0 {
+		return usagef("--partitions is required: a whole number from 1 to %d", partition.MaxCount)
 	}
 	if *rf == 0 || *rf < -1 || *rf > 32767 {
-		return usagef("--replication-factor must be at least 1, or -1 for the broker's default")
+		return usagef("--replication-factor must be from 1 to 32767, or -1 for the broker's default")
 	}
 	brokerList := splitList(*brokers)
 	cl, err := kafkaClient(brokerList)
@@ -40,7 +42,7 @@ func runTopicCreate(ctx context.Context, e *env, f *flagSet, args []string) erro
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopic(ctx, int32(*partitions), int16(*rf), nil, *topic)
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, *partitions, int16(*rf), nil, *topic)
 	if err == nil {
 		err = resp.Err
 	}
@@ -60,7 +62,7 @@ func runTopicCreate(ctx context.Context, e *env, f *flagSet, args []string) erro
 	}
 	n, r := resp.NumPartitions, resp.ReplicationFactor
 	if n <= 0 { // brokers before Kafka 2.4 do not say
-		n = int32(*partitions)
+		n = *partitions
 	}
 	rfs := fmt.Sprint(r)
 	if r <= 0 {
@@ -69,7 +71,7 @@ func runTopicCreate(ctx context.Context, e *env, f *flagSet, args []string) erro
 			rfs = fmt.Sprint(*rf)
 		}
 	}
-	fmt.Fprintf(e.stdout, "created topic %s with %d partitions (replication factor %s)\n", *topic, n, rfs)
+	fmt.Fprintf(e.stdout, "created topic %s with %s (replication factor %s)\n", *topic, plural(int(n), "partition"), rfs)
 	return nil
 }
 
@@ -96,8 +98,8 @@ func runTopicDescribe(ctx context.Context, e *env, f *flagSet, args []string) er
 	if err := required("brokers", *brokers, "topic", *topic); err != nil {
 		return err
 	}
-	if strings.Contains(*topic, ",") {
-		return usagef("--topic takes one topic, got %q", *topic)
+	if err := validTopic("topic", *topic); err != nil {
+		return err
 	}
 	out, err := output()
 	if err != nil {
@@ -146,7 +148,7 @@ func runTopicDescribe(ctx context.Context, e *env, f *flagSet, args []string) er
 	if out == "json" {
 		return writeJSON(e.stdout, rows)
 	}
-	fmt.Fprintf(e.stdout, "topic %s: %d partitions\n", *topic, len(rows))
+	fmt.Fprintf(e.stdout, "topic %s: %s\n", *topic, plural(len(rows), "partition"))
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PARTITION\tLEADER\tLEADER_EPOCH\tREPLICAS\tISR\tLOG_START\tHIGH_WATERMARK")
 	for _, r := range rows {
@@ -266,7 +268,7 @@ func runGroups(ctx context.Context, e *env, f *flagSet, args []string) error {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GROUP\tTYPE\tSTATE\tPROTOCOL_TYPE\tPROTOCOL\tMEMBERS")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", r.Group, r.Type, dash(r.State), dash(r.ProtocolType), dash(r.Protocol), r.Members)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", printableString(r.Group), r.Type, dash(r.State), dash(r.ProtocolType), dash(r.Protocol), r.Members)
 	}
 	return tw.Flush()
 }

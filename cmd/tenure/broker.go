@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
+	"github.com/tenure-dev/tenure/partition"
 )
 
 func init() {
@@ -14,21 +15,28 @@ func init() {
 }
 
 func runBroker(ctx context.Context, e *env, args []string) error {
-	f := newFlagSet(e, "broker", "[--listen 127.0.0.1:9092] [--data-dir DIR] [--partitions N]")
+	f := newFlagSet(e, "broker", "[--listen 127.0.0.1:9092] [--data-dir DIR] [--partitions N] [--topic T[,T2]]\n"+
+		"    [--consumer-session-timeout D] [--consumer-heartbeat-interval D]")
 	listen := f.String("listen", "127.0.0.1:9092", "address to listen on")
 	dataDir := f.String("data-dir", "", "persist the broker's data here and reload it on start (default: in memory)")
-	partitions := f.Int("partitions", 3, "partition count of topics created by --topic or by producing to a new topic")
+	partitions := f.Count("partitions", 3, fmt.Sprintf("partition count, from 1 to %d, of the topics created by --topic or by producing to a new topic", partition.MaxCount))
 	topics := f.String("topic", "", "topics to create at start, comma separated")
 	session := f.Duration("consumer-session-timeout", 45*time.Second, "KIP-848 group session timeout (group.consumer.session.timeout.ms)")
 	heartbeat := f.Duration("consumer-heartbeat-interval", 5*time.Second, "KIP-848 heartbeat interval (group.consumer.heartbeat.interval.ms)")
 	if err := f.parse(args, 0); err != nil {
 		return err
 	}
-	if *partitions < 1 {
-		return usagef("--partitions must be at least 1")
+	if err := validTopics("topic", splitList(*topics)); err != nil {
+		return err
+	}
+	if *session < 100*time.Millisecond || *session > maxSession {
+		return usagef("--consumer-session-timeout %s is out of range: it must be from 100ms to %s", *session, maxSession)
+	}
+	if *heartbeat <= 0 || *heartbeat >= *session {
+		return usagef("--consumer-heartbeat-interval %s must be positive and below --consumer-session-timeout (%s)", *heartbeat, *session)
 	}
 	c, err := devbroker.Start(devbroker.Config{
-		Listen: *listen, DataDir: *dataDir, Partitions: *partitions, Topics: splitList(*topics),
+		Listen: *listen, DataDir: *dataDir, Partitions: int(*partitions), Topics: splitList(*topics),
 		ConsumerSessionTimeout: *session, ConsumerHeartbeat: *heartbeat,
 	})
 	if err != nil {

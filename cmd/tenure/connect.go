@@ -31,9 +31,41 @@ func openDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("cannot reach the database at %s:%d: %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, pgxCause(err))
+		return nil, connectError(cfg.ConnConfig.Config, err)
 	}
 	return pool, nil
+}
+
+// dbRefusedError is a database server that answered and refused the
+// connection (authentication, an unknown role or database, too many
+// connections): reachable, unlike a network failure.
+type dbRefusedError struct{ msg string }
+
+func (e *dbRefusedError) Error() string { return e.msg }
+
+// connectError words a failed connection by what the server said, if it
+// said anything: a refusal is not a reachability problem.
+func connectError(cfg pgconn.Config, err error) error {
+	where := fmt.Sprintf("%s:%d", cfg.Host, cfg.Port)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		var msg string
+		switch pgErr.Code {
+		case "28P01", "28000": // invalid_password; invalid_authorization_specification (unknown role, pg_hba.conf)
+			msg = fmt.Sprintf("the database server at %s refused user %q: %s (check the user and password of the database URL)", where, cfg.User, pgErr.Message)
+		case "3D000": // invalid_catalog_name
+			msg = fmt.Sprintf("the database server at %s has no database %q: %s (check the database name of the URL)", where, cfg.Database, pgErr.Message)
+		case "53300", "57P03": // too_many_connections; cannot_connect_now (starting up, shutting down)
+			msg = fmt.Sprintf("the database server at %s is not accepting connections now: %s", where, pgErr.Message)
+		default:
+			msg = fmt.Sprintf("the database server at %s refused the connection: %s (SQLSTATE %s)", where, pgErr.Message, pgErr.Code)
+		}
+		return &dbRefusedError{msg}
+	}
+	if pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("cannot reach the database at %s: no answer within 15s", where)
+	}
+	return fmt.Errorf("cannot reach the database at %s: %s", where, pgxCause(err))
 }
 
 // pgxCause strips pgx's long connection preamble down to the reason.

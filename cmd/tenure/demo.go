@@ -45,7 +45,8 @@ const (
 	demoTopic = "jobs"
 )
 
-const demoUsage = `[--database-url URL] [--schema S] [--keys K1,K2,..] [--jobs N] [--verbose]
+const demoUsage = `[--database-url URL] [--schema S] [--keys K1,K2,..] [--jobs N] [--session-timeout D]
+    [--protocol classic|consumer] [--verbose] [--log-format console|json] [--log-level L]
 
 Replays the story tenure exists for, live, with real processes: worker A takes
 a batch of jobs and is frozen (SIGSTOP) before it writes them; the group hands
@@ -80,7 +81,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if err := sink.ValidateSchema(*schema); err != nil {
-		return usageError{err.Error()}
+		return usageError{msg: err.Error()}
 	}
 	if *schema == "public" || *schema == sink.DefaultSchema || *schema == "information_schema" || strings.HasPrefix(*schema, "pg_") {
 		return usagef("--schema %s is not a schema the demo may drop: pick a name of its own (default %s)", *schema, demoDefaultSchema)
@@ -197,6 +198,10 @@ func (d *demo) run(ctx context.Context) error {
 func demoDBAdvice(url string, err error) error {
 	if strings.HasPrefix(err.Error(), "the database URL") {
 		return fmt.Errorf("%v; set TENURE_DATABASE_URL (or --database-url) to a URL like %s", err, demoDefaultDatabaseURL)
+	}
+	var refused *dbRefusedError
+	if errors.As(err, &refused) {
+		return fmt.Errorf("%v; fix TENURE_DATABASE_URL (or --database-url)", err)
 	}
 	if cfg, perr := pgxpool.ParseConfig(url); perr == nil {
 		network, addr := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))

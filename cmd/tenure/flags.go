@@ -10,25 +10,66 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/tenure-dev/tenure/partition"
 )
 
 // flagSet is a flag.FlagSet whose flags default to TENURE_* environment
-// variables.
+// variables. It prints its own usage: in full to stdout for --help (exit 0,
+// so that `| less` works), the usage line to stderr beside a flag error.
 type flagSet struct {
 	*flag.FlagSet
 	e       *env
+	name    string // "produce", "admin topic create"
+	usage   string // what follows the name on the usage line
 	envErrs []string
+	// positional are the arguments that are not flags, in order; flags may
+	// come before, between or after them.
+	positional []string
+	// usagePrinted is set once the usage line went to stderr.
+	usagePrinted bool
 }
 
 func newFlagSet(e *env, name, usage string) *flagSet {
 	fs := flag.NewFlagSet("tenure "+name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	f := &flagSet{FlagSet: fs, e: e}
-	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "usage: tenure %s %s\n\nflags (environment variable in brackets):\n", name, usage)
-		fs.PrintDefaults()
+	// The flag package would print errors and usage itself; parse does.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return &flagSet{FlagSet: fs, e: e, name: name, usage: usage}
+}
+
+// printUsageLine writes the usage line alone (beside a usage error).
+func (f *flagSet) printUsageLine(w io.Writer) {
+	fmt.Fprintf(w, "usage: tenure %s %s\n", f.name, f.usage)
+	f.usagePrinted = true
+}
+
+// printUsage writes the usage line and every flag, with its argument name,
+// environment variable and default.
+func (f *flagSet) printUsage(w io.Writer) {
+	fmt.Fprintf(w, "usage: tenure %s %s\n\nflags (environment variable in brackets):\n", f.name, f.usage)
+	f.VisitAll(func(fl *flag.Flag) {
+		arg, usage := flagArg(fl)
+		line := "  --" + fl.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		fmt.Fprintln(w, line)
+		if fl.DefValue != "" && fl.DefValue != "0" && fl.DefValue != "false" {
+			usage += " (default " + fl.DefValue + ")"
+		}
+		fmt.Fprintf(w, "      %s\n", usage)
+	})
+}
+
+// flagArg is the argument name shown for a flag, and its usage text: the
+// first `quoted` word of the usage, else a name for the flag's type.
+func flagArg(fl *flag.Flag) (arg, usage string) {
+	arg, usage = flag.UnquoteUsage(fl)
+	if _, ok := fl.Value.(*countValue); ok && !strings.Contains(fl.Usage, "`") {
+		arg = "N"
 	}
-	return f
+	return arg, usage
 }
 
 func envName(flagName string) string {
@@ -78,21 +119,92 @@ func (f *flagSet) Bool(name string, def bool, usage string) *bool {
 	return f.FlagSet.Bool(name, def, usage+" ["+envName(name)+"]")
 }
 
-// parse parses args; flag errors and stray arguments are usage errors.
-func (f *flagSet) parse(args []string, maxPositional int) error {
-	if err := f.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
+// countValue is a partition count flag: partition.ParseCount's rules (a
+// whole number from 1 to partition.MaxCount, parsed at its full width). 0
+// means not given.
+type countValue struct{ n int32 }
+
+func (c *countValue) String() string {
+	if c == nil || c.n == 0 {
+		return ""
+	}
+	return strconv.Itoa(int(c.n))
+}
+
+func (c *countValue) Set(s string) error {
+	n, err := partition.ParseCount(s)
+	if err != nil {
+		return fmt.Errorf("a partition count is a whole number from 1 to %d", partition.MaxCount)
+	}
+	c.n = n
+	return nil
+}
+
+// Count adds a partition count flag; def 0 means none by default.
+func (f *flagSet) Count(name string, def int32, usage string) *int32 {
+	v := &countValue{n: def}
+	if s := f.e.getenv(envName(name)); s != "" {
+		if err := v.Set(s); err != nil {
+			f.envErrs = append(f.envErrs, fmt.Sprintf("%s=%q: %v", envName(name), s, err))
 		}
-		return usageError{err.Error()}
 	}
+	f.FlagSet.Var(v, name, usage+" ["+envName(name)+"]")
+	return &v.n
+}
+
+// parse parses args, whose flags may come before, between or after at most
+// maxPositional other arguments (`migrate up --schema s`); those are left in
+// f.positional. After "--" every argument is positional. Flag errors and
+// stray arguments are usage errors; --help prints the usage to stdout and
+// returns flag.ErrHelp.
+func (f *flagSet) parse(args []string, maxPositional int) error {
+	var pos []string
+	for {
+		if err := f.Parse(args); err != nil {
+			if err == flag.ErrHelp {
+				f.printUsage(f.e.stdout)
+				return err
+			}
+			f.printUsageLine(f.e.stderr)
+			return usageError{msg: flagError(err)}
+		}
+		rest := f.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if i := len(args) - len(rest) - 1; i >= 0 && args[i] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	f.positional = pos
 	if len(f.envErrs) > 0 {
-		return usageError{strings.Join(f.envErrs, "; ")}
+		return usageError{msg: strings.Join(f.envErrs, "; ")}
 	}
-	if f.NArg() > maxPositional {
-		return usagef("unexpected argument %q", f.Arg(maxPositional))
+	if len(pos) > maxPositional {
+		return usagef("unexpected argument %q", pos[maxPositional])
 	}
 	return nil
+}
+
+// flagError rewords the flag package's errors with the double dash the
+// usage shows: `invalid value "x" for flag -partitions: ...` becomes
+// `invalid value "x" for --partitions: ...`.
+func flagError(err error) string {
+	s := err.Error()
+	for _, from := range []string{" for flag -", " for -"} {
+		if i := strings.Index(s, from); i >= 0 && strings.HasPrefix(s, "invalid ") {
+			s = s[:i] + " for --" + s[i+len(from):]
+			break
+		}
+	}
+	if strings.HasPrefix(s, "flag provided but not defined: -") || strings.HasPrefix(s, "flag needs an argument: -") {
+		i := strings.LastIndex(s, ": -")
+		s = s[:i] + ": --" + strings.TrimPrefix(s[i+3:], "-")
+	}
+	return s
 }
 
 // required returns a usage error naming the first empty flag.

@@ -8,6 +8,7 @@
 //	tenure admin     inspect and operate, one subcommand each:
 //	    topic create                   create a topic
 //	    topic describe                 a topic's partitions, leaders and high watermarks
+//	    topic add-partitions           grow a topic (its groups hold it until acknowledged)
 //	    topic acknowledge-partitions   accept a topic's new partition count for a group
 //	    groups                         consumer groups: type, state, protocol, members
 //	    assignments                    the coordinator's assignment beside Postgres's fencing rows
@@ -18,8 +19,12 @@
 //	    dlq discard                    mark dead letters as dealt with
 //
 // Every flag also reads an environment variable (TENURE_BROKERS, ...); flags
-// win. Logs go to stderr (JSON, or --log-format console); results to stdout.
-// Exit status: 0 success, 1 failure (one sentence on stderr), 2 bad usage.
+// win, and may come before or after a command's other arguments. Names are
+// checked before anything connects: topics by Kafka's rules, groups and
+// worker names as UTF-8 without control characters. --help prints to stdout.
+// Logs go to stderr (JSON, or --log-format console); results to stdout.
+// Exit status: 0 success, 1 failure (one sentence on stderr), 2 bad usage;
+// a second SIGINT/SIGTERM exits at once with 130.
 package main
 
 import (
@@ -55,11 +60,23 @@ var commands []command
 
 func register(c command) { commands = append(commands, c) }
 
-type usageError struct{ msg string }
+// usageError is bad usage: exit status 2. cmd, when set, is the
+// subcommand whose --help explains it ("admin topic create").
+type usageError struct{ msg, cmd string }
 
 func (e usageError) Error() string { return e.msg }
 
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+func usagef(format string, args ...any) error { return usageError{msg: fmt.Sprintf(format, args...)} }
+
+// commandError is a failure (exit status 1) of a subcommand: cmd names it
+// on stderr ("admin dlq replay").
+type commandError struct {
+	cmd string
+	err error
+}
+
+func (e commandError) Error() string { return e.err.Error() }
+func (e commandError) Unwrap() error { return e.err }
 
 func main() {
 	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
@@ -68,29 +85,63 @@ func main() {
 	os.Exit(run(ctx, e, os.Args[1:]))
 }
 
-// signalContext is cancelled by the first SIGINT/SIGTERM (graceful stop); a
-// second one exits at once.
+// signalError is the cause of the context a signal cancelled.
+type signalError struct{ sig os.Signal }
+
+func (s signalError) Error() string { return "received " + signalName(s.sig) }
+
+func signalName(s os.Signal) string {
+	switch s {
+	case os.Interrupt:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return s.String()
+}
+
+// stopSignal returns the name of the signal that cancelled ctx, or "".
+func stopSignal(ctx context.Context) string {
+	var se signalError
+	if errors.As(context.Cause(ctx), &se) {
+		return signalName(se.sig)
+	}
+	return ""
+}
+
+// signalContext is cancelled by the first SIGINT/SIGTERM (graceful stop; the
+// cause is a signalError); a second one exits at once with status 130,
+// saying so on stderr.
 func signalContext() (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancelCause(context.Background())
 	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
 	go func() {
-		<-ch
-		cancel()
-		<-ch
-		fmt.Fprintln(os.Stderr, "tenure: second signal, exiting now")
+		s := <-ch
+		cancel(signalError{s})
+		s = <-ch
+		fmt.Fprintf(os.Stderr, "tenure: second signal (%s): exiting at once with status 130\n", signalName(s))
 		os.Exit(130)
 	}()
-	return ctx, func() { signal.Stop(ch); cancel() }
+	return ctx, func() { signal.Stop(ch); cancel(nil) }
+}
+
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "--help" || arg == "-help" || arg == "help"
 }
 
 func run(ctx context.Context, e *env, args []string) int {
 	sort.Slice(commands, func(i, j int) bool { return commands[i].name < commands[j].name })
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		printUsage(e.stderr)
-		if len(args) == 0 {
-			return 2
+		return 2
+	}
+	if isHelp(args[0]) {
+		if len(args) > 1 && args[0] == "help" {
+			// `tenure help produce` is `tenure produce --help`.
+			return run(ctx, e, append(args[1:], "--help"))
 		}
+		printUsage(e.stdout)
 		return 0
 	}
 	for _, c := range commands {
@@ -103,11 +154,20 @@ func run(ctx context.Context, e *env, args []string) int {
 			case errors.Is(err, flag.ErrHelp):
 				return 0
 			case errors.As(err, &ue):
-				fmt.Fprintf(e.stderr, "tenure %s: %s\n", c.name, ue.msg)
-				fmt.Fprintf(e.stderr, "run 'tenure %s --help' for usage\n", c.name)
+				name := c.name
+				if ue.cmd != "" {
+					name = ue.cmd
+				}
+				fmt.Fprintf(e.stderr, "tenure %s: %s\n", name, ue.msg)
+				fmt.Fprintf(e.stderr, "run 'tenure %s --help' for usage\n", name)
 				return 2
 			default:
-				fmt.Fprintf(e.stderr, "tenure %s: %s\n", c.name, sentence(err))
+				name := c.name
+				var ce commandError
+				if errors.As(err, &ce) {
+					name = ce.cmd
+				}
+				fmt.Fprintf(e.stderr, "tenure %s: %s\n", name, sentence(err))
 				return 1
 			}
 		}

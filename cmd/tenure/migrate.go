@@ -13,15 +13,17 @@ func init() {
 }
 
 func runMigrate(ctx context.Context, e *env, args []string) error {
-	f := newFlagSet(e, "migrate", "--database-url URL [--schema S] [up|down|status]")
-	dbURL := f.String("database-url", "", "PostgreSQL URL")
+	f := newFlagSet(e, "migrate", "[up|down|status] --database-url URL [--schema S]\n\n"+
+		"up (the default) applies every pending migration, down reverts the newest one, status lists them;\n"+
+		"flags may come before or after the action.")
+	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
 	schema := f.String("schema", sink.DefaultSchema, "Postgres schema of tenure's tables")
 	if err := f.parse(args, 1); err != nil {
 		return err
 	}
 	action := "up"
-	if f.NArg() == 1 {
-		action = f.Arg(0)
+	if len(f.positional) == 1 {
+		action = f.positional[0]
 	}
 	if action != "up" && action != "down" && action != "status" {
 		return usagef("unknown action %q: use up, down or status", action)
@@ -30,7 +32,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if err := sink.ValidateSchema(*schema); err != nil {
-		return usageError{err.Error()}
+		return usageError{msg: err.Error()}
 	}
 	pool, err := openDB(ctx, *dbURL)
 	if err != nil {

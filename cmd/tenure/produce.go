@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -40,55 +41,63 @@ type job struct {
 	line       int // input line, 0 for --key or --generate
 }
 
+// maxJobBytesLimit bounds --max-bytes: kgo refuses batches above its
+// 100 MiB broker write limit, and brokers refuse far smaller ones by default.
+const maxJobBytesLimit = 64 << 20
+
 func runProduce(ctx context.Context, e *env, args []string) error {
-	f := newFlagSet(e, "produce", "--brokers HOST:PORT[,..] --topic T (--key K --value V | --input FILE|- | --generate N [--keys K]) [--max-bytes N]")
+	f := newFlagSet(e, "produce", "--brokers HOST:PORT[,..] --topic T (--key K --value V | --input FILE|- | --generate N [--key-count K]) [--max-bytes N]")
 	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
-	topic := f.String("topic", "", "topic to produce to (it must exist: see `tenure admin topic create`)")
+	topic := f.String("topic", "", "topic to produce to; it must exist (tenure admin topic create)")
 	key := f.String("key", "", "the job's key: it decides the partition, so the owner")
-	value := f.String("value", "", "the job's value (with --key)")
-	input := f.String("input", "", `file of JSON lines {"key": "...", "value": ...}, or - for stdin; a string value is produced as its raw bytes, any other JSON value as compact JSON`)
-	generate := f.Int("generate", 0, "produce N demo jobs, keys key-0..key-(K-1), values {\"seq\":i}")
-	nkeys := f.Int("keys", 10, "number of distinct keys with --generate")
-	maxBytes := f.Int("max-bytes", defaultMaxJobBytes, "largest job accepted (key + value bytes); larger ones are refused before anything is produced")
+	value := f.String("value", "", "the job's value (with --key); may be empty")
+	input := f.String("input", "", `JSON lines file, one job per line: {"key": "...", "value": ...}, or - for stdin; a string value is produced as its raw bytes, any other JSON value as compact JSON`)
+	generate := f.Int("generate", 0, "produce N demo jobs, keys key-0..key-(K-1) (K: --key-count), values {\"seq\":i}")
+	keyCount := f.Int("key-count", 10, "number of distinct keys with --generate")
+	maxBytes := f.Int("max-bytes", defaultMaxJobBytes, fmt.Sprintf("largest job accepted (key + value bytes, at most %d); larger ones are refused before anything is produced", maxJobBytesLimit))
 	if err := f.parse(args, 0); err != nil {
 		return err
 	}
 	if err := required("brokers", *brokers, "topic", *topic); err != nil {
 		return err
 	}
-	if strings.Contains(*topic, ",") {
-		return usagef("--topic takes one topic, got %q", *topic)
+	if err := validTopic("topic", *topic); err != nil {
+		return err
 	}
+	given := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	keyGiven, valueGiven := given["key"] || *key != "", given["value"] || *value != ""
+	generating := given["generate"] || *generate != 0
 	modes := 0
-	for _, set := range []bool{*key != "" || *value != "", *input != "", *generate != 0} {
+	for _, set := range []bool{keyGiven || valueGiven, *input != "", generating} {
 		if set {
 			modes++
 		}
 	}
-	if modes != 1 {
+	switch {
+	case modes != 1:
 		return usagef("give exactly one of --key K --value V, --input FILE|-, or --generate N")
-	}
-	if *value != "" && *key == "" {
+	case valueGiven && !keyGiven:
 		return usagef("--value needs --key: tenure jobs must have a key")
-	}
-	if *key != "" && *value == "" {
-		return usagef("--key needs --value")
-	}
-	if *generate < 0 {
+	case keyGiven && *key == "":
+		return usagef("--key is empty: tenure jobs must have a key (it decides the partition, so the owner)")
+	case keyGiven && !valueGiven:
+		return usagef("--key needs --value (an empty value is --value '')")
+	case generating && *generate < 1:
 		return usagef("--generate must be at least 1")
-	}
-	if *nkeys < 1 {
-		return usagef("--keys must be at least 1")
-	}
-	if *maxBytes < 1 {
-		return usagef("--max-bytes must be at least 1")
+	case (given["key-count"] || e.getenv(envName("key-count")) != "") && !generating:
+		return usagef("--key-count goes with --generate")
+	case *keyCount < 1:
+		return usagef("--key-count must be at least 1")
+	case *maxBytes < 1 || *maxBytes > maxJobBytesLimit:
+		return usagef("--max-bytes must be from 1 to %d", maxJobBytesLimit)
 	}
 
 	// Everything is read and validated before anything is sent: a bad job
 	// anywhere in the input produces nothing.
 	var jobs []job
 	switch {
-	case *key != "":
+	case keyGiven:
 		j := job{key: []byte(*key), value: []byte(*value)}
 		if err := checkJob(j, *maxBytes); err != nil {
 			return fmt.Errorf("%s; nothing was produced", err)
@@ -121,11 +130,15 @@ func runProduce(ctx context.Context, e *env, args []string) error {
 	}
 	n := counts[*topic]
 
-	p := newProduction(*topic, n)
-	if *generate > 0 {
+	total := len(jobs)
+	if generating {
+		total = *generate
+	}
+	p := newProduction(*topic, n, total)
+	if generating {
 		err = p.run(ctx, cl, func(yield func(job) bool) {
 			for i := range *generate {
-				k := "key-" + strconv.Itoa(i%*nkeys)
+				k := "key-" + strconv.Itoa(i%*keyCount)
 				if !yield(job{key: []byte(k), value: []byte(`{"seq":` + strconv.Itoa(i) + `}`)}) {
 					return
 				}
@@ -140,11 +153,17 @@ func runProduce(ctx context.Context, e *env, args []string) error {
 			}
 		})
 	}
+	perKey := !generating && len(p.byKey) <= perKeyListMax
 	if err != nil {
+		// What was acknowledged stays in the topic: say where it is.
+		if p.acked > 0 {
+			if rerr := p.report(e.stdout, perKey, stopSignal(ctx)); rerr != nil {
+				return rerr
+			}
+		}
 		return err
 	}
-	perKey := *generate == 0 && len(p.byKey) <= perKeyListMax
-	return p.report(e.stdout, perKey)
+	return p.report(e.stdout, perKey, "")
 }
 
 // checkJob applies the rules every job must pass.
@@ -215,22 +234,58 @@ func pathErr(err error) string {
 
 // parseJobLine parses {"key": "...", "value": ...}: the key a non-empty JSON
 // string, the value any JSON (a string is produced as its raw bytes, anything
-// else as compact JSON).
+// else as compact JSON). Field names are exact; a field given twice or any
+// other field is refused (encoding/json would keep the last one silently).
 func parseJobLine(b []byte, maxBytes int) (job, error) {
-	var raw struct {
-		Key   json.RawMessage `json:"key"`
-		Value json.RawMessage `json:"value"`
+	const shape = `not a JSON object {"key": "...", "value": ...}`
+	if !utf8.Valid(b) {
+		// encoding/json would silently replace the bytes with U+FFFD,
+		// changing the key (and so the partition) or the value.
+		i := 0
+		for i < len(b) {
+			r, n := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && n == 1 {
+				break
+			}
+			i += n
+		}
+		return job{}, fmt.Errorf("the line is not valid UTF-8 (byte %d is 0x%02x); JSON text must be UTF-8", i+1, b[i])
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&raw); err != nil {
-		return job{}, fmt.Errorf(`not a JSON object {"key": "...", "value": ...}: %s`, jsonCause(err))
+	tok, err := dec.Token()
+	if err != nil {
+		return job{}, fmt.Errorf("%s: %s", shape, jsonCause(err))
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return job{}, fmt.Errorf("%s: the line is a JSON %s", shape, jsonKind(tok))
+	}
+	fields := map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return job{}, fmt.Errorf("%s: %s", shape, jsonCause(err))
+		}
+		name, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return job{}, fmt.Errorf("%s: %s", shape, jsonCause(err))
+		}
+		switch _, dup := fields[name]; {
+		case name != "key" && name != "value":
+			return job{}, fmt.Errorf(`unknown field %q (a job has a "key" and a "value")`, abbreviate(name))
+		case dup:
+			return job{}, fmt.Errorf("%q is given twice", name)
+		}
+		fields[name] = raw
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return job{}, fmt.Errorf("%s: %s", shape, jsonCause(err))
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return job{}, errors.New("unexpected data after the JSON object (one job per line)")
 	}
 	var j job
-	switch k := bytes.TrimSpace(raw.Key); {
+	switch k := bytes.TrimSpace(fields["key"]); {
 	case len(k) == 0 || string(k) == "null":
 		return job{}, errors.New(`the job has no "key" (tenure jobs must have a key: it decides the partition, so the owner)`)
 	case k[0] != '"':
@@ -242,8 +297,9 @@ func parseJobLine(b []byte, maxBytes int) (job, error) {
 		}
 		j.key = []byte(s)
 	}
-	switch v := bytes.TrimSpace(raw.Value); {
-	case raw.Value == nil:
+	raw, ok := fields["value"]
+	switch v := bytes.TrimSpace(raw); {
+	case !ok:
 		return job{}, errors.New(`the job has no "value"`)
 	case len(v) > 0 && v[0] == '"':
 		var s string
@@ -262,6 +318,25 @@ func parseJobLine(b []byte, maxBytes int) (job, error) {
 		return job{}, err
 	}
 	return j, nil
+}
+
+// jsonKind names the JSON value a first token starts.
+func jsonKind(tok json.Token) string {
+	switch t := tok.(type) {
+	case json.Delim:
+		if t == '[' {
+			return "array"
+		}
+	case string:
+		return "string"
+	case float64, json.Number:
+		return "number"
+	case bool:
+		return "boolean"
+	case nil:
+		return "null"
+	}
+	return "value"
 }
 
 func jsonCause(err error) string {
@@ -290,6 +365,7 @@ func abbreviate(s string) string {
 type production struct {
 	topic      string
 	partitions int32
+	total      int // jobs to produce
 
 	mu       sync.Mutex
 	err      error
@@ -311,8 +387,8 @@ type partTally struct {
 	first, last int64
 }
 
-func newProduction(topic string, partitions int32) *production {
-	return &production{topic: topic, partitions: partitions,
+func newProduction(topic string, partitions int32, total int) *production {
+	return &production{topic: topic, partitions: partitions, total: total,
 		byKey: map[string]*keyTally{}, byPart: map[int32]*partTally{}}
 }
 
@@ -342,14 +418,24 @@ func (p *production) run(ctx context.Context, cl *kgo.Client, jobs func(yield fu
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
+	case ctx.Err() != nil && p.acked < p.total:
+		// Records cut short by the signal fail with the context's error:
+		// that is the interruption, not a broker failure.
+		return fmt.Errorf("interrupted after %d of %d jobs were acknowledged, %d sent%s", p.acked, p.total, sent, p.seeAbove())
 	case p.err != nil:
-		return fmt.Errorf("producing to topic %q failed after %d of %d jobs were acknowledged: %v", p.topic, p.acked, sent, p.err)
+		return fmt.Errorf("producing to topic %q failed after %d of %d jobs were acknowledged%s: %v", p.topic, p.acked, p.total, p.seeAbove(), p.err)
 	case p.mismatch != nil:
 		return p.mismatch
-	case ctx.Err() != nil:
-		return fmt.Errorf("interrupted after %d of %d jobs were acknowledged", p.acked, sent)
 	}
 	return nil
+}
+
+// seeAbove points at the summary printed for acknowledged jobs, if any.
+func (p *production) seeAbove() string {
+	if p.acked == 0 {
+		return ""
+	}
+	return " (where they are is on stdout)"
 }
 
 func (p *production) record(r *kgo.Record, want int32, err error) {
@@ -399,9 +485,19 @@ func offsetRange(first, last int64) string {
 }
 
 // report prints where the jobs went: key by key, or partition by partition.
-func (p *production) report(w io.Writer, perKey bool) error {
-	fmt.Fprintf(w, "produced %s to topic %s (%d partitions); every job is on the partition partition.For (murmur2) computes for its key\n",
-		plural(p.acked, "job"), p.topic, p.partitions)
+// interrupted names the signal that stopped the production early, if any.
+func (p *production) report(w io.Writer, perKey bool, interrupted string) error {
+	switch {
+	case interrupted != "":
+		fmt.Fprintf(w, "interrupted by %s: %d of %d jobs were acknowledged by topic %s (%s), each on the partition partition.For (murmur2) computes for its key\n",
+			interrupted, p.acked, p.total, p.topic, plural(int(p.partitions), "partition"))
+	case p.acked < p.total:
+		fmt.Fprintf(w, "stopped: %d of %d jobs were acknowledged by topic %s (%s), each on the partition partition.For (murmur2) computes for its key\n",
+			p.acked, p.total, p.topic, plural(int(p.partitions), "partition"))
+	default:
+		fmt.Fprintf(w, "produced %s to topic %s (%s); every job is on the partition partition.For (murmur2) computes for its key\n",
+			plural(p.acked, "job"), p.topic, plural(int(p.partitions), "partition"))
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if perKey {
 		keys := make([]string, 0, len(p.byKey))
@@ -412,7 +508,7 @@ func (p *production) report(w io.Writer, perKey bool) error {
 		fmt.Fprintln(tw, "KEY\tPARTITION\tJOBS\tOFFSETS")
 		for _, k := range keys {
 			t := p.byKey[k]
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", k, t.partition, t.jobs, offsetRange(t.first, t.last))
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", printableString(k), t.partition, t.jobs, offsetRange(t.first, t.last))
 		}
 		return tw.Flush()
 	}

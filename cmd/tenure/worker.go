@@ -22,7 +22,10 @@ func init() {
 }
 
 func runWorker(ctx context.Context, e *env, args []string) error {
-	f := newFlagSet(e, "worker", "--brokers HOST:PORT[,..] --group G --topic T[,T2] --database-url URL --handler NAME [flags]")
+	f := newFlagSet(e, "worker", "--brokers HOST:PORT[,..] --group G --topic T[,T2] --database-url URL --handler export|ledger|noop\n"+
+		"    [--schema S] [--name NAME] [--protocol classic|consumer] [--session-timeout D] [--rebalance-timeout D]\n"+
+		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--no-migrate]\n"+
+		"    [--metrics-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults]")
 	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
 	group := f.String("group", "", "consumer group shared by the replicas")
 	topic := f.String("topic", "", "topics to consume, comma separated")
@@ -48,24 +51,33 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	if err := required("brokers", *brokers, "group", *group, "topic", *topic, "database-url", *dbURL, "handler", *handler); err != nil {
 		return err
 	}
+	if err := validGroup("group", *group); err != nil {
+		return err
+	}
+	if err := validTopics("topic", splitList(*topic)); err != nil {
+		return err
+	}
+	if err := consumer.ValidateClientID(*name); err != nil {
+		return usagef("--name: %v", strings.Replace(err.Error(), "client id", "worker name", 1))
+	}
 	if *protocol != string(consumer.Classic) && *protocol != string(consumer.NextGen) {
 		return usagef("--protocol %q is not classic or consumer", *protocol)
 	}
-	if *batchMax < 1 {
-		return usagef("--batch-max must be at least 1")
+	if *batchMax < 1 || *batchMax > maxBatch {
+		return usagef("--batch-max must be from 1 to %d", maxBatch)
 	}
 	if *maxAttempts < 1 {
 		return usagef("--max-attempts must be at least 1")
 	}
-	if *handlerTimeout <= 0 || *session <= 0 || *rebalance <= 0 || *idleTx < 0 {
-		return usagef("--handler-timeout, --session-timeout and --rebalance-timeout must be positive, --idle-in-tx-timeout not negative")
+	if err := checkDurations(*session, *rebalance, *handlerTimeout, *idleTx); err != nil {
+		return err
 	}
 	if err := sink.ValidateSchema(*schema); err != nil {
-		return usageError{err.Error()}
+		return usageError{msg: err.Error()}
 	}
 	h, err := jobs.New(*handler, *schema, *name)
 	if err != nil {
-		return usageError{err.Error()}
+		return usageError{msg: err.Error()}
 	}
 	if *injectFaults {
 		h = jobs.InjectFaults(h)
@@ -135,7 +147,45 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	}
 	log.Info("worker starting", zap.Strings("topics", topics), zap.String("group", *group),
 		zap.String("handler", *handler), zap.String("protocol", *protocol), zap.Int("pid", os.Getpid()))
+	go func() {
+		<-ctx.Done()
+		if sig := stopSignal(ctx); sig != "" {
+			log.Info("stopping gracefully (a second signal stops at once)", zap.String("signal", sig))
+		}
+	}()
+	go watchWaiting(ctx, c, store, *group, topics, waitBounds{protocol: *protocol, session: *session, rebalance: *rebalance}, log)
 	return c.Run(ctx)
+}
+
+// maxBatch bounds --batch-max: a lane buffers four batches.
+const maxBatch = 100_000
+
+// Bounds of the worker's durations. Kafka's brokers accept group session
+// timeouts from group.min.session.timeout.ms to group.max.session.timeout.ms
+// (6s and 30m by default; tenure's development broker goes down to 500ms);
+// below a second kgo could not heartbeat often enough. Postgres takes
+// lock_timeout (half the handler timeout) and
+// idle_in_transaction_session_timeout in milliseconds up to 2^31-1 (24.8
+// days): a day is the bound here.
+const (
+	minSession, maxSession = time.Second, 30 * time.Minute
+	maxTxTimeout           = 24 * time.Hour
+)
+
+// checkDurations refuses, before anything starts, durations a broker or
+// Postgres would refuse later, over and over.
+func checkDurations(session, rebalance, handler, idleTx time.Duration) error {
+	switch {
+	case session < minSession || session > maxSession:
+		return usagef("--session-timeout %s is out of range: it must be from %s to %s (Kafka's default bounds are 6s and 30m)", session, minSession, maxSession)
+	case rebalance < minSession || rebalance > maxSession:
+		return usagef("--rebalance-timeout %s is out of range: it must be from %s to %s", rebalance, minSession, maxSession)
+	case handler <= 0 || handler > maxTxTimeout:
+		return usagef("--handler-timeout %s is out of range: it must be positive and at most %s", handler, maxTxTimeout)
+	case idleTx < 0 || idleTx > maxTxTimeout:
+		return usagef("--idle-in-tx-timeout %s is out of range: it must be from 0 (the default, 30s) to %s", idleTx, maxTxTimeout)
+	}
+	return nil
 }
 
 func defaultWorkerName() string {
