@@ -7,15 +7,22 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/internal/testdb"
 	"github.com/tenure-dev/tenure/partition"
@@ -37,6 +44,12 @@ func (r cliResult) String() string {
 // removed (TENURE_TEST_* kept), so that only the flags given count.
 func runCLI(t *testing.T, timeout time.Duration, stdin string, args ...string) cliResult {
 	t.Helper()
+	return runCLIWith(t, timeout, stdin, nil, args...)
+}
+
+// runCLIWith is runCLI with the TENURE_* variables vars set.
+func runCLIWith(t *testing.T, timeout time.Duration, stdin string, vars map[string]string, args ...string) cliResult {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, tenureBin, args...)
@@ -45,6 +58,9 @@ func runCLI(t *testing.T, timeout time.Duration, stdin string, args ...string) c
 			continue
 		}
 		cmd.Env = append(cmd.Env, kv)
+	}
+	for k, v := range vars {
+		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdin = strings.NewReader(stdin)
@@ -570,4 +586,397 @@ func TestCLIAssignmentsStaleOwner(t *testing.T) {
 			a.stop(30 * time.Second)
 		})
 	}
+}
+
+// suggested returns the tenure commands a message suggests (`tenure ...`
+// in backquotes), as argument lists, placeholders replaced by subst.
+func suggested(t *testing.T, msg string, subst map[string]string) [][]string {
+	t.Helper()
+	var out [][]string
+	for _, m := range regexp.MustCompile("`tenure ([^`]+)`").FindAllStringSubmatch(msg, -1) {
+		args := strings.Fields(m[1])
+		for i, a := range args {
+			if v, ok := subst[a]; ok {
+				args[i] = v
+			}
+		}
+		out = append(out, args)
+	}
+	if len(out) == 0 {
+		t.Fatalf("no command suggested in %q", msg)
+	}
+	return out
+}
+
+// runSuggested runs every command msg suggests, with vars set, and wants
+// each to succeed.
+func runSuggested(t *testing.T, msg string, vars, subst map[string]string) {
+	t.Helper()
+	for _, args := range suggested(t, msg, subst) {
+		// The variables stand for the connection settings the operator
+		// (or the worker that logged the message) already has.
+		r := runCLIWith(t, 60*time.Second, "", vars, args...)
+		if r.code != 0 {
+			t.Errorf("the message %q suggests `tenure %s`, which fails: %s", msg, strings.Join(args, " "), r)
+		} else {
+			t.Logf("ran the suggested `tenure %s`: %s", strings.Join(args, " "), strings.TrimSpace(r.stdout+r.stderr))
+		}
+	}
+}
+
+// Every command a message suggests works as written (flags after the
+// subcommand word included), given the same connection settings.
+func TestCLISuggestedCommandsWork(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	brokers := strings.Join(e.brokers, ",")
+	freshSchema := func() string {
+		s := testdb.NewSchemaName("tenure_cli_fresh")
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, _ = e.pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+s+`" CASCADE`)
+		})
+		return s
+	}
+	vars := map[string]string{"TENURE_DATABASE_URL": e.dbURL, "TENURE_BROKERS": brokers}
+
+	// A schema without tables: fences and dlq say to migrate it; a worker
+	// with --no-migrate says so too.
+	for _, args := range [][]string{{"admin", "fences"}, {"admin", "dlq", "list"},
+		{"worker", "--brokers", brokers, "--group", e.group, "--topic", e.topic, "--handler", "noop", "--no-migrate"}} {
+		fresh := freshSchema()
+		r := runCLI(t, 30*time.Second, "", append(args, "--database-url", e.dbURL, "--schema", fresh)...)
+		wantFailure(t, r, 1, "`tenure migrate up --schema "+fresh+"`")
+		runSuggested(t, r.stderr, vars, nil)
+		r = runCLI(t, 30*time.Second, "", "admin", "fences", "--database-url", e.dbURL, "--schema", fresh)
+		if r.code != 0 {
+			t.Fatalf("after the suggested migration: %s", r)
+		}
+	}
+
+	// A missing topic, and one that exists.
+	r := runCLI(t, 30*time.Second, "", "produce", "--brokers", brokers, "--topic", e.topic+"-new", "--key", "k", "--value", "v")
+	wantFailure(t, r, 1, "does not exist")
+	runSuggested(t, r.stderr, vars, map[string]string{"N": "2"})
+	r = runCLI(t, 30*time.Second, "", "admin", "topic", "create", "--brokers", brokers, "--topic", e.topic, "--partitions", "2")
+	wantFailure(t, r, 1, "already exists")
+	runSuggested(t, r.stderr, vars, nil)
+
+	// Dead letters: the list to look in.
+	db := []string{"--database-url", e.dbURL, "--schema", e.schema}
+	r = runCLI(t, 30*time.Second, "", append([]string{"admin", "dlq", "show", "999"}, db...)...)
+	wantFailure(t, r, 1, "no dead letter 999")
+	runSuggested(t, r.stderr, map[string]string{"TENURE_DATABASE_URL": e.dbURL, "TENURE_SCHEMA": e.schema}, nil)
+	r = runCLI(t, 30*time.Second, "", append([]string{"admin", "dlq", "replay", "--brokers", brokers}, db...)...)
+	wantFailure(t, r, 2, "give the ID")
+	runSuggested(t, r.stderr, map[string]string{"TENURE_DATABASE_URL": e.dbURL, "TENURE_SCHEMA": e.schema}, nil)
+}
+
+// Absurd partition counts are refused at the door with the limit, quickly,
+// and nothing is created; values beyond 32 bits do not wrap.
+func TestCLIPartitionCountsRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	brokers := strings.Join(e.brokers, ",")
+	db := []string{"--database-url", e.dbURL, "--schema", e.schema}
+	for _, args := range [][]string{
+		{"admin", "topic", "create", "--brokers", brokers, "--topic", e.topic + "-huge", "--partitions", "2147483647"},
+		{"admin", "topic", "create", "--brokers", brokers, "--topic", e.topic + "-wrap", "--partitions", "4294967297"},
+		{"admin", "topic", "add-partitions", "--brokers", brokers, "--topic", e.topic, "--partitions", "4294967298"},
+		append([]string{"admin", "topic", "acknowledge-partitions", "--brokers", brokers, "--group", e.group, "--topic", e.topic, "--partitions", "4294967298"}, db...),
+	} {
+		r := runCLI(t, 30*time.Second, "", args...)
+		wantFailure(t, r, 2, "for --partitions: a partition count is a whole number from 1 to 10000")
+		if r.took > 5*time.Second {
+			t.Errorf("%v took %s", args, r.took)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	td, err := kadm.NewClient(e.cl).ListTopics(ctx, e.topic, e.topic+"-huge", e.topic+"-wrap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if td.Has(e.topic+"-huge") || td.Has(e.topic+"-wrap") || len(td[e.topic].Partitions) != 2 {
+		t.Errorf("topics after the refusals: %v", td.Names())
+	}
+	// One partition, said in the singular.
+	r := runCLI(t, 30*time.Second, "", "admin", "topic", "create", "--brokers", brokers, "--topic", e.topic+"-one", "--partitions", "1")
+	if r.code != 0 || strings.TrimSpace(r.stdout) != "created topic "+e.topic+"-one with 1 partition (replication factor 1)" {
+		t.Errorf("topic create: %s", r)
+	}
+}
+
+// A `tenure broker` process refuses absurd requests from any client and
+// keeps serving; it used to grow to gigabytes and stop answering.
+func TestCLIBrokerRefusesAbsurdRequests(t *testing.T) {
+	t.Parallel()
+	addr := closedPort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, tenureBin, "broker", "--listen", addr)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); _ = cmd.Wait() }()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer rcancel()
+	waitFor(t, 10*time.Second, "the broker to answer", func() bool { _, err := adm.ListTopics(rctx); return err == nil })
+	resp, err := adm.CreateTopic(rctx, 1<<31-1, 1, nil, "huge")
+	if err == nil {
+		err = resp.Err
+	}
+	if !errors.Is(err, kerr.InvalidPartitions) || !strings.Contains(resp.ErrMessage, "10000") {
+		t.Fatalf("creating 2^31-1 partitions: %v %q", err, resp.ErrMessage)
+	}
+	if rss := processRSS(t, cmd.Process.Pid); rss > 512<<20 {
+		t.Errorf("the broker uses %d MiB after the refusal", rss>>20)
+	}
+	r := runCLI(t, 30*time.Second, "", "admin", "topic", "create", "--brokers", addr, "--topic", "after", "--partitions", "3")
+	if r.code != 0 {
+		t.Errorf("the broker stopped serving: %s", r)
+	}
+}
+
+// processRSS reads a process's resident set size from /proc.
+func processRSS(t *testing.T, pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// Adding partitions holds the topic, and `assignments` says so; the
+// acknowledgement needs --brokers, takes Kafka's count, and never accepts a
+// decrease. The refusal the workers log suggests a command that works.
+func TestCLIAddAndAcknowledgePartitions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	if e.real {
+		t.Skip("adds partitions to a topic")
+	}
+	brokers := strings.Join(e.brokers, ",")
+	db := []string{"--database-url", e.dbURL, "--schema", e.schema}
+	e.produce(jobsFor(keys, 0, 20)...)
+	w := e.startWorker("A")
+	for p := range int32(2) {
+		waitCommitted(t, e, p, e.highWatermark(p), "")
+	}
+
+	r := runCLI(t, 60*time.Second, "", "admin", "topic", "add-partitions", "--brokers", brokers, "--topic", e.topic, "--partitions", "3")
+	if r.code != 0 || !strings.Contains(r.stdout, "now has 3 partitions (was 2)") || !strings.Contains(r.stdout, "ordering hazard") {
+		t.Fatalf("add-partitions: %s", r)
+	}
+	refusal := w.waitLog(60*time.Second, map[string]any{"msg": "topic partitions changed: not processing it"})
+	held := func(state string) func() bool {
+		return func() bool {
+			rows := assignmentsJSON(t, e)
+			for _, row := range rows {
+				if row["state"] != state {
+					return false
+				}
+			}
+			return len(rows) == 3
+		}
+	}
+	waitFor(t, 60*time.Second, "every partition held-partitions", held("held-partitions"))
+
+	ack := append([]string{"admin", "topic", "acknowledge-partitions", "--group", e.group, "--topic", e.topic}, db...)
+	wantFailure(t, runCLI(t, 30*time.Second, "", ack...), 2, "--brokers is required")
+	wantFailure(t, runCLI(t, 30*time.Second, "", append(ack, "--brokers", brokers, "--partitions", "5")...), 1, "has 3 partitions in Kafka, not 5")
+
+	// The worker's refusal names the command that accepts the count; with
+	// the connection settings the worker has, it works.
+	runSuggested(t, fmt.Sprint(refusal["error"]), map[string]string{
+		"TENURE_BROKERS": brokers, "TENURE_DATABASE_URL": e.dbURL, "TENURE_SCHEMA": e.schema}, nil)
+	waitFor(t, 60*time.Second, "every partition ok", held("ok"))
+
+	// A count recorded above Kafka's (what acknowledge-partitions without
+	// a broker used to accept): the topic is held, assignments says so, and
+	// a decrease is refused.
+	if _, err := e.pool.Exec(context.Background(), `UPDATE "`+e.schema+`".topic_layouts SET partition_count = 5 WHERE consumer_group = $1`, e.group); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "every partition held-partitions", held("held-partitions"))
+	wantFailure(t, runCLI(t, 30*time.Second, "", append(ack, "--brokers", brokers)...), 1, "fewer than the 5", "a decrease is never accepted", "nothing was changed")
+	w.stop(30 * time.Second)
+}
+
+// A worker refuses bad names and durations before it says it is starting.
+func TestCLIWorkerRefusesAtStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	for _, c := range []struct {
+		extra []string
+		want  string
+	}{
+		{[]string{"--group", "g\xff"}, "not valid UTF-8"},
+		{[]string{"--group", "g\x1b[2J"}, "control character"},
+		{[]string{"--topic", e.topic + "/x"}, "is not valid"},
+		{[]string{"--name", "w\xfe"}, "worker name"},
+		{[]string{"--session-timeout", "1ms"}, "--session-timeout 1ms is out of range"},
+		{[]string{"--session-timeout", "1000h"}, "--session-timeout"},
+	} {
+		args := append([]string{"worker", "--brokers", strings.Join(e.brokers, ","), "--group", e.group, "--topic", e.topic,
+			"--database-url", e.dbURL, "--schema", e.schema, "--handler", "export"}, c.extra...)
+		r := runCLI(t, 30*time.Second, "", args...)
+		wantFailure(t, r, 2, c.want)
+		if strings.Contains(r.stderr, "worker starting") || r.took > 5*time.Second {
+			t.Errorf("%v: refused after %s, stderr %q", c.extra, r.took, r.stderr)
+		}
+	}
+	var n int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+e.schema+`".fence_log`).Scan(&n); err == nil && n != 0 {
+		t.Errorf("%d fence log rows after refused starts", n)
+	}
+}
+
+// Help goes to stdout with exit 0; groups of subcommands list themselves.
+func TestCLIHelp(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--help"}, {"admin", "--help"}, {"admin", "topic", "--help"}, {"admin", "dlq", "--help"},
+		{"produce", "--help"}, {"broker", "--help"}, {"migrate", "--help"}, {"admin", "topic", "add-partitions", "--help"}} {
+		r := runCLI(t, 30*time.Second, "", args...)
+		if r.code != 0 || r.stderr != "" || !strings.HasPrefix(r.stdout, "usage: tenure") {
+			t.Errorf("%v: %s", args, r)
+		}
+	}
+	r := runCLI(t, 30*time.Second, "", "broker", "--help")
+	if first := strings.SplitN(r.stdout, "\n", 2)[0]; !strings.Contains(r.stdout, "--topic T") || !strings.Contains(first, "--topic") {
+		t.Errorf("broker --help: %s", r.stdout)
+	}
+	r = runCLI(t, 30*time.Second, "", "produce", "--help")
+	if strings.Contains(r.stdout, "--topic tenure") {
+		t.Errorf("produce --help shows a sentence as the argument name:\n%s", r.stdout)
+	}
+}
+
+// produce's messages name what is wrong, and its table escapes keys.
+func TestCLIProduceMessages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	brokers := strings.Join(e.brokers, ",")
+	base := []string{"produce", "--brokers", brokers, "--topic", e.topic}
+	wantFailure(t, runCLI(t, 30*time.Second, "", append(base, "--key", "", "--value", "v")...), 2, "--key is empty")
+	wantFailure(t, runCLI(t, 30*time.Second, "", append(base, "--value", "v")...), 2, "--value needs --key")
+	wantFailure(t, runCLI(t, 30*time.Second, `{"key":"a","key":"b","value":1}`+"\n", append(base, "--input", "-")...), 1, `line 1`, `"key" is given twice`, "nothing was produced")
+	if n := e.totalHighWatermark(2); n != 0 {
+		t.Fatalf("%d jobs produced by refused commands", n)
+	}
+	// An empty value is a value.
+	r := runCLI(t, 30*time.Second, "", append(base, "--key", "k", "--value", "")...)
+	if r.code != 0 || !strings.Contains(r.stdout, "produced 1 job to topic "+e.topic+" (2 partitions)") {
+		t.Errorf("--value '': %s", r)
+	}
+	r = runCLI(t, 30*time.Second, "", append(base, "--key", "red\x1b[31m\nline", "--value", "v")...)
+	if r.code != 0 || strings.ContainsAny(r.stdout, "\x1b") || !strings.Contains(r.stdout, `red\x1b[31m\nline`) {
+		t.Errorf("a key with escape sequences reached the terminal: %s", r)
+	}
+}
+
+// A database that answers and refuses is not "unreachable".
+func TestCLIDatabaseRefusals(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := *u
+	role.User = url.User("tenure_no_such_role")
+	nodb := *u
+	nodb.Path = "/tenure_no_such_database"
+	for _, c := range []struct {
+		url  string
+		want []string
+	}{
+		{role.String(), []string{"refused user \"tenure_no_such_role\"", "does not exist"}},
+		{nodb.String(), []string{"has no database \"tenure_no_such_database\""}},
+	} {
+		r := runCLI(t, 30*time.Second, "", "admin", "fences", "--database-url", c.url)
+		wantFailure(t, r, 1, c.want...)
+		if strings.Contains(r.stderr, "cannot reach") {
+			t.Errorf("a refusal reported as unreachable: %s", r.stderr)
+		}
+	}
+}
+
+// A replayed job that its producer had put on a partition of its choosing
+// goes where its key hashes; the message says that, not that the count
+// changed.
+func TestCLIReplayOfExplicitPartition(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	brokers := strings.Join(e.brokers, ",")
+	db := []string{"--database-url", e.dbURL, "--schema", e.schema}
+	key := "acme"
+	other := 1 - partition.For([]byte(key), 2)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: e.topic, Partition: other, Key: []byte(key),
+		Value: []byte(`{"seq":1,"tenure-fault":"error"}`)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	w := e.startWorker("W", "--inject-faults", "--max-attempts", "1")
+	waitCommitted(t, e, other, 1, "")
+	dead := deadLetterRows(t, e)
+	if len(dead) != 1 {
+		t.Fatalf("dead letters: %+v", dead)
+	}
+	r := runCLI(t, 60*time.Second, "", append([]string{"admin", "dlq", "replay", fmt.Sprint(dead[0].id), "--brokers", brokers}, db...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("it was on partition %d, not the one murmur2 of its key gives for 2 partitions: its original producer chose the partition itself", other)) ||
+		strings.Contains(r.stdout, "count changed") {
+		t.Errorf("replay: %s", r)
+	}
+	t.Logf("replay: %s", strings.TrimSpace(r.stdout))
+	w.stop(30 * time.Second)
+}
+
+// A worker that holds no partition because a stopped member still holds
+// them says what it waits for and how long at most; a first signal logs
+// the graceful stop.
+func TestCLIWorkerSaysWhatItWaitsFor(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(jobsFor(keys, 0, 5)...)
+	const session = 10 * time.Second // longer than the 3s after which a waiting worker speaks
+	a := e.startWorker("A", "--session-timeout", session.String())
+	waitCommitted(t, e, 0, 5, "A")
+	a.pause()
+	b := e.startWorker("B", "--session-timeout", session.String())
+	line := b.waitLog(30*time.Second, map[string]any{"msg": "waiting for partitions"})
+	if at := fmt.Sprint(line["at_most"]); !strings.Contains(at, "one session timeout: 10s") {
+		t.Errorf("at_most %q should give the session timeout", at)
+	}
+	t.Logf("B: %v", line)
+	waitFor(t, 60*time.Second, "B to claim the partition", func() bool { return strings.HasPrefix(fenceRow(t, e, 0).owner, "tenure-B-") })
+	a.resume()
+	b.signal(syscall.SIGTERM)
+	b.waitLog(30*time.Second, map[string]any{"msg": "stopping gracefully (a second signal stops at once)", "signal": "SIGTERM"})
+	select {
+	case <-b.done:
+	case <-time.After(30 * time.Second):
+		t.Errorf("B did not stop")
+	}
+	a.stop(30 * time.Second)
 }
