@@ -1,0 +1,225 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tenure-dev/tenure/internal/testdb"
+)
+
+// tourStep is one command of the README's tour and the output shown for
+// it.
+type tourStep struct {
+	cmd  string   // as written after "$ ", heredoc included
+	want []string // the lines shown after it
+}
+
+// readmeTour reads the commands of README.md's tour, in order.
+func readmeTour(t *testing.T) []tourStep {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	start := strings.Index(s, "### A tour with a development broker")
+	if start < 0 {
+		t.Fatal("README.md has no tour")
+	}
+	s = s[start:]
+	if end := strings.Index(s, "\n## "); end >= 0 {
+		s = s[:end]
+	}
+	var steps []tourStep
+	inBlock, heredoc := false, ""
+	for _, line := range strings.Split(s, "\n") {
+		switch {
+		case strings.HasPrefix(line, "```"):
+			inBlock = !inBlock
+		case !inBlock:
+		case heredoc != "":
+			steps[len(steps)-1].cmd += "\n" + line
+			if line == heredoc {
+				heredoc = ""
+			}
+		case strings.HasPrefix(line, "$ "):
+			steps = append(steps, tourStep{cmd: strings.TrimPrefix(line, "$ ")})
+			if m := regexp.MustCompile(`<<'(\w+)'$`).FindStringSubmatch(line); m != nil {
+				heredoc = m[1]
+			}
+		case len(steps) > 0:
+			steps[len(steps)-1].want = append(steps[len(steps)-1].want, line)
+		}
+	}
+	if len(steps) < 10 {
+		t.Fatalf("found only %d commands in the tour", len(steps))
+	}
+	return steps
+}
+
+var (
+	hexID      = regexp.MustCompile(`[0-9a-f]{32}`)
+	digits     = regexp.MustCompile(`[0-9]+`)
+	whitespace = regexp.MustCompile(`\s+`)
+)
+
+// normalize keeps what a run of the tour must reproduce: every word, column
+// and state, but not the numbers that differ from run to run (times,
+// ports, member ids, epochs) nor the column widths.
+func normalize(lines []string) []string {
+	var out []string
+	for _, l := range lines {
+		l = hexID.ReplaceAllString(l, "H")
+		l = digits.ReplaceAllString(l, "N")
+		l = strings.TrimSpace(whitespace.ReplaceAllString(l, " "))
+		if l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// readOnly commands may be run again until the state they show settles
+// (workers joining, jobs being dead-lettered); the others run once.
+var readOnly = regexp.MustCompile(`^tenure admin (assignments|groups|fences|dlq list|dlq show|topic describe)\b`)
+
+// The README's tour, run command by command in its order, against a
+// broker it starts itself (`tenure broker`, on a free port) and a schema of
+// its own: every command must work and print what the README shows, up to
+// the numbers that differ between runs.
+func TestREADMETour(t *testing.T) {
+	t.Parallel()
+	steps := readmeTour(t)
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t, pool)
+	dir := t.TempDir()
+	addr := closedPort(t)
+	subst := strings.NewReplacer("127.0.0.1:9092", addr,
+		"postgres://postgres@127.0.0.1:5432/postgres", testdb.URL())
+
+	vars := map[string]string{"TENURE_SCHEMA": schema}
+	environ := func() []string {
+		var env []string
+		for _, kv := range os.Environ() {
+			if strings.HasPrefix(kv, "TENURE_") && !strings.HasPrefix(kv, "TENURE_TEST_") {
+				continue
+			}
+			if strings.HasPrefix(kv, "PATH=") {
+				kv = "PATH=" + filepath.Dir(tenureBin) + ":" + strings.TrimPrefix(kv, "PATH=")
+			}
+			env = append(env, kv)
+		}
+		for k, v := range vars {
+			env = append(env, k+"="+v)
+		}
+		return env
+	}
+
+	// Background commands (workers, the broker), stopped at the end by PID.
+	var background []*exec.Cmd
+	t.Cleanup(func() {
+		for i := len(background) - 1; i >= 0; i-- {
+			_ = background[i].Process.Signal(syscall.SIGTERM)
+		}
+		for _, c := range background {
+			done := make(chan struct{})
+			go func() { _ = c.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				_ = c.Process.Kill()
+				<-done
+				t.Errorf("%s did not stop on SIGTERM", c.Args)
+			}
+		}
+		if t.Failed() {
+			for _, name := range []string{"worker-1.log", "worker-2.log", "faulty.log"} {
+				if b, err := os.ReadFile(filepath.Join(dir, name)); err == nil {
+					lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+					t.Logf("---- %s (last 30 lines)\n%s", name, strings.Join(tail(lines, 30), "\n"))
+				}
+			}
+		}
+	})
+
+	for i, st := range steps {
+		cmd := subst.Replace(st.cmd)
+		switch {
+		case strings.HasPrefix(cmd, "export "):
+			for _, kv := range strings.Fields(strings.TrimPrefix(cmd, "export ")) {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					t.Fatalf("step %d: cannot read %q", i, kv)
+				}
+				vars[k] = v
+			}
+		case strings.HasSuffix(cmd, " &"):
+			c := exec.Command("bash", "-c", "exec "+strings.TrimSuffix(cmd, " &"))
+			c.Dir, c.Env = dir, environ()
+			if err := c.Start(); err != nil {
+				t.Fatalf("step %d `%s`: %v", i, st.cmd, err)
+			}
+			background = append(background, c)
+			if strings.HasPrefix(cmd, "tenure broker") {
+				waitFor(t, 30*time.Second, "the tour's broker to listen", func() bool {
+					conn, err := net.DialTimeout("tcp", addr, time.Second)
+					if err == nil {
+						conn.Close()
+					}
+					return err == nil
+				})
+			}
+		default:
+			runTourStep(t, i, st, cmd, dir, environ())
+		}
+	}
+}
+
+// runTourStep runs one foreground command of the tour and compares what it
+// printed (stdout and stderr, as a terminal shows them) with the README.
+func runTourStep(t *testing.T, i int, st tourStep, cmd, dir string, env []string) {
+	t.Helper()
+	wantCode := 0
+	if len(st.want) > 0 && regexp.MustCompile(`^tenure [a-z -]+: `).MatchString(st.want[0]) {
+		wantCode = 1
+	}
+	want := normalize(st.want)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		c := exec.CommandContext(ctx, "bash", "-c", cmd)
+		c.Dir, c.Env = dir, env
+		var out bytes.Buffer
+		c.Stdout, c.Stderr = &out, &out
+		err := c.Run()
+		cancel()
+		code := 0
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			code = ee.ExitCode()
+		case err != nil:
+			t.Fatalf("step %d `%s`: %v", i, st.cmd, err)
+		}
+		got := normalize(strings.Split(out.String(), "\n"))
+		if code == wantCode && strings.Join(got, "\n") == strings.Join(want, "\n") {
+			t.Logf("step %d ok: %s", i, strings.SplitN(st.cmd, "\n", 2)[0])
+			return
+		}
+		if !readOnly.MatchString(cmd) || time.Now().After(deadline) {
+			t.Fatalf("step %d of the README's tour, `%s`: exit %d (README implies %d), and it printed\n%s\nwhere the README shows\n%s",
+				i, st.cmd, code, wantCode, out.String(), strings.Join(st.want, "\n"))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
