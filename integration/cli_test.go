@@ -980,3 +980,48 @@ func TestCLIWorkerSaysWhatItWaitsFor(t *testing.T) {
 	}
 	a.stop(30 * time.Second)
 }
+
+// An interrupted `produce --generate` says so and prints, per partition,
+// what was acknowledged: exactly what the topic holds.
+func TestCLIProduceInterrupted(t *testing.T) {
+	t.Parallel()
+	const partitions = 3
+	e := newEnv(t, partitions)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, tenureBin, "produce", "--brokers", strings.Join(e.brokers, ","), "--topic", e.topic, "--generate", "50000000")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "some jobs to be acknowledged", func() bool { return e.totalHighWatermark(partitions) > 1000 })
+	_ = cmd.Process.Signal(os.Interrupt)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("exit: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	r := cliResult{stdout: stdout.String(), stderr: stderr.String(), code: 1}
+	wantFailure(t, r, 1, "interrupted after", "of 50000000 jobs were acknowledged", "where they are is on stdout")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	m := regexp.MustCompile(`^interrupted by SIGINT: (\d+) of 50000000 jobs were acknowledged by topic `).FindStringSubmatch(lines[0])
+	if m == nil || len(lines) != partitions+2 || !strings.HasPrefix(lines[1], "PARTITION ") {
+		t.Fatalf("stdout:\n%s", r.stdout)
+	}
+	acked, _ := strconv.ParseInt(m[1], 10, 64)
+	var sum int64
+	for p, l := range lines[2:] {
+		f := strings.Fields(l)
+		jobs, _ := strconv.ParseInt(f[1], 10, 64)
+		sum += jobs
+		// A gap-free prefix of each partition: offsets 0 to jobs-1.
+		if hw := e.highWatermark(int32(p)); hw != jobs || (jobs > 0 && f[3] != fmt.Sprintf("0-%d", jobs-1)) {
+			t.Errorf("partition %d: %q, high watermark %d", p, l, hw)
+		}
+	}
+	if sum != acked || acked != e.totalHighWatermark(partitions) {
+		t.Errorf("acknowledged %d, table sums to %d, the topic holds %d", acked, sum, e.totalHighWatermark(partitions))
+	}
+	t.Logf("stdout:\n%sstderr: %s", r.stdout, r.stderr)
+}

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -31,6 +32,17 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 	}
 	if code := w.cmd.ProcessState.ExitCode(); code != 130 {
 		t.Errorf("exit code %d after the second signal, want 130", code)
+	}
+	// The first signal is logged with what a second one does; the second
+	// says on stderr that it ends the process, and with which status.
+	if w.findLog(map[string]any{"msg": "stopping gracefully (a second signal stops at once)", "signal": "SIGTERM"}) == nil {
+		t.Errorf("the first signal was not logged as a graceful stop")
+	}
+	w.mu.Lock()
+	said := strings.Join(w.raw, "\n")
+	w.mu.Unlock()
+	if !strings.Contains(said, "tenure: second signal (SIGINT): exiting at once with status 130") {
+		t.Errorf("stderr does not say what the second signal did:\n%s", said)
 	}
 	t.Logf("exited %s after the second signal", time.Since(start).Round(time.Millisecond))
 	if n := committedLogCount(t, e); n != 0 {
