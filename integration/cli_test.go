@@ -954,31 +954,45 @@ func TestCLIReplayOfExplicitPartition(t *testing.T) {
 
 // A worker that holds no partition because a stopped member still holds
 // them says what it waits for and how long at most; a first signal logs
-// the graceful stop.
+// the graceful stop. Classic: the worker's session timeout; KIP-848: the
+// broker's, read from its configuration.
 func TestCLIWorkerSaysWhatItWaitsFor(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 1)
-	e.produce(jobsFor(keys, 0, 5)...)
-	const session = 10 * time.Second // longer than the 3s after which a waiting worker speaks
-	a := e.startWorker("A", "--session-timeout", session.String())
-	waitCommitted(t, e, 0, 5, "A")
-	a.pause()
-	b := e.startWorker("B", "--session-timeout", session.String())
-	line := b.waitLog(30*time.Second, map[string]any{"msg": "waiting for partitions"})
-	if at := fmt.Sprint(line["at_most"]); !strings.Contains(at, "one session timeout: 10s") {
-		t.Errorf("at_most %q should give the session timeout", at)
+	for _, proto := range []string{"classic", "consumer"} {
+		t.Run(proto, func(t *testing.T) {
+			t.Parallel()
+			const session = 10 * time.Second // longer than the 3s after which a waiting worker speaks
+			e := newEnvWith(t, 1, map[string]string{"group.consumer.session.timeout.ms": "10000"})
+			if e.real {
+				t.Skip("needs the development broker's session settings")
+			}
+			e.produce(jobsFor(keys, 0, 5)...)
+			a := e.startWorker("A", "--session-timeout", session.String(), "--protocol", proto)
+			waitCommitted(t, e, 0, 5, "A")
+			ownerA := fenceRow(t, e, 0).owner
+			a.pause()
+			b := e.startWorker("B", "--session-timeout", session.String(), "--protocol", proto)
+			line := b.waitLog(30*time.Second, map[string]any{"msg": "waiting for partitions"})
+			want := map[string]string{"classic": "one session timeout: 10s (this worker's --session-timeout",
+				"consumer": "one session timeout: 10s (the broker's group.consumer.session.timeout.ms)"}[proto]
+			if at := fmt.Sprint(line["at_most"]); !strings.Contains(at, want) {
+				t.Errorf("at_most %q should say %q", at, want)
+			}
+			t.Logf("B: %v", line)
+			waitFor(t, 60*time.Second, "B to claim the partition", func() bool {
+				f := fenceRow(t, e, 0)
+				return f.owner != "" && f.owner != ownerA
+			})
+			a.resume()
+			b.signal(syscall.SIGTERM)
+			b.waitLog(30*time.Second, map[string]any{"msg": "stopping gracefully (a second signal stops at once)", "signal": "SIGTERM"})
+			select {
+			case <-b.done:
+			case <-time.After(30 * time.Second):
+				t.Errorf("B did not stop")
+			}
+			a.stop(30 * time.Second)
+		})
 	}
-	t.Logf("B: %v", line)
-	waitFor(t, 60*time.Second, "B to claim the partition", func() bool { return strings.HasPrefix(fenceRow(t, e, 0).owner, "tenure-B-") })
-	a.resume()
-	b.signal(syscall.SIGTERM)
-	b.waitLog(30*time.Second, map[string]any{"msg": "stopping gracefully (a second signal stops at once)", "signal": "SIGTERM"})
-	select {
-	case <-b.done:
-	case <-time.After(30 * time.Second):
-		t.Errorf("B did not stop")
-	}
-	a.stop(30 * time.Second)
 }
 
 // An interrupted `produce --generate` says so and prints, per partition,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -299,5 +300,25 @@ func TestWhyMoved(t *testing.T) {
 		if !strings.Contains(got, c.want) || strings.Contains(got, c.wantNotSaid) {
 			t.Errorf("%s: %q", c.name, got)
 		}
+	}
+}
+
+// A KIP-848 group's session timeout is a broker setting: the waiting log
+// reads it from the broker's configuration.
+func TestBrokerSessionTimeout(t *testing.T) {
+	c, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: 7 * time.Second, ConsumerHeartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kafkaClient(c.ListenAddrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got := brokerSessionTimeout(ctx, cl); got != 7*time.Second {
+		t.Errorf("brokerSessionTimeout = %s, want 7s", got)
 	}
 }
