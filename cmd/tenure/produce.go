@@ -85,7 +85,7 @@ func runProduce(ctx context.Context, e *env, args []string) error {
 		return usagef("--key needs --value (an empty value is --value '')")
 	case generating && *generate < 1:
 		return usagef("--generate must be at least 1")
-	case (given["key-count"] || e.getenv(envName("key-count")) != "") && !generating:
+	case given["key-count"] && !generating:
 		return usagef("--key-count goes with --generate")
 	case *keyCount < 1:
 		return usagef("--key-count must be at least 1")
