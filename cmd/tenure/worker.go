@@ -183,7 +183,7 @@ func checkDurations(session, rebalance, handler, idleTx time.Duration) error {
 	case handler <= 0 || handler > maxTxTimeout:
 		return usagef("--handler-timeout %s is out of range: it must be positive and at most %s", handler, maxTxTimeout)
 	case idleTx < 0 || idleTx > maxTxTimeout:
-		return usagef("--idle-in-tx-timeout %s is out of range: it must be from 0 (the default, 30s) to %s", idleTx, maxTxTimeout)
+		return usagef("--idle-in-tx-timeout %s is out of range: it must be from 0 (which means 30s) to %s", idleTx, maxTxTimeout)
 	}
 	return nil
 }
