@@ -32,7 +32,7 @@ const waitGrace = 3 * time.Second
 func watchWaiting(ctx context.Context, c *consumer.Consumer, store *sink.Store, group string, topics []string, b waitBounds, log *zap.Logger) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	var idleSince time.Time
+	var idleSince, asked time.Time
 	said := false
 	for {
 		select {
@@ -42,15 +42,18 @@ func watchWaiting(ctx context.Context, c *consumer.Consumer, store *sink.Store, 
 		}
 		cl := c.Client()
 		if c.Stats().Lanes > 0 || cl == nil {
-			idleSince, said = time.Time{}, false
+			idleSince, asked, said = time.Time{}, time.Time{}, false
 			continue
 		}
 		if idleSince.IsZero() {
 			idleSince = time.Now()
 		}
-		if said || time.Since(idleSince) < waitGrace {
+		// Ask the coordinator once the grace is over, then at most every
+		// waitGrace while there is nothing to say (a claim under way).
+		if said || time.Since(idleSince) < waitGrace || time.Since(asked) < waitGrace {
 			continue
 		}
+		asked = time.Now()
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		rows, err := consumer.Describe(dctx, cl, store, group, topics)
 		session := b.session
