@@ -9,7 +9,7 @@ GO_FILES = $(shell { git ls-files --cached --others --exclude-standard '*.go' 2>
 	find . -name '*.go' -not -path './.git/*'; } | while read -r f; do [ -f "$$f" ] && echo "$$f"; done)
 
 .DEFAULT_GOAL := help
-.PHONY: help test race bench lint demo chaos-soak
+.PHONY: help test race bench lint demo chaos-soak model
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-11s — %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -35,6 +35,9 @@ lint: ## go vet + gofmt check
 demo: ## the README's run command: ensure Postgres, then go run ./cmd/tenure demo
 	bash scripts/ensure-postgres.sh
 	$(GO) run ./cmd/tenure demo
+
+model: ## model-check the ownership protocol with spin (docs/model/ownership.pml)
+	bash scripts/model-check.sh
 
 chaos-soak: ## a 30-minute chaos run (CI runs the short one)
 	$(GO) test -count=1 -timeout 0 -v -run TestChaos ./integration/chaos -chaos.soak

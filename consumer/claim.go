@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -71,14 +73,19 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 		}
 	}
 
-	// One confirmation for the whole assignment; claimOne asks again only if
-	// a claim is rejected.
-	g, err := c.readGrant(ctx, cl, member, epoch, topics)
+	// One round's registration and confirmation for the whole assignment;
+	// claimOne runs more rounds only for a partition that needs them.
+	rd, err := c.prepare(ctx, cl, member, epoch, -1, topics)
 	if err != nil {
 		return nil, err
 	}
-	for topic, parts := range offsets {
-		for p, off := range parts {
+	// In a fixed order (topic, partition), so that logs and tests can
+	// tell which partition is claimed first.
+	slices.Sort(topics)
+	for _, topic := range topics {
+		parts := offsets[topic]
+		for _, p := range slices.Sorted(maps.Keys(parts)) {
+			off := parts[p]
 			start := off.EpochOffset().Offset
 			if start < 0 { // no Kafka commit: start of the log
 				start = 0
@@ -97,6 +104,10 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 			key := sink.Partition{Group: c.cfg.Group, Topic: topic, Partition: p}
 			log := c.log.With(zap.String("topic", topic), zap.Int32("partition", p), zap.String("member", member))
 			l := newLane(c, key, member, epoch, counts[topic], log)
+			// The coordinator's side of the history: when this member was
+			// given the partition, and the lane (claim id) that claims it.
+			// internal/history's Assignment reads this line.
+			l.log.Info("claiming partition", zap.Int32("member_epoch", epoch))
 			if berr := blocked[topic]; berr != nil {
 				// Fetch from where the partition stands, paused; the lane
 				// claims once the new count is acknowledged.
@@ -106,7 +117,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 				parts[p] = kgo.NewOffset().At(start).WithEpoch(-1)
 				l.block(start)
 			} else {
-				claimed, err := c.claimOne(ctx, cl, l, start, g)
+				claimed, err := c.claimOne(ctx, cl, l, start, rd)
 				switch {
 				case errors.Is(err, sink.ErrFenced):
 					// A higher token holds the partition: this member is
@@ -135,50 +146,89 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 	return offsets, nil
 }
 
+// maxClaimRounds bounds the rounds of one claim: a round ends in a claim,
+// or in a bump or a changed epoch that needs another round. Past it the
+// group session is abandoned and rejoined.
+const maxClaimRounds = 8
+
 // claimOne claims l's partition, retrying transient errors within ctx, and
 // sets the lane's token and next offset.
 //
-// The token is (incarnation, epoch), and the order of the steps is what
-// makes it safe:
+// The token is (incarnation, epoch). The epoch is the classic generation, or
+// under KIP-848 the group epoch as the coordinator reported it while this
+// member held the partition. Each round of a claim takes three steps, and
+// their order is what keeps tokens ordered across group lifetimes:
 //
-//  1. read the group's incarnation from Postgres;
-//  2. have the group coordinator confirm that l's epoch is this member's
-//     current one and that it holds the partition (a zombie is refused here);
-//  3. claim with (incarnation read in 1, epoch).
+//  1. register: read the group's incarnation I and raise its registered high
+//     epoch to ours (sink.Store.Register);
+//  2. confirm: the group coordinator says that our epoch is current and that
+//     we hold the partition (a zombie is refused here);
+//  3. claim with (I, epoch), which Postgres accepts only while I is the
+//     group's current incarnation and the stored token is lower.
 //
 // Deleting a group, or letting it expire while empty, restarts its epochs at
-// 1, so the first claims after a reset are rejected by the old, higher
-// tokens. A rejection by the same incarnation with an epoch at or above ours,
-// although the coordinator confirmed ours after we read the incarnation, can
-// only mean the epochs restarted: claimOne bumps the incarnation by
-// compare-and-set and starts over, which fences every token of the old
-// incarnation.
+// 1. A member of the dead lifetime registered its epoch before its
+// confirmation, hence before the reset; the first claimant of the new
+// lifetime registers after it, so it finds a registered epoch above its own
+// although the coordinator confirms its own: the epochs restarted. It bumps
+// I (compare-and-set) and starts over, and every token of the old lifetime
+// is below every token of the new one, whichever claim reaches Postgres
+// first. This does not depend on a claim being rejected: a partition with no
+// fencing row, or stored epochs below the new lifetime's, are covered too.
 //
-// Why step 1 comes before step 2: a worker paused between confirming and
-// claiming may wake after a reset and a bump. Had it read the incarnation
-// after the pause, it would pair its old, high epoch with the new
-// incarnation and beat the legitimate post-reset owner. Read before the
-// confirmation, its incarnation is the old one and its claim loses.
-func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start int64, g *grant) (sink.Claimed, error) {
-	if c.cfg.Hooks.BeforeClaim != nil {
-		c.cfg.Hooks.BeforeClaim(ctx, l.key, sink.Token{Epoch: l.epoch})
+// Why register before confirming: a worker frozen between its confirmation
+// and its claim (a GC pause, a slow network) may wake after a reset. Its
+// registration then predates the reset and is seen by the new lifetime; its
+// incarnation was read before the reset, so its claim carries the old one.
+//
+// A tie (the stored token is ours exactly, claimed by another claimant)
+// cannot be settled by the epoch: once the coordinator confirms us again,
+// we bump too. A bump never lets anyone in (sink.Store.BumpIncarnation).
+// docs/fencing.md walks through it; the Promela model in docs/model checks it.
+func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start int64, rd *round) (sink.Claimed, error) {
+	v := int32(-1) // KIP-848: learn the group epoch first
+	if c.cfg.Protocol != NextGen {
+		v = l.epoch
 	}
-	for round := 0; ; round++ {
-		if g == nil || round > 0 {
+	if rd != nil {
+		v = rd.epoch
+	}
+	tie := false
+	for n := 0; n < maxClaimRounds; n++ {
+		if rd == nil {
 			var err error
-			if g, err = c.readGrant(ctx, cl, l.owner, l.epoch, []string{l.key.Topic}); err != nil {
+			if rd, err = c.prepare(ctx, cl, l.owner, l.epoch, v, []string{l.key.Topic}); err != nil {
 				return sink.Claimed{}, err
 			}
+			v = rd.epoch
 		}
-		if !g.holds(l.key.Topic, l.key.Partition) {
+		r := rd
+		rd = nil // the next round registers and confirms again
+		if !r.grant.holds(l.key.Topic, l.key.Partition) {
 			return sink.Claimed{}, fmt.Errorf("%w: the group coordinator does not confirm that member %s holds %s at epoch %d",
 				sink.ErrFenced, l.owner, l.key, l.epoch)
 		}
-		token := sink.Token{Incarnation: g.inc, Epoch: l.epoch}
+		if c.cfg.Protocol == NextGen && r.grant.groupEpoch != v {
+			// The group epoch moved between our registration and the
+			// confirmation: register the current one.
+			v = r.grant.groupEpoch
+			continue
+		}
+		if r.reg.HighEpoch > v || tie {
+			if err := c.bump(ctx, l, r, v, tie); err != nil {
+				return sink.Claimed{}, err
+			}
+			tie = false
+			continue
+		}
+		token := sink.Token{Incarnation: r.reg.Incarnation, Epoch: v}
+		if c.cfg.Hooks.BeforeClaim != nil {
+			c.cfg.Hooks.BeforeClaim(ctx, l.key, token)
+		}
 		var claimed sink.Claimed
 		err := c.retry(ctx, "claim", l.log, func() (err error) {
 			claimed, err = c.store.Claim(ctx, sink.ClaimRequest{
-				Partition: l.key, Token: token, Owner: l.owner,
+				Partition: l.key, Token: token, Owner: l.owner, ClaimID: l.claimID,
 				StartOffset: start, PartitionCount: l.partitions,
 			})
 			return err
@@ -192,39 +242,70 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 			return claimed, nil
 		}
 		var fe *sink.FencedError
-		if !errors.As(err, &fe) || !fe.Found || round >= 3 {
+		if !errors.As(err, &fe) {
 			return sink.Claimed{}, err
 		}
-		switch {
-		case g.inc < fe.Current.Incarnation:
-			continue // bumped after we read it: read, confirm and claim again
-		case g.inc > fe.Current.Incarnation:
-			return sink.Claimed{}, err // cannot happen: our token would be higher
-		}
-		reason := fmt.Sprintf("epoch %d of member %s is current for %s but %s (owner %s) is stored: the group's epochs restarted",
-			l.epoch, l.owner, l.key, fe.Current, fe.CurrentOwner)
-		var now int64
-		var bumped bool
-		if err := c.retry(ctx, "bumping incarnation", l.log, func() (err error) {
-			now, bumped, err = c.store.BumpIncarnation(ctx, c.cfg.Group, g.inc, l.owner, reason)
-			return err
-		}); err != nil {
-			return sink.Claimed{}, err
-		}
-		if bumped {
-			c.stats.resets.Add(1)
-		}
-		l.log.Warn("group epochs restarted: new incarnation", zap.Int64("from", g.inc), zap.Int64("to", now),
-			zap.Bool("bumped_here", bumped), zap.String("reason", reason))
+		// Rejected. Another round finds out why: a newer incarnation (we
+		// register under it), a higher token (the coordinator no longer
+		// confirms us, or the epochs restarted), or a tie.
+		tie = fe.Tie()
+		l.log.Info("claim rejected; registering and confirming again", zap.Error(err), zap.Int("round", n+1))
 	}
+	return sink.Claimed{}, fmt.Errorf("claiming %s: no accepted claim after %d rounds of registering and confirming", l.key, maxClaimRounds)
 }
 
-// grant is what the coordinator confirmed about this member, after the
-// incarnation inc was read.
+// bump moves the group's incarnation on from the one registered in r, once
+// the coordinator has confirmed epoch v after that registration: either an
+// epoch above v was registered (the group's epochs restarted) or a claim at
+// our very token is stored (tie).
+func (c *Consumer) bump(ctx context.Context, l *lane, r *round, v int32, tie bool) error {
+	why := "the group's epochs restarted"
+	reason := fmt.Sprintf("epoch %d of member %s is confirmed for %s but epoch %d is registered under incarnation %d: the group's epochs restarted",
+		v, l.owner, l.key, r.reg.HighEpoch, r.reg.Incarnation)
+	restarted := r.reg.HighEpoch > v
+	if !restarted {
+		why = "a tie: another claim holds the same token"
+		reason = fmt.Sprintf("epoch %d of member %s is confirmed for %s but another claim holds token %d.%d: a tie (or a reset that left the epochs where they were)",
+			v, l.owner, l.key, r.reg.Incarnation, v)
+	}
+	var now int64
+	var bumped bool
+	if err := c.retry(ctx, "bumping incarnation", l.log, func() (err error) {
+		now, bumped, err = c.store.BumpIncarnation(ctx, c.cfg.Group, r.reg.Incarnation, l.owner, reason)
+		return err
+	}); err != nil {
+		return err
+	}
+	if bumped {
+		c.stats.resets.Add(1)
+	}
+	log := l.log.Info
+	if restarted {
+		log = l.log.Warn
+	}
+	log(IncarnationMovedOn, zap.String("why", why), zap.Int64("from", r.reg.Incarnation), zap.Int64("to", now),
+		zap.Bool("bumped_here", bumped), zap.String("reason", reason))
+	return nil
+}
+
+// IncarnationMovedOn is the message a worker logs when a claim of its moves
+// the group's incarnation on (field why: a reset of the group's epochs, or
+// a tie).
+const IncarnationMovedOn = "incarnation moved on"
+
+// round is one round's first two steps: the registration of epoch, then the
+// coordinator's confirmation.
+type round struct {
+	epoch int32 // the epoch registered, to claim with
+	reg   sink.Registration
+	grant *grant
+}
+
+// grant is what the coordinator confirmed about this member.
 type grant struct {
-	inc     int64
-	current bool                      // the member's epoch is current
-	parts   map[string]map[int32]bool // KIP-848: partitions the coordinator says the member holds; nil: all
+	current    bool                      // the member's epoch is current
+	parts      map[string]map[int32]bool // KIP-848: partitions the coordinator says the member holds; nil: all
+	groupEpoch int32                     // KIP-848: the group epoch; classic: the generation confirmed
 }
 
 func (g *grant) holds(topic string, p int32) bool {
@@ -234,32 +315,53 @@ func (g *grant) holds(topic string, p int32) bool {
 	return g.parts == nil || g.parts[topic][p]
 }
 
-// readGrant reads the group's incarnation, then asks the coordinator whether
-// epoch is member's current epoch (see claimOne for why in this order).
+// prepare registers epoch v and then has the coordinator confirm that member
+// is current at memberEpoch and holds its partitions of topics (see
+// claimOne for why in this order). Under KIP-848 the epoch to register is
+// the group epoch; v < 0 asks the coordinator for it first.
 //
 // Classic: a heartbeat carrying the generation and member id is accepted
 // only if both are current (else ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID;
 // REBALANCE_IN_PROGRESS also means the generation matched); a classic
-// member's partitions are fixed per generation, and the claim runs in the
-// session that assigned them.
+// member's partitions are fixed per generation.
 //
 // KIP-848: epochs are per member, so the group is described instead: the
-// member must exist at epoch or later, and the partition must be in its
-// current assignment.
-func (c *Consumer) readGrant(ctx context.Context, cl *kgo.Client, member string, epoch int32, topics []string) (*grant, error) {
-	g := &grant{}
-	if err := c.retry(ctx, "reading incarnation", c.log, func() (err error) {
-		g.inc, err = c.store.Incarnation(ctx, c.cfg.Group)
+// member must exist at memberEpoch or later, and the partition must be in
+// its current assignment, which the coordinator gives to one member at a
+// time.
+func (c *Consumer) prepare(ctx context.Context, cl *kgo.Client, member string, memberEpoch, v int32, topics []string) (*round, error) {
+	if v < 0 {
+		g, err := c.confirm(ctx, cl, member, memberEpoch, topics)
+		if err != nil {
+			return nil, err
+		}
+		if !g.current {
+			return &round{epoch: memberEpoch, grant: g}, nil
+		}
+		v = g.groupEpoch
+	}
+	r := &round{epoch: v}
+	if err := c.retry(ctx, "registering the epoch", c.log, func() (err error) {
+		r.reg, err = c.store.Register(ctx, c.cfg.Group, v, member)
 		return err
 	}); err != nil {
 		return nil, err
 	}
+	var err error
+	r.grant, err = c.confirm(ctx, cl, member, memberEpoch, topics)
+	return r, err
+}
+
+// confirm asks the coordinator whether member is current at memberEpoch.
+func (c *Consumer) confirm(ctx context.Context, cl *kgo.Client, member string, memberEpoch int32, topics []string) (*grant, error) {
+	g := &grant{}
 	err := c.retry(ctx, "confirming the epoch with the group coordinator", c.log, func() error {
 		var err error
 		if c.cfg.Protocol == NextGen {
-			g.current, g.parts, err = c.describeMember(ctx, cl, member, epoch, topics)
+			g.current, g.parts, g.groupEpoch, err = c.describeMember(ctx, cl, member, memberEpoch, topics)
 		} else {
-			g.current, err = c.heartbeat(ctx, cl, member, epoch)
+			g.current, err = c.heartbeat(ctx, cl, member, memberEpoch)
+			g.groupEpoch = memberEpoch
 		}
 		return err
 	})
@@ -285,11 +387,11 @@ func (c *Consumer) heartbeat(ctx context.Context, cl *kgo.Client, member string,
 	}
 }
 
-func (c *Consumer) describeMember(ctx context.Context, cl *kgo.Client, member string, epoch int32, topics []string) (bool, map[string]map[int32]bool, error) {
+func (c *Consumer) describeMember(ctx context.Context, cl *kgo.Client, member string, epoch int32, topics []string) (bool, map[string]map[int32]bool, int32, error) {
 	// kfake describes assignments by topic id only; map ids to names.
 	td, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
 	if err != nil {
-		return false, nil, err
+		return false, nil, 0, err
 	}
 	names := map[[16]byte]string{}
 	for _, d := range td {
@@ -301,23 +403,24 @@ func (c *Consumer) describeMember(ctx context.Context, cl *kgo.Client, member st
 	req.Groups = []string{c.cfg.Group}
 	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
-		return false, nil, err
+		return false, nil, 0, err
 	}
 	if len(resp.Groups) != 1 {
-		return false, nil, errors.New("malformed consumer group describe response")
+		return false, nil, 0, errors.New("malformed consumer group describe response")
 	}
-	if err := kerr.ErrorForCode(resp.Groups[0].ErrorCode); err != nil {
+	grp := resp.Groups[0]
+	if err := kerr.ErrorForCode(grp.ErrorCode); err != nil {
 		if errors.Is(err, kerr.GroupIDNotFound) {
-			return false, nil, nil
+			return false, nil, 0, nil
 		}
-		return false, nil, err
+		return false, nil, 0, err
 	}
-	for _, m := range resp.Groups[0].Members {
+	for _, m := range grp.Members {
 		if m.MemberID != member {
 			continue
 		}
-		if m.MemberEpoch < epoch {
-			return false, nil, nil
+		if m.MemberEpoch < epoch || grp.Epoch < m.MemberEpoch {
+			return false, nil, 0, nil
 		}
 		parts := map[string]map[int32]bool{}
 		for _, t := range m.Assignment.TopicPartitions {
@@ -332,9 +435,9 @@ func (c *Consumer) describeMember(ctx context.Context, cl *kgo.Client, member st
 				parts[name][p] = true
 			}
 		}
-		return true, parts, nil
+		return true, parts, grp.Epoch, nil
 	}
-	return false, nil, nil
+	return false, nil, 0, nil
 }
 
 // partitionCountsOf asks the cluster for the topics' partition counts with

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -53,6 +54,10 @@ type lane struct {
 	owner      string
 	epoch      int32 // the member epoch the partition was assigned at
 	partitions int32 // the topic's partition count at assignment
+	// claimID identifies this lane's claim in Postgres: a claim at the very
+	// token stored by another lane (even one of the same member) is a tie,
+	// and commits must carry it.
+	claimID int64
 
 	// Set by the claim, then read by the lane goroutine only.
 	token   sink.Token
@@ -79,8 +84,13 @@ type lane struct {
 
 func newLane(c *Consumer, key sink.Partition, owner string, epoch, partitions int32, log *zap.Logger) *lane {
 	ctx, cancel := context.WithCancel(context.Background())
+	// Never 0 (0 is "no claimant id"), and below 2^53 so that the id
+	// survives JSON tools that read numbers as doubles (log processors,
+	// the test harness).
+	claimID := rand.Int64N(1<<53-1) + 1
+	log = log.With(zap.Int64("claim_id", claimID))
 	return &lane{
-		c: c, key: key, owner: owner, epoch: epoch, partitions: partitions, log: log, baseLog: log,
+		c: c, key: key, owner: owner, epoch: epoch, partitions: partitions, claimID: claimID, log: log, baseLog: log,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
 	}
@@ -522,7 +532,7 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 	// settled by the fence.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
-	req := sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, From: b.From, To: b.To}
+	req := sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To}
 	if err := l.c.store.Commit(cctx, tx, req); err != nil {
 		if errors.Is(err, sink.ErrFenced) {
 			return err

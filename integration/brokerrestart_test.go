@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/testdb"
 )
 
@@ -212,7 +213,7 @@ func testBrokerRestart(t *testing.T, proto string, sig syscall.Signal) {
 	}
 	t.Logf("%d jobs, %d fenced commits; claims in order: %s", len(h.Writes), fenceLogCount(h, "commit"), strings.Join(claims, " "))
 	for _, w := range ws {
-		if m := w.findLog(map[string]any{"msg": "group epochs restarted: new incarnation"}); m != nil {
+		if m := w.findLog(map[string]any{"msg": consumer.IncarnationMovedOn}); m != nil {
 			t.Logf("%s: %v", w.name, m["reason"])
 		}
 	}

@@ -16,9 +16,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
+	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/internal/testdb"
 )
 
@@ -59,6 +61,10 @@ type env struct {
 	topic   string
 	group   string
 	cl      *kgo.Client
+	cluster *kfake.Cluster // the in-process broker; nil on a real cluster
+
+	mu      sync.Mutex
+	workers []*worker // every worker started, for the coordinator's side of the history
 }
 
 func newEnv(t *testing.T, partitions int32) *env {
@@ -84,6 +90,7 @@ func newEnvWith(t *testing.T, partitions int32, brokerConfigs map[string]string)
 		}
 		t.Cleanup(c.Close)
 		e.brokers = c.ListenAddrs()
+		e.cluster = c
 	}
 	e.pool = testdb.Pool(t)
 	e.dbURL = testdb.URL()
@@ -181,6 +188,9 @@ func (e *env) startWorker(name string, extra ...string) *worker {
 		e.t.Fatal(err)
 	}
 	w := &worker{t: e.t, name: name, cmd: cmd, done: make(chan struct{})}
+	e.mu.Lock()
+	e.workers = append(e.workers, w)
+	e.mu.Unlock()
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -208,6 +218,26 @@ func (e *env) startWorker(name string, extra ...string) *worker {
 		}
 	})
 	return w
+}
+
+// assignments reads, from every worker's log, when each was given which
+// partition and the claim id its lane claimed with: the coordinator's side
+// of the history (history.CheckOwnership).
+func (e *env) assignments() []history.Assignment {
+	e.mu.Lock()
+	ws := append([]*worker(nil), e.workers...)
+	e.mu.Unlock()
+	var out []history.Assignment
+	for _, w := range ws {
+		w.mu.Lock()
+		for _, m := range w.logs {
+			if a, ok := history.ParseAssignment(e.group, m); ok {
+				out = append(out, a)
+			}
+		}
+		w.mu.Unlock()
+	}
+	return out
 }
 
 func tail(s []string, n int) []string {

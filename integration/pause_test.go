@@ -155,10 +155,11 @@ var (
 	abandoned      = map[string]any{"msg": "batch abandoned: lane stopped"}
 )
 
-// checkHistory loads what Postgres recorded and verifies G1-G3 and that no
-// export went backwards; every produced job up to the high watermark must be
-// committed exactly once.
-func checkHistory(t *testing.T, e *env, partition int32) *history.History {
+// checkHistory loads what Postgres recorded and verifies G1-G3, that no
+// export went backwards, and the coordinator's side (history.CheckOwnership
+// over the assignments the workers logged); every produced job of the given
+// partitions up to the high watermark must be committed exactly once.
+func checkHistory(t *testing.T, e *env, partitions ...int32) *history.History {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -166,17 +167,29 @@ func checkHistory(t *testing.T, e *env, partition int32) *history.History {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hwm := e.highWatermark(partition)
-	offs := make([]int64, hwm)
-	for i := range offs {
-		offs[i] = int64(i)
+	produced := map[history.TopicPartition][]int64{}
+	total := 0
+	for _, p := range partitions {
+		hwm := e.highWatermark(p)
+		offs := make([]int64, hwm)
+		for i := range offs {
+			offs[i] = int64(i)
+		}
+		produced[history.TopicPartition{Topic: e.topic, Partition: p}] = offs
+		total += int(hwm)
 	}
-	produced := map[history.TopicPartition][]int64{{Topic: e.topic, Partition: partition}: offs}
 	for _, v := range h.Check(produced) {
 		t.Errorf("violation: %s", v)
 	}
-	if got := len(h.Writes); got != int(hwm) {
-		t.Errorf("%d jobs produced, %d export writes committed", hwm, got)
+	vs, unmatched := history.CheckOwnership(h.Log, e.assignments())
+	for _, v := range vs {
+		t.Errorf("violation: %s", v)
+	}
+	for _, u := range unmatched {
+		t.Errorf("fence log entry #%d (%s by %q, claim id %d) matches no assignment a worker logged", u.ID, u.Kind, u.Owner, u.ClaimID)
+	}
+	if got := len(h.Writes); got != total {
+		t.Errorf("%d jobs produced, %d export writes committed", total, got)
 	}
 	return h
 }

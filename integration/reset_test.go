@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/tenure-dev/tenure/consumer"
 )
 
 // Deleting the group restarts its epochs at 1, below the tokens stored in
@@ -43,7 +45,7 @@ func TestGroupDeletedWorkersResumeAndZombieStaysFenced(t *testing.T) {
 			deleteGroupWhenEmpty(t, e)
 
 			n := e.startWorker("N", "--protocol", proto)
-			n.waitLog(60*time.Second, map[string]any{"msg": "group epochs restarted: new incarnation"})
+			n.waitLog(60*time.Second, map[string]any{"msg": consumer.IncarnationMovedOn})
 			claimed := n.waitLog(60*time.Second, map[string]any{"msg": "partition claimed"})
 			if !tokenLess(t, held["token"].(string), claimed["token"].(string)) {
 				t.Fatalf("N's token %v is not above the zombie's %v", claimed["token"], held["token"])
@@ -93,7 +95,7 @@ func TestExpiredGroupWorkersResume(t *testing.T) {
 
 	e.produce(jobsFor(keys, 20, 10)...)
 	n := e.startWorker("N")
-	n.waitLog(60*time.Second, map[string]any{"msg": "group epochs restarted: new incarnation"})
+	n.waitLog(60*time.Second, map[string]any{"msg": consumer.IncarnationMovedOn})
 	waitCommitted(t, e, 0, 30, "")
 	n.stop(30 * time.Second)
 	checkHistory(t, e, 0)

@@ -2,10 +2,12 @@
 # The test command (README, `make test`, CI): sets up what the tests need on
 # a fresh Debian machine, then runs every check.
 #
-#   1. tools: a C compiler for -race (installed with apt-get if missing, as root)
+#   1. tools: a C compiler for -race and spin for the model check (installed
+#      with apt-get if missing, as root)
 #   2. PostgreSQL at TENURE_TEST_DATABASE_URL or the local default (scripts/ensure-postgres.sh)
 #   3. go vet and a gofmt check
-#   4. all tests (integration and the short chaos run included), then -race on
+#   4. the model check of the ownership protocol (scripts/model-check.sh)
+#   5. all tests (integration and the short chaos run included), then -race on
 #      the core packages
 #
 # Kafka needs nothing: tests start franz-go's kfake on loopback ports, or use
@@ -16,14 +18,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 command -v go >/dev/null || export PATH="$PATH:/usr/local/go/bin"
 go version
 
-if ! command -v gcc >/dev/null; then
+missing=()
+command -v gcc >/dev/null || missing+=(gcc libc6-dev)
+command -v spin >/dev/null || missing+=(spin)
+if ((${#missing[@]})); then
 	if [[ $EUID -ne 0 ]]; then
-		echo "test: go test -race needs gcc; install it (apt-get install gcc libc6-dev) or run as root" >&2
+		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check); install them with apt-get or run as root" >&2
 		exit 1
 	fi
-	echo "test: installing gcc for the race detector"
+	echo "test: installing ${missing[*]}"
 	timeout 600 apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq gcc libc6-dev >/dev/null
+	DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 bash scripts/ensure-postgres.sh
@@ -37,6 +42,9 @@ if [[ -n $unformatted ]]; then
 	echo "$unformatted" >&2
 	exit 1
 fi
+
+echo "== model check"
+bash scripts/model-check.sh
 
 echo "== go test (every package but the chaos run)"
 go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)

@@ -122,6 +122,7 @@ func TestClaim(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
 			do := func(s step) (sink.Claimed, error) {
+				e.raiseIncarnation(part.Group, s.token.Incarnation)
 				return e.store.Claim(e.ctx, sink.ClaimRequest{Partition: part, Token: s.token, Owner: s.owner, StartOffset: s.start, PartitionCount: s.count})
 			}
 			for _, s := range c.before {
@@ -142,6 +143,9 @@ func TestClaim(t *testing.T) {
 				}
 				want := sink.FencedError{Op: "claim", Partition: part, Presented: c.claim.token, Owner: c.claim.owner, From: -1,
 					Found: true, Current: c.wantToken, CurrentOwner: c.wantOwner, NextOffset: c.wantNext}
+				if c.wantToken.Incarnation > c.claim.token.Incarnation {
+					want.StaleIncarnation, want.GroupIncarnation = true, c.wantToken.Incarnation
+				}
 				if *fe != want {
 					t.Errorf("FencedError = %+v\nwant          %+v", *fe, want)
 				}
@@ -183,7 +187,8 @@ func TestClaim(t *testing.T) {
 }
 
 // Rows are per (group, topic, partition): a high token on one does not
-// fence another.
+// fence another. (The incarnation is the group's: claims of other
+// partitions carry the current one.)
 func TestClaimPartitionsAreIndependent(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -193,7 +198,11 @@ func TestClaimPartitionsAreIndependent(t *testing.T) {
 		{Group: part.Group, Topic: "other-topic", Partition: part.Partition},
 		{Group: "other-group", Topic: part.Topic, Partition: part.Partition},
 	} {
-		if next := e.mustClaim(t, p, tok(0, 1), "b", 20); next != 20 {
+		inc := int64(5)
+		if p.Group != part.Group {
+			inc = 0
+		}
+		if next := e.mustClaim(t, p, tok(inc, 1), "b", 20); next != 20 {
 			t.Errorf("first claim of %s: next offset %d, want 20", p, next)
 		}
 	}

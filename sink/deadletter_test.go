@@ -19,11 +19,16 @@ func (e *env) park(t testing.TB, d sink.DeadLetter) sink.DeadLetter {
 	t.Helper()
 	p := d.Partition
 	if d.Token == (sink.Token{}) {
-		d.Token = tok(0, 1)
+		inc, err := e.store.Incarnation(e.ctx, p.Group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Token = tok(inc, 1)
 	}
 	if d.Owner == "" {
 		d.Owner = "owner"
 	}
+	e.raiseIncarnation(p.Group, d.Token.Incarnation)
 	from, err := e.store.Claim(e.ctx, sink.ClaimRequest{Partition: p, Token: d.Token, Owner: d.Owner, StartOffset: d.Offset, PartitionCount: 12})
 	if err != nil {
 		t.Fatalf("claim: %v", err)

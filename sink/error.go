@@ -27,6 +27,7 @@ type FencedError struct {
 	Partition Partition
 	Presented Token
 	Owner     string
+	ClaimID   int64 // the caller's claim id
 	From      int64 // the next offset the caller believed in (commit only)
 
 	// What the fencing row held when the rejection was inspected. Found is
@@ -34,10 +35,25 @@ type FencedError struct {
 	Found        bool
 	Current      Token
 	CurrentOwner string
+	CurrentClaim int64
 	NextOffset   int64
+
+	// StaleIncarnation (claims only): the claim's incarnation is not the
+	// group's current one, GroupIncarnation; the claimant must register
+	// again.
+	StaleIncarnation bool
+	GroupIncarnation int64
 }
 
 func (e *FencedError) Error() string {
+	if e.StaleIncarnation {
+		held := ""
+		if e.Found {
+			held = fmt.Sprintf("; token %s held by %q (next offset %d)", e.Current, e.CurrentOwner, e.NextOffset)
+		}
+		return fmt.Sprintf("%s of %s with token %s by %q rejected: incarnation %d is not the group's current one (%d)%s",
+			e.Op, e.Partition, e.Presented, e.Owner, e.Presented.Incarnation, e.GroupIncarnation, held)
+	}
 	if !e.Found {
 		return fmt.Sprintf("%s of %s with token %s by %q rejected: no fencing row (deleted?)",
 			e.Op, e.Partition, e.Presented, e.Owner)
@@ -46,12 +62,22 @@ func (e *FencedError) Error() string {
 		return fmt.Sprintf("%s of %s with token %s by %q rejected: it started at offset %d but the stored next offset is %d",
 			e.Op, e.Partition, e.Presented, e.Owner, e.From, e.NextOffset)
 	}
+	if e.Tie() {
+		return fmt.Sprintf("%s of %s with token %s by %q rejected: another claim of %q holds the same token (next offset %d)",
+			e.Op, e.Partition, e.Presented, e.Owner, e.CurrentOwner, e.NextOffset)
+	}
 	return fmt.Sprintf("%s of %s with token %s by %q rejected: token %s held by %q won (next offset %d)",
 		e.Op, e.Partition, e.Presented, e.Owner, e.Current, e.CurrentOwner, e.NextOffset)
 }
 
+// Tie reports whether the row holds the very token presented, claimed by
+// another claimant (another member, or another lane of the same member).
+func (e *FencedError) Tie() bool {
+	return e.Found && !e.StaleIncarnation && e.Current == e.Presented && (e.CurrentOwner != e.Owner || e.CurrentClaim != e.ClaimID)
+}
+
 func (e *FencedError) mismatch() bool {
-	return e.Op == "commit" && e.Found && e.Current == e.Presented && e.CurrentOwner == e.Owner
+	return e.Op == "commit" && e.Found && e.Current == e.Presented && e.CurrentOwner == e.Owner && e.CurrentClaim == e.ClaimID
 }
 
 // Is makes errors.Is(err, ErrFenced) true, and ErrOffsetMismatch true when the

@@ -3,6 +3,7 @@ package sink_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -85,9 +86,25 @@ var part = sink.Partition{Group: "g", Topic: "t", Partition: 0}
 
 func tok(inc int64, epoch int32) sink.Token { return sink.Token{Incarnation: inc, Epoch: epoch} }
 
-// claim presents a claim with partition count 12.
+// claim presents a claim with partition count 12, after moving the group's
+// incarnation up to the token's (as a worker's bump would have): claims are
+// accepted only at the group's current incarnation.
 func (e *env) claim(p sink.Partition, t sink.Token, owner string, start int64) (sink.Claimed, error) {
+	e.raiseIncarnation(p.Group, t.Incarnation)
 	return e.store.Claim(e.ctx, sink.ClaimRequest{Partition: p, Token: t, Owner: owner, StartOffset: start, PartitionCount: 12})
+}
+
+// raiseIncarnation moves group's incarnation up to inc if it is below (it
+// never lowers it).
+func (e *env) raiseIncarnation(group string, inc int64) {
+	if inc == 0 {
+		return
+	}
+	if _, err := e.pool.Exec(e.ctx, `INSERT INTO `+e.q()+`.group_incarnations AS g (consumer_group, incarnation, bumped_by, reason)
+		VALUES ($1, $2, 'test', 'test') ON CONFLICT (consumer_group) DO UPDATE SET incarnation = excluded.incarnation, high_epoch = 0
+		WHERE g.incarnation < excluded.incarnation`, group, inc); err != nil {
+		panic(fmt.Sprintf("raising the incarnation of %s to %d: %v", group, inc, err))
+	}
 }
 
 // mustClaim claims and fails the test unless the claim is accepted.

@@ -1,6 +1,7 @@
 package sink_test
 
 import (
+	"errors"
 	"math"
 	"sync"
 	"testing"
@@ -159,5 +160,116 @@ func TestClaimHigherIncarnationBeatsAnyEpoch(t *testing.T) {
 		if f := e.mustGet(t, p); f.Token != tok(1, 1) || f.Owner != "fresh" || f.NextOffset != 20 {
 			t.Fatalf("fence row %+v", f)
 		}
+	}
+}
+
+// Register raises the incarnation's high epoch and returns it with the
+// incarnation; a bump starts the next incarnation's high epoch at 0.
+func TestRegisterHighEpoch(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	reg := func(epoch int32) sink.Registration {
+		t.Helper()
+		r, err := e.store.Register(e.ctx, "g", epoch, "m")
+		if err != nil {
+			t.Fatalf("Register(%d): %v", epoch, err)
+		}
+		return r
+	}
+	for _, c := range []struct {
+		epoch int32
+		want  sink.Registration
+	}{{3, sink.Registration{0, 3}}, {1, sink.Registration{0, 3}}, {5, sink.Registration{0, 5}}, {5, sink.Registration{0, 5}}} {
+		if got := reg(c.epoch); got != c.want {
+			t.Fatalf("Register(%d) = %+v, want %+v", c.epoch, got, c.want)
+		}
+	}
+	if inc, moved, err := e.store.BumpIncarnation(e.ctx, "g", 0, "m", "test"); err != nil || !moved || inc != 1 {
+		t.Fatalf("bump: %d %v %v", inc, moved, err)
+	}
+	if got := reg(2); got != (sink.Registration{1, 2}) {
+		t.Fatalf("Register(2) after the bump = %+v, want {1 2}", got)
+	}
+	if got, err := e.store.Register(e.ctx, "other", 1, "m"); err != nil || got != (sink.Registration{0, 1}) {
+		t.Fatalf("another group's registration = %+v, %v", got, err)
+	}
+	if _, err := e.store.Register(e.ctx, "g", -1, "m"); err == nil {
+		t.Fatal("a negative epoch was registered")
+	}
+
+	// Concurrent registrations end at the highest, each seeing at least its own.
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := e.store.Register(e.ctx, "race", int32(10+i), "m")
+			if err != nil || r.HighEpoch < int32(10+i) {
+				t.Errorf("Register(%d) = %+v, %v", 10+i, r, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if r := func() sink.Registration { r, _ := e.store.Register(e.ctx, "race", 0, "m"); return r }(); r.HighEpoch != 25 {
+		t.Fatalf("high epoch after concurrent registrations = %d, want 25", r.HighEpoch)
+	}
+}
+
+// Issue 7's second path: once the group's incarnation has moved on, a claim
+// carrying an older one is rejected even where no fencing row exists, so a
+// zombie from before the reset cannot insert one with its high old epoch.
+func TestClaimNeedsCurrentIncarnation(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	p := sink.Partition{Group: "g", Topic: "t", Partition: 7}
+	if _, _, err := e.store.BumpIncarnation(e.ctx, "g", 0, "fresh", "epochs restarted"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.store.Claim(e.ctx, sink.ClaimRequest{Partition: p, Token: tok(0, math.MaxInt32), Owner: "zombie", PartitionCount: 12})
+	fe := asFenced(t, err)
+	if !fe.StaleIncarnation || fe.GroupIncarnation != 1 || fe.Found {
+		t.Fatalf("rejection %+v: want a stale incarnation (group at 1), no row", *fe)
+	}
+	if _, err := e.store.Get(e.ctx, p); err == nil {
+		t.Fatal("the rejected claim left a fencing row")
+	}
+	if len(e.fenceLog(t, p)) != 0 {
+		t.Fatal("the rejected claim is in the fence log")
+	}
+	e.mustClaim(t, p, tok(1, 1), "fresh", 0)
+}
+
+// Two claimants at the very same token: the second is a tie and is
+// rejected, even with the same member id (another lane); the first may
+// retry its claim; commits must carry the claim id that holds the row.
+func TestClaimTieAndClaimID(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	claim := func(owner string, id int64) error {
+		_, err := e.store.Claim(e.ctx, sink.ClaimRequest{Partition: part, Token: tok(0, 5), Owner: owner, ClaimID: id, PartitionCount: 12})
+		return err
+	}
+	if err := claim("m", 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		owner string
+		id    int64
+	}{{"m", 2}, {"other", 1}} {
+		fe := asFenced(t, claim(c.owner, c.id))
+		if !fe.Tie() || fe.CurrentClaim != 1 {
+			t.Fatalf("claim by %s/%d: %+v, want a tie with claim 1", c.owner, c.id, *fe)
+		}
+	}
+	if err := claim("m", 1); err != nil {
+		t.Fatalf("a retried claim by the same claimant: %v", err)
+	}
+	err := e.commit(t, sink.CommitRequest{Partition: part, Token: tok(0, 5), Owner: "m", ClaimID: 2, From: 0, To: 3})
+	if fe := asFenced(t, err); errors.Is(err, sink.ErrOffsetMismatch) || fe.CurrentClaim != 1 {
+		t.Fatalf("commit by another lane of the same member: %v", err)
+	}
+	e.mustCommit(t, sink.CommitRequest{Partition: part, Token: tok(0, 5), Owner: "m", ClaimID: 1, From: 0, To: 3})
+	if f := e.mustGet(t, part); f.ClaimID != 1 || f.NextOffset != 3 {
+		t.Fatalf("fence row %+v", f)
 	}
 }

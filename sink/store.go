@@ -37,44 +37,52 @@ func NewStore(pool *pgxpool.Pool, schema string) (*Store, error) {
 		schema: schema,
 		// The ON CONFLICT ... WHERE is the whole check: a claim takes the row
 		// only from a strictly lower token, or re-takes it at the same token
-		// by the same owner (a retried claim). partition_count is kept as it
-		// was first recorded, so that a change can be detected by comparing.
-		claimSQL: `WITH c AS (
+		// by the same claimant (a retried claim); and only while its
+		// incarnation is the group's current one (cur): once a reset has been
+		// detected, no claim of an older lifetime lands anywhere in the
+		// group. FOR SHARE orders the claim against a concurrent bump.
+		// partition_count is kept as it was first recorded, so that a change
+		// can be detected by comparing.
+		claimSQL: `WITH cur AS (
+	SELECT coalesce((SELECT incarnation FROM ` + q + `.group_incarnations
+		WHERE consumer_group = $1 FOR SHARE), 0) AS incarnation
+), c AS (
 	INSERT INTO ` + q + `.fences AS f
-		(consumer_group, topic, partition, incarnation, epoch, owner, next_offset, partition_count)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		(consumer_group, topic, partition, incarnation, epoch, owner, next_offset, partition_count, claim_id)
+	SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM cur WHERE cur.incarnation = $4
 	ON CONFLICT (consumer_group, topic, partition) DO UPDATE
 		SET incarnation = excluded.incarnation, epoch = excluded.epoch,
-		    owner = excluded.owner, claimed_at = now()
+		    owner = excluded.owner, claim_id = excluded.claim_id, claimed_at = now()
 		WHERE (f.incarnation, f.epoch) < (excluded.incarnation, excluded.epoch)
-		   OR ((f.incarnation, f.epoch) = (excluded.incarnation, excluded.epoch) AND f.owner = excluded.owner)
+		   OR ((f.incarnation, f.epoch) = (excluded.incarnation, excluded.epoch)
+		       AND f.owner = excluded.owner AND f.claim_id = excluded.claim_id)
 	RETURNING f.next_offset, f.partition_count
 ), l AS (
 	INSERT INTO ` + q + `.fence_log
-		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset)
-	SELECT 'claim', $1, $2, $3, $4, $5, $6, c.next_offset, c.next_offset FROM c
+		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset, claim_id)
+	SELECT 'claim', $1, $2, $3, $4, $5, $6, c.next_offset, c.next_offset, $9 FROM c
 )
 SELECT next_offset, partition_count FROM c`,
-		// Token, owner and the offset this owner last saw must all still
-		// match: any other claim in between, or a commit this caller does not
+		// Token, owner, claimant and the offset this owner last saw must all
+		// still match: any other claim in between, or a commit this caller does not
 		// know about, leaves zero rows and the caller rolls back.
 		commitSQL: `WITH u AS (
 	UPDATE ` + q + `.fences
 	SET next_offset = $8, committed_at = now()
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
-	  AND incarnation = $4 AND epoch = $5 AND owner = $6 AND next_offset = $7
+	  AND incarnation = $4 AND epoch = $5 AND owner = $6 AND claim_id = $9 AND next_offset = $7
 	RETURNING 1
 ), l AS (
 	INSERT INTO ` + q + `.fence_log
-		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset)
-	SELECT 'commit', $1, $2, $3, $4, $5, $6, $7, $8 FROM u
+		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset, claim_id)
+	SELECT 'commit', $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM u
 )
 SELECT count(*) FROM u`,
 		getSQL: `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
-	partition_count, created_at, claimed_at, committed_at
+	partition_count, created_at, claimed_at, committed_at, claim_id
 FROM ` + q + `.fences WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
 		listSQL: `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
-	partition_count, created_at, claimed_at, committed_at
+	partition_count, created_at, claimed_at, committed_at, claim_id
 FROM ` + q + `.fences WHERE ($1 = '' OR consumer_group = $1)
 ORDER BY consumer_group, topic, partition`,
 	}, nil
@@ -96,6 +104,9 @@ type Fence struct {
 	CreatedAt      time.Time
 	ClaimedAt      time.Time
 	CommittedAt    *time.Time
+	// ClaimID identifies the claimant (one lane: one assignment of the
+	// partition to one member); 0 for claimants that did not set one.
+	ClaimID int64
 }
 
 // ClaimRequest asks for ownership of a partition.
@@ -103,6 +114,12 @@ type ClaimRequest struct {
 	Partition Partition
 	Token     Token
 	Owner     string
+	// ClaimID identifies the claimant: one value per lane (an assignment of
+	// the partition to a member), kept by its retries. A claim at the token
+	// already stored is accepted only from the same owner and claim id, and
+	// commits must carry it too, so that two lanes never share a claim even
+	// when they share a member id and an epoch.
+	ClaimID int64
 	// StartOffset is the next offset recorded when the partition has no
 	// fencing row yet (the first claim ever). Later claims ignore it.
 	StartOffset int64
@@ -121,9 +138,14 @@ type Claimed struct {
 
 // Claim takes ownership of a partition for req.Token and req.Owner and returns
 // the offset to resume from. A claim with a token lower than the stored one,
-// or equal to it but by another owner, is rejected with an error matching
-// ErrFenced. An accepted claim fences every earlier token at once, even before
-// the new owner commits anything.
+// or equal to it but by another claimant, or with an incarnation that is not
+// the group's current one, is rejected with an error matching ErrFenced. An
+// accepted claim fences every earlier token at once, even before the new
+// owner commits anything.
+//
+// The incarnation must come from Register, and the epoch must have been
+// registered there before the group coordinator confirmed it: that order is
+// what keeps tokens ordered across group lifetimes (docs/fencing.md).
 func (s *Store) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
 	if req.Owner == "" {
 		return Claimed{}, errors.New("sink: claim needs an owner")
@@ -137,10 +159,18 @@ func (s *Store) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
 	p := req.Partition
 	var c Claimed
 	err := s.pool.QueryRow(ctx, s.claimSQL, p.Group, p.Topic, p.Partition,
-		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.StartOffset, req.PartitionCount).
+		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.StartOffset, req.PartitionCount, req.ClaimID).
 		Scan(&c.NextOffset, &c.PartitionCount)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Claimed{}, s.fenced(ctx, "claim", p, req.Token, req.Owner, -1)
+		ferr := s.fenced(ctx, "claim", p, req.Token, req.Owner, -1)
+		var fe *FencedError
+		if errors.As(ferr, &fe) {
+			fe.ClaimID = req.ClaimID
+			if inc, err := s.Incarnation(ctx, p.Group); err == nil && inc != req.Token.Incarnation {
+				fe.StaleIncarnation, fe.GroupIncarnation = true, inc
+			}
+		}
+		return Claimed{}, ferr
 	}
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim of %s: %w", p, err)
@@ -153,6 +183,7 @@ type CommitRequest struct {
 	Partition Partition
 	Token     Token
 	Owner     string
+	ClaimID   int64 // the claimant's id, as claimed
 	From      int64 // the next offset this owner last saw (its claim, or its last commit's To)
 	To        int64 // the new next offset: the batch's last offset + 1
 }
@@ -170,13 +201,13 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx, req CommitRequest) error 
 	p := req.Partition
 	var n int64
 	if err := tx.QueryRow(ctx, s.commitSQL, p.Group, p.Topic, p.Partition,
-		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To).Scan(&n); err != nil {
+		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID).Scan(&n); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 			// Under REPEATABLE READ or SERIALIZABLE a claim that landed after
 			// the transaction's snapshot shows up as a serialization failure.
 			// If the row has moved to another token, say so.
-			if ferr := s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From); isLost(ferr) {
+			if ferr := withClaim(s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From), req.ClaimID); isLost(ferr) {
 				return ferr
 			}
 		}
@@ -197,10 +228,20 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx, req CommitRequest) error 
 		case errors.Is(err, pgx.ErrNoRows):
 			return &FencedError{Op: "commit", Partition: p, Presented: req.Token, Owner: req.Owner, From: req.From}
 		case err == nil:
-			return fencedFrom("commit", p, req.Token, req.Owner, req.From, f)
+			return withClaim(fencedFrom("commit", p, req.Token, req.Owner, req.From, f), req.ClaimID)
 		}
 	}
-	return s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From)
+	return withClaim(s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From), req.ClaimID)
+}
+
+// withClaim records the caller's claim id on a FencedError, so that it can
+// tell an offset mismatch (our own claim) from a lost claim.
+func withClaim(err error, claimID int64) error {
+	var fe *FencedError
+	if errors.As(err, &fe) {
+		fe.ClaimID = claimID
+	}
+	return err
 }
 
 // Outcome is what Resolve learned about a commit whose result was not seen.
@@ -236,13 +277,13 @@ func (o Outcome) String() string {
 func (s *Store) Resolve(ctx context.Context, req CommitRequest) (Outcome, error) {
 	f, err := s.Get(ctx, req.Partition)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Fenced, &FencedError{Op: "commit", Partition: req.Partition, Presented: req.Token, Owner: req.Owner, From: req.From}
+		return Fenced, &FencedError{Op: "commit", Partition: req.Partition, Presented: req.Token, Owner: req.Owner, ClaimID: req.ClaimID, From: req.From}
 	}
 	if err != nil {
 		return 0, err
 	}
-	if f.Token != req.Token || f.Owner != req.Owner {
-		return Fenced, fencedFrom("commit", req.Partition, req.Token, req.Owner, req.From, f)
+	if f.Token != req.Token || f.Owner != req.Owner || f.ClaimID != req.ClaimID {
+		return Fenced, withClaim(fencedFrom("commit", req.Partition, req.Token, req.Owner, req.From, f), req.ClaimID)
 	}
 	switch f.NextOffset {
 	case req.To:
@@ -250,7 +291,7 @@ func (s *Store) Resolve(ctx context.Context, req CommitRequest) (Outcome, error)
 	case req.From:
 		return NotCommitted, nil
 	}
-	return Fenced, fencedFrom("commit", req.Partition, req.Token, req.Owner, req.From, f)
+	return Fenced, withClaim(fencedFrom("commit", req.Partition, req.Token, req.Owner, req.From, f), req.ClaimID)
 }
 
 // Get reads one fencing row; pgx.ErrNoRows if there is none.
@@ -279,7 +320,7 @@ func (s *Store) List(ctx context.Context, group string) ([]Fence, error) {
 func scanFence(r pgx.Row) (Fence, error) {
 	var f Fence
 	err := r.Scan(&f.Group, &f.Topic, &f.Partition.Partition, &f.Token.Incarnation, &f.Token.Epoch,
-		&f.Owner, &f.NextOffset, &f.PartitionCount, &f.CreatedAt, &f.ClaimedAt, &f.CommittedAt)
+		&f.Owner, &f.NextOffset, &f.PartitionCount, &f.CreatedAt, &f.ClaimedAt, &f.CommittedAt, &f.ClaimID)
 	return f, err
 }
 
@@ -302,12 +343,12 @@ func (s *Store) fenced(ctx context.Context, op string, p Partition, t Token, own
 
 func fencedFrom(op string, p Partition, t Token, owner string, from int64, f Fence) *FencedError {
 	return &FencedError{Op: op, Partition: p, Presented: t, Owner: owner, From: from,
-		Found: true, Current: f.Token, CurrentOwner: f.Owner, NextOffset: f.NextOffset}
+		Found: true, Current: f.Token, CurrentOwner: f.Owner, CurrentClaim: f.ClaimID, NextOffset: f.NextOffset}
 }
 
 // isLost reports whether err is a FencedError that shows another token or
 // owner holding the row (not merely an offset mismatch).
 func isLost(err error) bool {
 	var fe *FencedError
-	return errors.As(err, &fe) && (!fe.Found || fe.Current != fe.Presented || fe.CurrentOwner != fe.Owner)
+	return errors.As(err, &fe) && (!fe.Found || fe.Current != fe.Presented || fe.CurrentOwner != fe.Owner || fe.CurrentClaim != fe.ClaimID)
 }

@@ -45,6 +45,8 @@ func adminCommands() []adminCommand {
 			"grow a topic to N partitions (its groups then hold it until acknowledge-partitions)", runAddPartitions},
 		{"topic acknowledge-partitions", "--brokers HOST:PORT[,..] --database-url URL --group G --topic T [--partitions N] [--schema S] [--actor A]",
 			"accept a topic's new partition count (read from Kafka) for a group, so that its workers resume it", runAcknowledgePartitions},
+		{"group delete", "--brokers HOST:PORT[,..] --database-url URL --group G [--schema S] [--actor A]",
+			"delete an empty consumer group, moving its incarnation on first", runGroupDelete},
 		{"groups", "--brokers HOST:PORT[,..] [--output table|json]",
 			"list consumer groups: type, state, protocol, member count", runGroups},
 		{"assignments", "--brokers HOST:PORT[,..] --group G --database-url URL [--schema S] [--topic T[,T2]] [--output table|json]",
@@ -76,7 +78,7 @@ func printAdminUsage(w io.Writer, prefix string) {
 }
 
 // adminGroups are the first words of two-word subcommands.
-var adminGroups = []string{"topic", "dlq"}
+var adminGroups = []string{"topic", "dlq", "group"}
 
 func runAdmin(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,7 +43,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	injectFaults := f.Bool("inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout")
 	noMigrate := f.Bool("no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
 	name := f.String("name", defaultWorkerName(), "this replica's name, recorded with what it writes")
-	hold := f.String("hold-once", "", "demos and tests: the `point` (before-claim, before-batch or before-commit) at which to log \"holding\" once and wait for SIGCONT")
+	hold := f.String("hold-once", "", "demos and tests: the `point` (before-claim, before-batch or before-commit; before-claim:P for partition P only) at which to log \"holding\" once and wait for SIGCONT")
 	metricsAddr := f.String("metrics-addr", "", "serve /metrics (Prometheus text) and /healthz on this address, e.g. 127.0.0.1:9100")
 	logger := logFlags(f)
 	if err := f.parse(args, 0); err != nil {
@@ -203,13 +204,25 @@ func defaultWorkerName() string {
 // committing them), and later SIGCONT, which both resumes the process and
 // releases the hold. Nothing else changes: what happens next is what would
 // happen to any worker paused at that point.
+//
+// before-claim holds after the coordinator confirmed the epoch and just
+// before the claim statement: the window a zombie of a reset group would
+// be frozen in. before-claim:P holds there for partition P only.
 func holdHooks(point string) (func(*zap.Logger) consumer.Hooks, error) {
+	onlyPartition := int32(-1)
+	if rest, ok := strings.CutPrefix(point, "before-claim:"); ok {
+		n, err := strconv.ParseInt(rest, 10, 32)
+		if err != nil || n < 0 {
+			return nil, usagef("--hold-once %q: the partition after before-claim: is not a partition number", point)
+		}
+		point, onlyPartition = "before-claim", int32(n)
+	}
 	switch point {
 	case "":
 		return func(*zap.Logger) consumer.Hooks { return consumer.Hooks{} }, nil
 	case "before-claim", "before-batch", "before-commit":
 	default:
-		return nil, usagef("--hold-once %q is not before-claim, before-batch or before-commit", point)
+		return nil, usagef("--hold-once %q is not before-claim, before-claim:PARTITION, before-batch or before-commit", point)
 	}
 	return func(log *zap.Logger) consumer.Hooks {
 		var once sync.Once
@@ -234,6 +247,9 @@ func holdHooks(point string) (func(*zap.Logger) consumer.Hooks, error) {
 		switch point {
 		case "before-claim":
 			h.BeforeClaim = func(ctx context.Context, p sink.Partition, t sink.Token) {
+				if onlyPartition >= 0 && p.Partition != onlyPartition {
+					return
+				}
 				hold(ctx, zap.String("topic", p.Topic), zap.Int32("partition", p.Partition), zap.Stringer("token", t))
 			}
 		case "before-batch":

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tenure-dev/tenure/consumer"
 )
 
 // The log lines of `tenure worker` the run records (consumer/lane.go,
@@ -16,7 +18,7 @@ const (
 	msgRejected    = "batch rejected: fenced; dropping this partition's buffered records until it is assigned again"
 	msgClaimFenced = "claim rejected: fenced"
 	msgDeadLetter  = "job dead-lettered"
-	msgIncarnation = "group epochs restarted: new incarnation"
+	msgIncarnation = consumer.IncarnationMovedOn
 	msgUnknown     = "commit outcome was unknown; resolved from the fencing row"
 	msgPanicked    = "handler panicked"
 	msgLost        = "partitions lost"

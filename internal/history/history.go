@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,7 +25,43 @@ type Entry struct {
 	Partition sink.Partition
 	Token     sink.Token
 	Owner     string
+	ClaimID   int64 // the claimant (one lane); 0 if unknown
 	From, To  int64
+}
+
+// Assignment is the coordinator's side of one claimant: member was assigned
+// the partition at At (as the member logged it when kgo handed it over), and
+// ClaimID is the lane that then claimed it. Assignments of a partition are
+// granted one after another: a later one means the coordinator had taken the
+// partition from the earlier holder (revoked, or evicted it) by then.
+type Assignment struct {
+	ClaimID   int64
+	Member    string
+	Partition sink.Partition
+	At        time.Time
+}
+
+// AssignmentLogMsg is the message of the line a worker logs when it was given
+// a partition and is about to claim it (consumer's claim); with its fields
+// topic, partition, member, claim_id and ts it is one Assignment.
+const AssignmentLogMsg = "claiming partition"
+
+// ParseAssignment reads an Assignment from a worker's JSON log line, as
+// decoded into a map; ok is false for any other line.
+func ParseAssignment(group string, line map[string]any) (a Assignment, ok bool) {
+	if line["msg"] != AssignmentLogMsg {
+		return a, false
+	}
+	topic, _ := line["topic"].(string)
+	member, _ := line["member"].(string)
+	part, ok1 := line["partition"].(float64)
+	id, ok2 := line["claim_id"].(float64)
+	ts, _ := line["ts"].(string)
+	at, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts)
+	if topic == "" || !ok1 || !ok2 || err != nil {
+		return a, false
+	}
+	return Assignment{ClaimID: int64(id), Member: member, Partition: sink.Partition{Group: group, Topic: topic, Partition: int32(part)}, At: at}, true
 }
 
 // Write is one job's visible effect: an export version or a ledger row.
@@ -139,6 +176,45 @@ func CheckLog(log []Entry, fences []sink.Fence) []Violation {
 	return out
 }
 
+// CheckOwnership checks the log against the coordinator's assignments: once
+// the claim of a newer assignment of a partition has been accepted, nothing
+// made for an older assignment (claim or commit) may be accepted, whatever
+// its token says. Tokens can fail to order two lifetimes of a group (issue
+// 7: a zombie's old epoch above the new lifetime's); this rule does not
+// look at them. Entries whose claim id has no assignment are returned as
+// unmatched, so that a caller can insist there are none.
+func CheckOwnership(log []Entry, assignments []Assignment) (out []Violation, unmatched []Entry) {
+	byClaim := map[int64]Assignment{}
+	for _, a := range assignments {
+		byClaim[a.ClaimID] = a
+	}
+	byPart := map[sink.Partition][]Entry{}
+	for _, e := range log {
+		byPart[e.Partition] = append(byPart[e.Partition], e)
+	}
+	for p, es := range byPart {
+		sort.Slice(es, func(i, j int) bool { return es[i].ID < es[j].ID })
+		var newest *Assignment // the newest assignment whose claim was accepted
+		for _, e := range es {
+			a, ok := byClaim[e.ClaimID]
+			if !ok || a.Partition != p {
+				unmatched = append(unmatched, e)
+				continue
+			}
+			if newest != nil && a.At.Before(newest.At) {
+				out = append(out, Violation{"G3-owner", fmt.Sprintf("%s: %s #%d by %q (token %s, assigned %s) accepted after the claim of %q (assigned %s later)",
+					p, e.Kind, e.ID, e.Owner, e.Token, a.At.Format("15:04:05.000"), newest.Member, newest.At.Sub(a.At).Round(time.Millisecond))})
+			}
+			if e.Kind == "claim" && (newest == nil || newest.At.Before(a.At)) {
+				a := a
+				newest = &a
+			}
+		}
+	}
+	sortViolations(out)
+	return out, unmatched
+}
+
 func maxToken(a, b sink.Token) sink.Token {
 	if a.Less(b) {
 		return b
@@ -225,6 +301,49 @@ func CheckWrites(writes, deadLetters []Write, fences []sink.Fence, produced map[
 	return out
 }
 
+// CheckWriteTokens matches each write and dead letter to the commit that
+// covers its offset (from the log) and checks that it carries that commit's
+// token: an effect written under another token was not committed by the
+// fenced transaction it claims to belong to (a handler that committed on
+// its own, or a write outside the batch's transaction).
+func CheckWriteTokens(log []Entry, writes, deadLetters []Write) []Violation {
+	type rng struct {
+		from, to int64
+		token    sink.Token
+		id       int64
+	}
+	commits := map[TopicPartition][]rng{}
+	for _, e := range log {
+		if e.Kind == "commit" {
+			tp := TopicPartition{e.Partition.Topic, e.Partition.Partition}
+			commits[tp] = append(commits[tp], rng{e.From, e.To, e.Token, e.ID})
+		}
+	}
+	for _, rs := range commits {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].from < rs[j].from })
+	}
+	var out []Violation
+	check := func(what string, w Write) {
+		rs := commits[TopicPartition{w.Topic, w.Partition}]
+		i := sort.Search(len(rs), func(i int) bool { return rs[i].to > w.Offset })
+		switch {
+		case i == len(rs) || rs[i].from > w.Offset:
+			out = append(out, Violation{"G1", fmt.Sprintf("%s/%d: %s of the job at offset %d (token %s) is covered by no commit", w.Topic, w.Partition, what, w.Offset, w.Token)})
+		case rs[i].token != w.Token:
+			out = append(out, Violation{"G1", fmt.Sprintf("%s/%d: %s of the job at offset %d carries token %s but commit #%d [%d,%d) that covers it has token %s",
+				w.Topic, w.Partition, what, w.Offset, w.Token, rs[i].id, rs[i].from, rs[i].to, rs[i].token)})
+		}
+	}
+	for _, w := range writes {
+		check("the effect", w)
+	}
+	for _, d := range deadLetters {
+		check("the dead letter", d)
+	}
+	sortViolations(out)
+	return out
+}
+
 // TopicPartition names a partition of a topic.
 type TopicPartition struct {
 	Topic     string
@@ -248,14 +367,14 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 	}
 	q := pgx.Identifier{schema}.Sanitize()
 	h := &History{}
-	rows, err := pool.Query(ctx, `SELECT id, kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset
+	rows, err := pool.Query(ctx, `SELECT id, kind, consumer_group, topic, partition, incarnation, epoch, owner, claim_id, from_offset, to_offset
 		FROM `+q+`.fence_log WHERE consumer_group = $1 ORDER BY id`, group)
 	if err != nil {
 		return nil, err
 	}
 	var e Entry
 	if _, err := pgx.ForEachRow(rows, []any{&e.ID, &e.Kind, &e.Partition.Group, &e.Partition.Topic, &e.Partition.Partition,
-		&e.Token.Incarnation, &e.Token.Epoch, &e.Owner, &e.From, &e.To}, func() error {
+		&e.Token.Incarnation, &e.Token.Epoch, &e.Owner, &e.ClaimID, &e.From, &e.To}, func() error {
 		h.Log = append(h.Log, e)
 		return nil
 	}); err != nil {
@@ -297,7 +416,10 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 	return h, nil
 }
 
-// Check runs every check over h.
+// Check runs every check over h that needs no more than Postgres recorded.
+// CheckOwnership needs the coordinator's side too: callers that recorded
+// the assignments run it as well.
 func (h *History) Check(produced map[TopicPartition][]int64) []Violation {
-	return append(CheckLog(h.Log, h.Fences), CheckWrites(h.Writes, h.DeadLetters, h.Fences, produced)...)
+	out := append(CheckLog(h.Log, h.Fences), CheckWrites(h.Writes, h.DeadLetters, h.Fences, produced)...)
+	return append(out, CheckWriteTokens(h.Log, h.Writes, h.DeadLetters)...)
 }

@@ -8,6 +8,11 @@
 //     the connection instead of relaying it: the transaction committed, and
 //     the client only sees a broken connection.
 //
+// HoldMatching holds one client message, on whichever connection sends it,
+// until the test releases it: a statement slow in the network, which the
+// server runs when it finally arrives, whether or not its client is still
+// waiting.
+//
 // Everything else is relayed unchanged, on as many connections as the
 // client opens. SetDown makes the server unreachable through the proxy, as
 // in an outage. The proxy reads the client's messages to find a COMMIT (a
@@ -67,7 +72,65 @@ type Proxy struct {
 	down   bool
 	conns  map[*conn]struct{}
 	armed  map[string]*arm // by client address (the proxied connection's remote end)
-	wg     sync.WaitGroup
+	holds  []*Hold
+	// dropCancels: CancelRequests are swallowed (see DropCancelRequests).
+	dropCancels bool
+	wg          sync.WaitGroup
+}
+
+// DropCancelRequests makes the proxy swallow the CancelRequests clients send
+// (on a connection of their own) when they give up on a statement: a cancel
+// is best-effort, and a test of a statement that arrives late must not
+// depend on whether it happens to arrive in time.
+func (p *Proxy) DropCancelRequests(drop bool) {
+	p.mu.Lock()
+	p.dropCancels = drop
+	p.mu.Unlock()
+}
+
+// Hold is a client message held by HoldMatching.
+type Hold struct {
+	text      string
+	held      chan struct{} // closed when a message is held
+	release   chan struct{}
+	forwarded chan struct{} // closed once the held message was written to the server
+	once      sync.Once
+	released  sync.Once
+}
+
+// Held is closed once a matching message is being held.
+func (h *Hold) Held() <-chan struct{} { return h.held }
+
+// Forwarded is closed once the held message has been written to the
+// server (after Release).
+func (h *Hold) Forwarded() <-chan struct{} { return h.forwarded }
+
+// Release forwards the held message (and lets the messages its client sent
+// after it follow), even if the client has closed its end meanwhile.
+func (h *Hold) Release() { h.released.Do(func() { close(h.release) }) }
+
+// HoldMatching holds the next client message whose bytes contain text (for
+// a simple-protocol Query, its SQL) until Release; the connection's later
+// messages wait behind it. Closing the proxy releases it.
+func (p *Proxy) HoldMatching(text string) *Hold {
+	h := &Hold{text: text, held: make(chan struct{}), release: make(chan struct{}), forwarded: make(chan struct{})}
+	p.mu.Lock()
+	p.holds = append(p.holds, h)
+	p.mu.Unlock()
+	return h
+}
+
+// takeHold returns and disarms the hold msg matches, if any.
+func (p *Proxy) takeHold(msg []byte) *Hold {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, h := range p.holds {
+		if strings.Contains(string(msg), h.text) {
+			p.holds = append(p.holds[:i], p.holds[i+1:]...)
+			return h
+		}
+	}
+	return nil
 }
 
 type arm struct {
@@ -138,7 +201,12 @@ func (p *Proxy) Close() error {
 	err := p.ln.Close()
 	p.mu.Lock()
 	p.closed = true
+	holds := p.holds
+	p.holds = nil
 	p.mu.Unlock()
+	for _, h := range holds {
+		h.Release()
+	}
 	p.breakAll()
 	p.wg.Wait()
 	return err
@@ -234,6 +302,7 @@ func (c *conn) close() {
 const (
 	sslRequest    = 80877103
 	gssEncRequest = 80877104
+	cancelRequest = 80877102
 )
 
 // clientToServer relays the client's messages one by one, looking for an
@@ -244,7 +313,18 @@ func (c *conn) clientToServer() {
 	r := bufio.NewReader(c.client)
 	for { // untyped: SSLRequest / GSSENCRequest (answered "no"), then StartupMessage or CancelRequest
 		msg, err := readMessage(r, false)
-		if err != nil || write(c.server, msg) != nil {
+		if err != nil {
+			return
+		}
+		if binary.BigEndian.Uint32(msg[4:8]) == cancelRequest {
+			c.p.mu.Lock()
+			drop := c.p.dropCancels
+			c.p.mu.Unlock()
+			if drop {
+				return
+			}
+		}
+		if write(c.server, msg) != nil {
 			return
 		}
 		if code := binary.BigEndian.Uint32(msg[4:8]); code != sslRequest && code != gssEncRequest {
@@ -256,6 +336,11 @@ func (c *conn) clientToServer() {
 		if err != nil {
 			return
 		}
+		hold := c.p.takeHold(msg)
+		if hold != nil {
+			hold.once.Do(func() { close(hold.held) })
+			<-hold.release // the client may give up meanwhile: the message still goes out
+		}
 		if isCommit(msg) {
 			if a := c.p.takeArm(c); a != nil {
 				if a.cut == BeforeCommit {
@@ -265,7 +350,11 @@ func (c *conn) clientToServer() {
 				c.held.Store(a)
 			}
 		}
-		if write(c.server, msg) != nil {
+		err = write(c.server, msg)
+		if hold != nil {
+			close(hold.forwarded)
+		}
+		if err != nil {
 			return
 		}
 	}

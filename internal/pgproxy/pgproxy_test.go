@@ -245,3 +245,63 @@ func TestCutCommitAndGoDown(t *testing.T) {
 		t.Fatalf("row committed %d times, want 1", n)
 	}
 }
+
+// A held statement reaches the server when released, even though its client
+// gave up on it meanwhile and closed its connection.
+func TestHoldRunsTheStatementAfterTheClientGaveUp(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"socket closed", "context ended"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t)
+			cfg, err := pgx.ParseConfig(w.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol // the SQL travels in one message
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := pgx.ConnectConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// pgx sends a cancel request on the side when it gives up on
+			// a statement; a cancel is best-effort (it may come too late,
+			// as a held statement shows), so the proxy drops it here.
+			w.proxy.DropCancelRequests(true)
+			h := w.proxy.HoldMatching("VALUES (42)")
+			qctx, qcancel := context.WithCancel(context.Background())
+			defer qcancel()
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Exec(qctx, `INSERT INTO `+w.table+` VALUES (42)`)
+				done <- err
+			}()
+			select {
+			case <-h.Held():
+			case <-time.After(10 * time.Second):
+				t.Fatal("nothing was held")
+			}
+			if how == "socket closed" {
+				_ = c.PgConn().Conn().Close()
+			} else {
+				qcancel()
+			}
+			if err := <-done; err == nil {
+				t.Fatal("the held insert returned without error before it was released")
+			}
+			if n := w.count(t, 42); n != 0 {
+				t.Fatalf("the insert ran before it was released (%d rows)", n)
+			}
+			h.Release()
+			<-h.Forwarded()
+			deadline := time.Now().Add(10 * time.Second)
+			for w.count(t, 42) != 1 {
+				if time.Now().After(deadline) {
+					t.Fatal("the released insert never ran")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+)
+
+// runGroupDelete deletes a consumer group after moving its incarnation on.
+//
+// Deleting a group restarts its epochs at 1. Workers detect that on their
+// own (docs/fencing.md, "Group lifetimes"); bumping first means the next
+// lifetime starts in a new incarnation without having to detect anything,
+// and the bump is recorded with who asked for it. Kafka deletes only an
+// empty group, so the members are checked first: the bump is made only for a
+// group that can be deleted. A bump never lets anyone in, so one made for a
+// delete that then fails costs nothing.
+func runGroupDelete(ctx context.Context, e *env, f *flagSet, args []string) error {
+	db := addDBFlags(f)
+	group := f.String("group", "", "consumer group to delete")
+	brokers := f.String("brokers", "", "Kafka seed brokers")
+	actor := actorFlag(f)
+	if err := f.parse(args, 0); err != nil {
+		return err
+	}
+	if err := required("database-url", *db.url, "brokers", *brokers, "group", *group); err != nil {
+		return err
+	}
+	if err := validGroup("group", *group); err != nil {
+		return err
+	}
+	sch, err := db.schema()
+	if err != nil {
+		return err
+	}
+	who, err := actor()
+	if err != nil {
+		return err
+	}
+	brokerList := splitList(*brokers)
+	cl, err := kafkaClient(brokerList)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	adm := kadm.NewClient(cl)
+
+	members, found, err := groupMembers(ctx, adm, *group)
+	if err != nil {
+		return kafkaError("describing the group", brokerList, err)
+	}
+	if !found {
+		return fmt.Errorf("group %s does not exist on the brokers; nothing was changed", printableString(*group))
+	}
+	if members > 0 {
+		return fmt.Errorf("group %s has %s: Kafka deletes only an empty group; stop its workers first (a stopped or frozen one leaves when its session times out); nothing was changed",
+			printableString(*group), plural(members, "member"))
+	}
+
+	pool, store, err := openStore(ctx, *db.url, sch)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	from, err := store.Incarnation(ctx, *group)
+	if err != nil {
+		return storeError(sch, "reading the group's incarnation", err)
+	}
+	now, _, err := store.BumpIncarnation(ctx, *group, from, who, "tenure admin group delete: the group is deleted, its epochs restart")
+	if err != nil {
+		return storeError(sch, "bumping the group's incarnation", err)
+	}
+	resp, err := adm.DeleteGroup(ctx, *group)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		if errors.Is(err, kerr.NonEmptyGroup) {
+			return fmt.Errorf("group %s gained a member before it could be deleted; its incarnation moved from %d to %d (harmless: it only orders tokens); nothing else was changed",
+				printableString(*group), from, now)
+		}
+		return kafkaError(fmt.Sprintf("deleting the group (its incarnation moved from %d to %d, which is harmless)", from, now), brokerList, err)
+	}
+	fmt.Fprintf(e.stdout, "deleted group %s; its incarnation moved from %d to %d, recorded as done by %s: tokens of the next workers (%d.1, ...) are above every token of the old group\n",
+		printableString(*group), from, now, who, now)
+	return nil
+}
+
+// groupMembers counts a group's members, classic or KIP-848.
+func groupMembers(ctx context.Context, adm *kadm.Client, group string) (members int, found bool, err error) {
+	lg, err := adm.ListGroups(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	if _, ok := lg[group]; !ok {
+		return 0, false, nil
+	}
+	dg, err := adm.DescribeGroups(ctx, group)
+	if err != nil {
+		return 0, false, err
+	}
+	if g, ok := dg[group]; ok && g.Err == nil && g.State != "Dead" && len(g.Members) > 0 {
+		return len(g.Members), true, nil
+	}
+	if cg, err := adm.DescribeConsumerGroups(ctx, group); err == nil {
+		if g, ok := cg[group]; ok && g.Err == nil {
+			return len(g.Members), true, nil
+		}
+	}
+	return 0, true, nil
+}
