@@ -44,8 +44,11 @@ func Migrations() []Migration {
 	return ms
 }
 
-func loadMigrations() ([]Migration, error) {
-	entries, err := fs.ReadDir(migrationFS, "migration")
+func loadMigrations() ([]Migration, error) { return loadMigrationsFrom(migrationFS) }
+
+// loadMigrationsFrom reads the migration directory of fsys.
+func loadMigrationsFrom(fsys fs.FS) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, "migration")
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +64,7 @@ func loadMigrations() ([]Migration, error) {
 		if !ok || err != nil || v <= 0 {
 			return nil, fmt.Errorf("migration file %s: want a positive version number prefix", name)
 		}
-		body, err := migrationFS.ReadFile("migration/" + name)
+		body, err := fs.ReadFile(fsys, "migration/"+name)
 		if err != nil {
 			return nil, err
 		}
@@ -69,6 +72,10 @@ func loadMigrations() ([]Migration, error) {
 		if m == nil {
 			m = &Migration{Version: v, Name: label}
 			byVersion[v] = m
+		} else if m.Name != label {
+			// Two branches that each added "the next" migration: applying
+			// either one as version v would hide the other.
+			return nil, fmt.Errorf("two migrations are numbered %03d: %03d_%s and %03d_%s; renumber one", v, v, m.Name, v, label)
 		}
 		if dir == "up" {
 			m.up = string(body)

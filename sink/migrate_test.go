@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -439,4 +440,27 @@ func plainIdent(s string) bool {
 		}
 	}
 	return true
+}
+
+// Two branches that each add "the next" migration must not merge into a
+// schema history where one of them silently replaces the other.
+func TestMigrationsRefuseTwoWithOneNumber(t *testing.T) {
+	t.Parallel()
+	fsys := fstest.MapFS{
+		"migration/001_a.up.sql":   {Data: []byte("SELECT 1")},
+		"migration/001_a.down.sql": {Data: []byte("SELECT 1")},
+		"migration/002_b.up.sql":   {Data: []byte("SELECT 1")},
+		"migration/002_b.down.sql": {Data: []byte("SELECT 1")},
+		"migration/002_c.up.sql":   {Data: []byte("SELECT 1")},
+		"migration/002_c.down.sql": {Data: []byte("SELECT 1")},
+	}
+	_, err := sink.LoadMigrationsFrom(fsys)
+	if err == nil || !strings.Contains(err.Error(), "two migrations are numbered 002: 002_b and 002_c") {
+		t.Fatalf("loading two migrations numbered 002: %v, want an error naming both", err)
+	}
+	delete(fsys, "migration/002_c.up.sql")
+	delete(fsys, "migration/002_c.down.sql")
+	if ms, err := sink.LoadMigrationsFrom(fsys); err != nil || len(ms) != 2 {
+		t.Fatalf("loading 001 and 002: %d migrations, %v", len(ms), err)
+	}
 }
