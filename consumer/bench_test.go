@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/consumer"
@@ -24,7 +23,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/batch=%d", handler, batch), func(b *testing.B) {
 				bn := setup(b, 4)
 				bn.produce(b.N, func(i int) string { return fmt.Sprintf("k%d", i%101) })
-				var h consumer.Handler = consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Batch) error { return nil })
+				var h consumer.Handler = consumer.HandlerFunc(func(context.Context, consumer.Tx, *consumer.Batch) error { return nil })
 				if handler == "ledger" {
 					h = ledger(b, bn.schema)
 				}

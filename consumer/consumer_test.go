@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -236,7 +235,7 @@ func TestBatchesAreOrderedAndChained(t *testing.T) {
 	last := map[int32]int64{}
 	inFlight := map[int32]bool{}
 	var bad []string
-	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, batch *consumer.Batch) error {
+	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		mu.Lock()
 		if inFlight[batch.Partition] {
 			bad = append(bad, fmt.Sprintf("partition %d: two batches at once", batch.Partition))
@@ -283,7 +282,7 @@ func TestFailingAndPanickingHandlersAreRetried(t *testing.T) {
 	b.produce(60, func(i int) string { return fmt.Sprintf("k%d", i) })
 	inner := ledger(t, b.schema)
 	var calls atomic.Int64
-	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, batch *consumer.Batch) error {
+	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		if err := inner.Handle(ctx, tx, batch); err != nil {
 			return err
 		}
@@ -330,7 +329,7 @@ func TestRebalancesKeepEveryJobExactlyOnce(t *testing.T) {
 			b := setup(t, 6)
 			inner := ledger(t, b.schema)
 			// Slow enough that every member joins while work is going on.
-			slow := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, batch *consumer.Batch) error {
+			slow := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 				time.Sleep(5 * time.Millisecond)
 				return inner.Handle(ctx, tx, batch)
 			})
@@ -406,7 +405,7 @@ func TestConfigErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Batch) error { return nil })
+	h := consumer.HandlerFunc(func(context.Context, consumer.Tx, *consumer.Batch) error { return nil })
 	good := consumer.Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, Store: store, Handler: h}
 	for name, tc := range map[string]struct {
 		mut  func(*consumer.Config)

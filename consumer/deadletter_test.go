@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -24,7 +23,7 @@ func poisonHandler(t *testing.T, schema string) (consumer.Handler, func(job stri
 	inner := ledger(t, schema)
 	var mu sync.Mutex
 	tries := map[string]int{}
-	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, b *consumer.Batch) error {
+	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
 		if err := inner.Handle(ctx, tx, b); err != nil {
 			return err
 		}
@@ -142,7 +141,7 @@ func TestConnectionErrorsNeverDeadLetter(t *testing.T) {
 	inner := ledger(t, b.schema)
 	var mu sync.Mutex
 	failures := 0
-	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, batch *consumer.Batch) error {
+	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if failures < 8 { // more than MaxAttempts

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -369,7 +368,7 @@ func testDescribeMultiTopicGroup(t *testing.T, proto Protocol) {
 		}
 	}
 	group := "g-" + schema
-	noop := HandlerFunc(func(context.Context, pgx.Tx, *Batch) error { return nil })
+	noop := HandlerFunc(func(context.Context, Tx, *Batch) error { return nil })
 	for i := range 2 {
 		cons, err := New(Config{
 			Brokers: c.ListenAddrs(), Group: group, Topics: []string{"alpha", "beta"},

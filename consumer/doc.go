@@ -25,7 +25,7 @@
 //	c, err := consumer.New(consumer.Config{
 //		Brokers: []string{"127.0.0.1:9092"}, Group: "exports", Topics: []string{"export-jobs"},
 //		Store: store,
-//		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, b *consumer.Batch) error {
+//		Handler: consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
 //			for _, r := range b.Records {
 //				if _, err := tx.Exec(ctx, `INSERT INTO app.out (job, body) VALUES ($1, $2)`, consumer.JobID(r), r.Value); err != nil {
 //					return err

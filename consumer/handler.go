@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/sink"
@@ -15,28 +14,31 @@ import (
 // Handle writes its effects through tx and returns. The framework then
 // advances the partition's next offset in the same transaction, conditioned
 // on b.Token, and commits: the effects and the progress land together or not
-// at all. Handle must not commit or roll back tx itself.
+// at all. tx cannot end the transaction (it has no Commit, Rollback or
+// Conn); savepoints (tx.Begin) are fine.
 //
 // Handle must honour ctx: it is cancelled when the partition is lost or the
 // worker stops hard, and then nothing of the batch will be committed.
 //
 // Returning an error rolls the batch back; the framework retries it with
-// backoff. Handle may therefore run more than once for the same records, but
-// at most one run's effects in tx are ever committed. Effects outside tx (an
-// HTTP call, an e-mail) are not fenced: pass b.Token and JobID to
-// destinations that can check them.
+// backoff (see Config.MaxAttempts and Permanent).
+//
+// Handle may therefore run more than once for the same records, but at most
+// one run's effects in tx are ever committed. Effects outside tx (an HTTP
+// call, an e-mail) are not fenced: pass b.Token and JobID to destinations
+// that can check them.
 //
 // Handlers of different partitions run concurrently; one partition's batches
 // run one at a time, in offset order.
 type Handler interface {
-	Handle(ctx context.Context, tx pgx.Tx, b *Batch) error
+	Handle(ctx context.Context, tx Tx, b *Batch) error
 }
 
 // HandlerFunc adapts a function to Handler.
-type HandlerFunc func(ctx context.Context, tx pgx.Tx, b *Batch) error
+type HandlerFunc func(ctx context.Context, tx Tx, b *Batch) error
 
 // Handle calls f.
-func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, b *Batch) error { return f(ctx, tx, b) }
+func (f HandlerFunc) Handle(ctx context.Context, tx Tx, b *Batch) error { return f(ctx, tx, b) }
 
 // Batch is a run of consecutive records of one partition.
 type Batch struct {

@@ -594,13 +594,17 @@ var errPanicked = errors.New("handler panicked")
 // handle calls the handler, turning a panic into an error: a bad job must
 // never take the worker down with it.
 func (l *lane) handle(ctx context.Context, tx pgx.Tx, b *Batch) (err error) {
+	htx := newHandlerTx(tx)
+	// From here on the handler's Tx (and anything it kept of it) refuses
+	// work: what runs next on the connection is tenure's.
+	defer htx.close()
 	defer func() {
 		if r := recover(); r != nil {
 			l.log.Error("handler panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 			err = fmt.Errorf("%w: %v", errPanicked, r)
 		}
 	}()
-	if err := l.c.cfg.Handler.Handle(ctx, tx, b); err != nil {
+	if err := l.c.cfg.Handler.Handle(ctx, htx, b); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil && l.ctx.Err() == nil {
 			return fmt.Errorf("handler timed out after %s: %w", l.c.cfg.HandlerTimeout, err)
 		}

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/consumer"
@@ -43,7 +42,7 @@ func TestLockWaitsAreNotTheJobsFault(t *testing.T) {
 	}()
 
 	b.produce(5, func(int) string { return "k" })
-	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, batch *consumer.Batch) error {
+	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		_, err := tx.Exec(ctx, `UPDATE "`+b.schema+`".counters SET n = n + $1 WHERE k = 'k'`, len(batch.Records))
 		return err
 	})

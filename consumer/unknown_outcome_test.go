@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -61,14 +60,14 @@ func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want sink.Outcome) 
 		report <-chan pgproxy.Report
 		victim consumer.Batch
 	)
-	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, batch *consumer.Batch) error {
+	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		if err := inner.Handle(ctx, tx, batch); err != nil {
 			return err
 		}
 		if batch.From > 0 {
 			once.Do(func() {
 				victim = *batch
-				report = proxy.CutCommit(tx.Conn().PgConn().Conn().LocalAddr(), cut)
+				report = proxy.CutCommit(consumer.ConnOf(tx).PgConn().Conn().LocalAddr(), cut)
 				close(armed)
 			})
 		}
@@ -156,14 +155,14 @@ func TestCommitOutcomeUnknownForLongStillEndsInProgress(t *testing.T) {
 		report <-chan pgproxy.Report
 		victim consumer.Batch
 	)
-	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, batch *consumer.Batch) error {
+	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		if err := inner.Handle(ctx, tx, batch); err != nil {
 			return err
 		}
 		if batch.From > 0 {
 			once.Do(func() {
 				victim = *batch
-				report = proxy.CutCommitAndGoDown(tx.Conn().PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
+				report = proxy.CutCommitAndGoDown(consumer.ConnOf(tx).PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
 				close(armed)
 			})
 		}

@@ -50,7 +50,7 @@ func New(name, schema, worker string) (consumer.Handler, error) {
 	case "ledger":
 		return &Ledger{schema: schema, worker: worker}, nil
 	case "noop":
-		return consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Batch) error { return nil }), nil
+		return consumer.HandlerFunc(func(context.Context, consumer.Tx, *consumer.Batch) error { return nil }), nil
 	}
 	return nil, fmt.Errorf("unknown handler %q: choose one of %s", name, strings.Join(Names(), ", "))
 }
@@ -67,7 +67,7 @@ type Export struct {
 }
 
 // Handle writes one export per record, in one round trip.
-func (e *Export) Handle(ctx context.Context, tx pgx.Tx, b *consumer.Batch) error {
+func (e *Export) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
 	sql := `WITH up AS (
 	INSERT INTO ` + e.schema + `.exports AS e
 		(job_key, document, topic, partition, job_offset, incarnation, epoch, worker, version)
@@ -127,7 +127,7 @@ type Ledger struct {
 }
 
 // Handle copies the batch's rows in with COPY, in the batch's transaction.
-func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, b *consumer.Batch) error {
+func (l *Ledger) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
 	rows := make([][]any, len(b.Records))
 	for i, r := range b.Records {
 		rows[i] = []any{r.Topic, r.Partition, r.Offset, strings.ToValidUTF8(string(r.Key), "\uFFFD"),
@@ -143,7 +143,7 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, b *consumer.Batch) error
 // "tenure-fault":"error" makes the handler fail, "panic" makes it panic, and
 // "slow" makes it wait for its context to end. Other jobs go to h.
 func InjectFaults(h consumer.Handler) consumer.Handler {
-	return consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, b *consumer.Batch) error {
+	return consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
 		for _, r := range b.Records {
 			switch {
 			case bytes.Contains(r.Value, []byte(`"tenure-fault":"error"`)):
