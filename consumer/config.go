@@ -59,12 +59,14 @@ type Config struct {
 	// tried before it is dead-lettered (default 5). A failing batch is retried
 	// once, then split in halves until the failing job is alone; the other
 	// jobs commit. A job whose handler returned a Permanent error or panicked
-	// is dead-lettered without more attempts. Failures of the database
-	// connection are not the job's fault: they are retried without limit and
-	// never dead-letter anything.
+	// is dead-lettered without more attempts. Failures that are not the
+	// job's (tenure's own database work, the batch's connection breaking, a
+	// Transient error, a SQL error that says the environment is wrong; see
+	// Handler) are retried without limit and never dead-letter anything.
 	MaxAttempts int
 	// HandlerTimeout bounds one Handle call (default 60s; negative: no
-	// bound). A batch that times out fails like any other.
+	// bound). A batch that times out fails like any other: it is the job's
+	// failure.
 	HandlerTimeout time.Duration
 	// RetryBackoff is the first retry's delay (default 100ms); it doubles per
 	// attempt up to RetryBackoffMax (default 5s).
@@ -75,10 +77,20 @@ type Config struct {
 	// processed unclaimed.
 	ClaimTimeout time.Duration
 	// IdleInTxTimeout is set as Postgres's idle_in_transaction_session_timeout
-	// on every batch transaction (default 30s; negative disables). A worker
-	// paused in the middle of a transaction would otherwise hold its row
-	// locks, and the new owner would wait for a zombie. Keep it below
-	// HandlerTimeout.
+	// on every batch transaction. A worker paused in the middle of a
+	// transaction would otherwise hold its row locks, and the new owner would
+	// wait for a zombie.
+	//
+	// It must be longer than HandlerTimeout. Postgres counts it while the
+	// session is idle in the transaction, which is while the handler does
+	// work other than SQL between its statements; a job within
+	// HandlerTimeout must never have its session ended under it (its next
+	// statement, or the commit, would fail on a dead connection, over and
+	// over). Zero (the default) derives it with DefaultIdleInTxTimeout:
+	// HandlerTimeout plus a quarter, at least one second more (75s for the
+	// default 60s); with no HandlerTimeout it is disabled. Negative disables
+	// it; a positive value that is not longer than HandlerTimeout, or set
+	// with no HandlerTimeout, is refused by New.
 	//
 	// Every batch transaction also sets lock_timeout to half of
 	// HandlerTimeout: a handler waiting that long for a row lock is waiting
@@ -126,6 +138,17 @@ type Hooks struct {
 // cannot tell a zombie from its successor and cannot fence it.
 var ErrStaticMembership = errors.New("static group membership (group.instance.id) is not supported: a restarted member reuses its predecessor's epoch, so the epoch cannot fence the old process")
 
+// DefaultIdleInTxTimeout is the IdleInTxTimeout derived from a handler
+// timeout: a quarter longer, and at least a second longer, so that a job
+// within its time is never ended by Postgres; negative (disabled) when the
+// handler has no time bound. It is the one place where the two are related.
+func DefaultIdleInTxTimeout(handlerTimeout time.Duration) time.Duration {
+	if handlerTimeout <= 0 {
+		return -1
+	}
+	return handlerTimeout + max(handlerTimeout/4, time.Second)
+}
+
 func (c *Config) setDefaults() {
 	if c.Protocol == "" {
 		c.Protocol = Classic
@@ -152,7 +175,7 @@ func (c *Config) setDefaults() {
 		c.ClaimTimeout = 30 * time.Second
 	}
 	if c.IdleInTxTimeout == 0 {
-		c.IdleInTxTimeout = 30 * time.Second
+		c.IdleInTxTimeout = DefaultIdleInTxTimeout(c.HandlerTimeout)
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second
@@ -203,6 +226,15 @@ func (c *Config) validate() error {
 	if c.SessionTimeout < 0 || c.RebalanceTimeout < 0 || c.ClaimTimeout < 0 || c.ShutdownTimeout < 0 ||
 		c.RetryBackoff < 0 || c.RetryBackoffMax < 0 {
 		errs = append(errs, "timeouts and backoffs must not be negative")
+	}
+	if c.IdleInTxTimeout > 0 {
+		switch {
+		case c.HandlerTimeout <= 0:
+			errs = append(errs, fmt.Sprintf("IdleInTxTimeout %s would end the session of a handler that has no time bound (HandlerTimeout is negative): set HandlerTimeout, or leave IdleInTxTimeout zero", c.IdleInTxTimeout))
+		case c.IdleInTxTimeout <= c.HandlerTimeout:
+			errs = append(errs, fmt.Sprintf("IdleInTxTimeout %s must be longer than HandlerTimeout %s: Postgres would end the session of a job that is still within its time (zero derives it: %s)",
+				c.IdleInTxTimeout, c.HandlerTimeout, DefaultIdleInTxTimeout(c.HandlerTimeout)))
+		}
 	}
 	if c.BatchMax < 0 {
 		errs = append(errs, "BatchMax must be positive")

@@ -421,6 +421,13 @@ func TestConfigErrors(t *testing.T) {
 		"neg timeout": {func(c *consumer.Config) { c.ClaimTimeout = -1 }, "must not be negative"},
 		"static": {func(c *consumer.Config) { c.KgoOpts = []kgo.Opt{kgo.InstanceID("pod-0")} },
 			"static group membership"},
+		// Postgres would end the session of a job still within its time.
+		"idle below handler": {func(c *consumer.Config) { c.IdleInTxTimeout = 30 * time.Second },
+			"IdleInTxTimeout 30s must be longer than HandlerTimeout 1m0s"},
+		"idle equal to handler": {func(c *consumer.Config) { c.IdleInTxTimeout, c.HandlerTimeout = time.Second, time.Second },
+			"IdleInTxTimeout 1s must be longer than HandlerTimeout 1s"},
+		"idle without handler bound": {func(c *consumer.Config) { c.IdleInTxTimeout, c.HandlerTimeout = time.Minute, -1 },
+			"has no time bound"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := good

@@ -1,17 +1,16 @@
 package consumer
 
 import (
-	"context"
 	"errors"
-	"io"
-	"net"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Permanent marks a handler error as one that no retry can fix (a job that
 // cannot be decoded, a job that breaks a business rule): the job is
-// dead-lettered at once instead of after MaxAttempts.
+// dead-lettered at once instead of after MaxAttempts. Permanent wins over
+// every other reading of the error: Permanent(io.ErrUnexpectedEOF) or a
+// Permanent SQL error is dead-lettered like any other.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -30,9 +29,34 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
-// infraError marks a failure of the machinery around the handler (the
-// database connection, the commit): it says nothing about the job, so it
-// is retried for as long as it takes and never dead-letters anything.
+// Transient marks a handler error as a failure of something outside the job
+// (the destination of an HTTP call is down, a queue is full): the batch is
+// retried with backoff for as long as it takes, whole (it is not split), and
+// the job is never dead-lettered; nothing counts against MaxAttempts. It is
+// logged and counted (Stats.HandlerTransient). Permanent wins over
+// Transient if an error is marked both ways.
+func Transient(err error) error {
+	if err == nil {
+		return nil
+	}
+	return transientError{err}
+}
+
+type transientError struct{ err error }
+
+func (e transientError) Error() string { return e.err.Error() }
+func (e transientError) Unwrap() error { return e.err }
+
+// IsTransient reports whether err was marked with Transient.
+func IsTransient(err error) bool {
+	var t transientError
+	return errors.As(err, &t)
+}
+
+// infraError marks a failure of tenure's own database work around the
+// handler (BEGIN, the transaction check, the fence, COMMIT, or the batch's
+// connection breaking): it says nothing about the job, so it is retried for
+// as long as it takes and never dead-letters anything.
 type infraError struct{ err error }
 
 func (e infraError) Error() string { return e.err.Error() }
@@ -40,43 +64,104 @@ func (e infraError) Unwrap() error { return e.err }
 
 func isInfra(err error) bool {
 	var ie infraError
-	return errors.As(err, &ie) || isConnectionError(err)
+	return errors.As(err, &ie)
 }
 
-// isConnectionError reports whether err means the database could not be
-// reached or the session broke, rather than that a statement was refused.
-// A handler that fails because Postgres restarted must not have its jobs
-// dead-lettered.
-func isConnectionError(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		// A deadline is the handler's timeout (context errors implement
-		// net.Error too); process asks the database itself before blaming
-		// the job.
-		return false
+// failure is how the lane treats a failed attempt.
+type failure int
+
+const (
+	// failJob: the job's fault. Counted; the batch is retried once, then
+	// split; a lone job gets MaxAttempts attempts, then is dead-lettered.
+	failJob failure = iota
+	// failPermanent: the job's fault, final (Permanent, or a panic).
+	failPermanent
+	// failTransient: the handler said its destination is down (Transient),
+	// or its statement lost a race with another session (lock timeout,
+	// deadlock, serialization failure). Retried whole with backoff, forever,
+	// never counted against the job.
+	failTransient
+	// failEnvironment: the handler's SQL was refused for a reason that says
+	// nothing about the job (missing table or column, permissions, a
+	// read-only or stopping server). The partition stalls with backoff and a
+	// loud log until it passes; never counted, never dead-lettered.
+	failEnvironment
+	// failInfra: tenure's own database work failed, or the batch's
+	// connection broke under the handler. Retried with backoff, forever.
+	failInfra
+)
+
+func (f failure) String() string {
+	switch f {
+	case failJob:
+		return "job"
+	case failPermanent:
+		return "permanent"
+	case failTransient:
+		return "transient"
+	case failEnvironment:
+		return "environment"
+	case failInfra:
+		return "infrastructure"
 	}
-	if pgconn.SafeToRetry(err) {
-		return true
+	return "unknown"
+}
+
+// classifyHandlerError decides whose fault a handler's error is. The source
+// decides, not the Go type: an io.ErrUnexpectedEOF from a truncated JSON
+// payload or a *net.OpError from an HTTP call is the job's, because the
+// handler returned it; only the state of the batch's own connection
+// (connBroken) or a SQLSTATE that Postgres gave the handler's own statement
+// says otherwise. timedOut means the handler outlived HandlerTimeout: the
+// job's, whatever the error (a timeout breaks the connection too).
+func classifyHandlerError(err error, connBroken, timedOut bool) failure {
+	switch {
+	case IsPermanent(err) || errors.Is(err, errPanicked):
+		return failPermanent
+	case IsTransient(err):
+		return failTransient
+	case timedOut:
+		return failJob
+	case connBroken:
+		// The handler's statement hit a dead session (Postgres restarted,
+		// the session was terminated, the network broke): not the job's.
+		return failInfra
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "08": // connection exception
-			return true
-		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "53": // insufficient resources
-			return true
-		}
-		switch pgErr.Code {
-		case "57P01", "57P02", "57P03", // admin shutdown, crash shutdown, cannot connect now
-			"25P03",          // idle-in-transaction timeout ended the session
-			"55P03",          // lock_timeout: waiting for someone else's row lock
-			"40001", "40P01": // serialization failure, deadlock: transient by definition
-			return true
-		}
-		return false
+		return classifySQLState(pgErr.Code)
 	}
-	var ce *pgconn.ConnectError
-	var ne net.Error
-	return errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, io.EOF) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		(pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded))
+	return failJob
+}
+
+// classifySQLState reads a SQLSTATE that a handler's own statement got.
+// Classes 22 (data exception) and 23 (integrity constraint violation), and
+// everything not listed, are the job's.
+func classifySQLState(code string) failure {
+	switch code {
+	case "55P03", // lock_not_available: lock_timeout, waiting for someone else's row lock
+		"40001", // serialization_failure
+		"40P01": // deadlock_detected
+		return failTransient
+	case "57014": // query_canceled: statement_timeout, or a cancel request
+		return failJob
+	case "25P02": // in_failed_sql_transaction: an earlier error was ignored; its class is unknown
+		return failJob
+	}
+	if len(code) != 5 {
+		return failJob
+	}
+	switch code[:2] {
+	case "08", // connection exception
+		"25", // invalid transaction state (read-only transaction, ...)
+		"28", // invalid authorization specification
+		"3D", // invalid catalog name (no such database)
+		"3F", // invalid schema name
+		"42", // syntax error or access rule violation (missing table or column, permission denied)
+		"53", // insufficient resources (disk full, out of memory, too many connections)
+		"57", // operator intervention (shutting down, cannot connect now)
+		"58": // system error (I/O error)
+		return failEnvironment
+	}
+	return failJob
 }

@@ -18,10 +18,35 @@ import (
 // Conn); savepoints (tx.Begin) are fine.
 //
 // Handle must honour ctx: it is cancelled when the partition is lost or the
-// worker stops hard, and then nothing of the batch will be committed.
+// worker stops hard, and then nothing of the batch will be committed. It
+// ends after HandlerTimeout; a Handle that returns after that fails as
+// timed out, whatever it returns.
 //
-// Returning an error rolls the batch back; the framework retries it with
-// backoff (see Config.MaxAttempts and Permanent).
+// Returning an error rolls the batch back. What happens next depends on
+// where the error comes from, not on its Go type:
+//
+//   - Permanent(err): the job is dead-lettered without more attempts.
+//     Permanent wins over everything below.
+//   - Transient(err): the handler knows that something outside the job is
+//     down (an HTTP destination, a broker). The batch is retried whole,
+//     with backoff, for as long as it takes; never dead-lettered.
+//   - A SQL error of the handler's own statements is read by its SQLSTATE
+//     class. 42 (missing table or column, permission), 28, 25, 3D, 3F, 53,
+//     57, 58 and 08 say nothing about the job: the partition stalls with
+//     backoff and a loud log until the environment is fixed. 55P03 (lock
+//     timeout), 40001 and 40P01 are retried like Transient. 22 and 23 (bad
+//     data, a constraint), 57014 (statement timeout), 25P02 (an earlier
+//     error of the transaction was ignored: return that one instead) and
+//     the rest are the job's.
+//   - If the batch's connection broke under the handler (Postgres restarted,
+//     the session was killed), the failure is not the job's, whatever error
+//     the handler returned: retried like tenure's own database errors.
+//   - Anything else (an io.ErrUnexpectedEOF from a truncated payload, a
+//     *net.OpError from a dead HTTP host, a panic, a timeout) is the job's:
+//     the batch is retried once, then split until the failing job is alone;
+//     it gets MaxAttempts attempts and is then dead-lettered in the fenced
+//     transaction that moves the partition past it. Before a job is blamed,
+//     the lane checks that the database answers.
 //
 // Handle may therefore run more than once for the same records, but at most
 // one run's effects in tx are ever committed. Effects outside tx (an HTTP

@@ -347,16 +347,20 @@ func (l *lane) awaitLayout(claim bool) bool {
 // job is dead-lettered in the transaction that moves past it. It returns an
 // error only when the lane is fenced or stopped.
 //
-// A failing batch is retried once (a transient failure should not cost a
-// split), then halved: the halves run in order, each retried and halved in
-// turn, so the good jobs commit and the bad one ends alone. A lone job gets
-// MaxAttempts attempts, or none more if its failure is permanent, and is then
-// dead-lettered. Infrastructure failures (the database is away) are retried
-// until they pass or the lane stops, whatever the batch size.
+// What a failure costs depends on whose it is (see Handler and
+// classifyHandlerError). A job's failure is counted: the batch is retried
+// once (a passing hiccup should not cost a split), then halved; the halves
+// run in order, each retried and halved in turn, so the good jobs commit and
+// the bad one ends alone. A lone job gets MaxAttempts attempts, or none more
+// if its failure is permanent, and is then dead-lettered. A failure that is
+// not the job's (tenure's own database work, the batch's connection
+// breaking, a Transient error, a SQL error that says the environment is
+// wrong) is retried whole, with backoff, until it passes or the lane stops:
+// it never splits a batch and never dead-letters anything.
 func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 	cfg := &l.c.cfg
 	b := l.batch(recs, from)
-	handlerFailures := 0
+	handlerFailures, stalls := 0, 0
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
 			l.c.stats.retries.Add(1)
@@ -371,10 +375,28 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 			return from, err
 		case l.stopping():
 			return from, fmt.Errorf("%w: %v", errStopped, err)
-		case isInfra(err):
-			d := l.c.backoff(attempt)
-			l.log.Warn("batch failed on the database, retrying", zap.Int64("from", b.From), zap.Int64("to", b.To),
-				zap.Int("attempt", attempt), zap.Duration("backoff", d), zap.Error(err))
+		}
+		class := failInfra // whatever is not the handler's is tenure's own database work
+		var he *handlerError
+		if errors.As(err, &he) {
+			class = he.class
+		}
+		if class != failJob && class != failPermanent {
+			stalls++
+			d := l.c.backoff(stalls)
+			fields := []zap.Field{zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Int("attempt", stalls),
+				zap.Duration("backoff", d), zap.Stringer("failure", class), zap.Error(err)}
+			switch class {
+			case failTransient:
+				l.c.stats.handlerTransient.Add(1)
+				l.log.Warn("handler failed for a reason outside its jobs (Transient, or a lock conflict): retrying the batch, not counting it against its jobs", fields...)
+			case failEnvironment:
+				l.c.stats.handlerEnvironment.Add(1)
+				l.log.Error("the database refused the handler's SQL for a reason that is not the job's (missing table or column, permission, read-only or stopping server): the partition stalls until that is fixed; nothing is dead-lettered",
+					append(fields, zap.String("sqlstate", sqlState(err)))...)
+			default:
+				l.log.Warn("batch failed on the database, retrying", fields...)
+			}
 			if !l.sleep(d) {
 				return from, errStopped
 			}
@@ -383,14 +405,15 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 		if !l.databaseAnswers() {
 			// The handler failed while the database is away: not the job's
 			// fault, whatever the error says.
-			if !l.sleep(l.c.backoff(attempt)) {
+			stalls++
+			if !l.sleep(l.c.backoff(stalls)) {
 				return from, errStopped
 			}
 			continue
 		}
 		handlerFailures++
 		l.c.stats.handlerFailures.Add(1)
-		final := IsPermanent(err) || errors.Is(err, errPanicked)
+		final := class == failPermanent
 		if len(recs) > 1 {
 			if handlerFailures < 2 && !final {
 				d := l.c.backoff(handlerFailures)
@@ -421,6 +444,26 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 		}
 		return l.deadLetter(b, err, handlerFailures)
 	}
+}
+
+// handlerError is a failed Handle call, classified while its transaction
+// was still open: whether the batch's connection survived is part of the
+// verdict.
+type handlerError struct {
+	err   error
+	class failure
+}
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }
+
+// sqlState is the SQLSTATE in err's chain, or "".
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
 }
 
 // databaseAnswers checks, after a handler failure, that the database can run
@@ -498,8 +541,17 @@ func (l *lane) attempt(b *Batch) error {
 			hctx, cancel = context.WithTimeout(ctx, l.c.cfg.HandlerTimeout)
 		}
 		defer cancel()
-		if err := l.handle(hctx, tx, b); err != nil {
-			return err
+		err := l.handle(hctx, tx, b)
+		// Our own timeout, not a stop of the lane.
+		timedOut := errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		if err != nil {
+			return &handlerError{err, classifyHandlerError(err, tx.Conn().IsClosed(), timedOut)}
+		}
+		if timedOut {
+			// A handler that ignored its context: what it did is rolled back
+			// like any timed-out batch, rather than raced against Postgres's
+			// idle-in-transaction timeout.
+			return &handlerError{fmt.Errorf("handler timed out after %s (it returned only after its deadline)", l.c.cfg.HandlerTimeout), failJob}
 		}
 		if h := l.c.cfg.Hooks.BeforeCommit; h != nil {
 			h(ctx, b)

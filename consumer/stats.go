@@ -11,15 +11,24 @@ type Stats struct {
 	Records         int64 // records committed (dead letters included)
 	BatchesFenced   int64 // batches rejected by the fence
 	DeadLetters     int64 // jobs parked in the dead-letter table
-	HandlerFailures int64 // handler errors, panics and timeouts
-	Retries         int64 // batch attempts after a failure of any kind
-	Resets          int64 // incarnation bumps made by this worker
-	Lanes           int64 // partitions being processed now
+	HandlerFailures int64 // handler failures counted against jobs: errors, panics and timeouts
+	// HandlerTransient counts handler failures retried without counting
+	// against the jobs: Transient errors, and lock timeouts, deadlocks and
+	// serialization failures of the handler's statements.
+	HandlerTransient int64
+	// HandlerEnvironment counts handler failures whose SQLSTATE says the
+	// environment is wrong (missing table or column, permission, read-only
+	// or stopping server): the partition stalls, nothing is dead-lettered.
+	HandlerEnvironment int64
+	Retries            int64 // batch attempts after a failure of any kind
+	Resets             int64 // incarnation bumps made by this worker
+	Lanes              int64 // partitions being processed now
 }
 
 type counters struct {
 	claims, claimsRejected, batches, records, batchesFenced atomic.Int64
 	deadLetters, handlerFailures, retries, resets, lanes    atomic.Int64
+	handlerTransient, handlerEnvironment                    atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -29,6 +38,7 @@ func (c *Consumer) Stats() Stats {
 		Claims: s.claims.Load(), ClaimsRejected: s.claimsRejected.Load(),
 		Batches: s.batches.Load(), Records: s.records.Load(), BatchesFenced: s.batchesFenced.Load(),
 		DeadLetters: s.deadLetters.Load(), HandlerFailures: s.handlerFailures.Load(),
+		HandlerTransient: s.handlerTransient.Load(), HandlerEnvironment: s.handlerEnvironment.Load(),
 		Retries: s.retries.Load(), Resets: s.resets.Load(), Lanes: s.lanes.Load(),
 	}
 }

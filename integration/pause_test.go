@@ -251,9 +251,9 @@ func TestPausedMidTransaction(t *testing.T) {
 	e := newEnv(t, 1)
 	e.produce(jobsFor(keys, 0, 20)...)
 
-	a := e.startWorker("A", "--hold-once", "before-commit", "--idle-in-tx-timeout", "2s")
+	a := e.startWorker("A", "--hold-once", "before-commit", "--handler-timeout", "1s", "--idle-in-tx-timeout", "2s")
 	a.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "before-commit"})
-	b := e.startWorker("B", "--idle-in-tx-timeout", "2s")
+	b := e.startWorker("B", "--handler-timeout", "1s", "--idle-in-tx-timeout", "2s")
 	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
 	waitForMembers(t, e, 2)
 	a.pause()

@@ -172,6 +172,11 @@ func TestRefusedAtTheDoor(t *testing.T) {
 		{append([]string{"worker", "--brokers", "h:1", "--group", "g", "--topic", "t", "--handler", "noop", "--session-timeout", "1ms"}, db...), "--session-timeout 1ms is out of range"},
 		{append([]string{"worker", "--brokers", "h:1", "--group", "g", "--topic", "t", "--handler", "noop", "--rebalance-timeout", "1000h"}, db...), "--rebalance-timeout"},
 		{append([]string{"worker", "--brokers", "h:1", "--group", "g", "--topic", "t", "--handler", "noop", "--handler-timeout", "1000h"}, db...), "--handler-timeout"},
+		// Postgres would end the session of a job still within its time.
+		{append([]string{"worker", "--brokers", "h:1", "--group", "g", "--topic", "t", "--handler", "noop", "--idle-in-tx-timeout", "30s"}, db...),
+			"--idle-in-tx-timeout 30s must be longer than --handler-timeout 1m0s"},
+		{append([]string{"worker", "--brokers", "h:1", "--group", "g", "--topic", "t", "--handler", "noop", "--handler-timeout", "5s", "--idle-in-tx-timeout", "5s"}, db...),
+			"(leave it unset to derive it: 6.25s)"},
 		{append([]string{"admin", "assignments", "--brokers", "h:1", "--group", "g\x00"}, db...), "control character"},
 		{append([]string{"admin", "fences", "--group", "g\xfe"}, db...), "not valid UTF-8"},
 		{append([]string{"admin", "dlq", "list", "--topic", "no/slash"}, db...), `'/'`},

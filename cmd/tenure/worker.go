@@ -37,7 +37,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	session := f.Duration("session-timeout", 45*time.Second, "classic protocol session timeout (KIP-848: set on the broker)")
 	rebalance := f.Duration("rebalance-timeout", 60*time.Second, "classic protocol rebalance timeout; revoked partitions get half of it to finish their batch")
 	batchMax := f.Int("batch-max", 500, "most jobs per transaction")
-	idleTx := f.Duration("idle-in-tx-timeout", 30*time.Second, "Postgres idle_in_transaction_session_timeout for batch transactions: how long a worker frozen mid-transaction can hold row locks (keep it below --handler-timeout)")
+	idleTx := f.Duration("idle-in-tx-timeout", 0, "Postgres idle_in_transaction_session_timeout for batch transactions: how long a worker frozen mid-transaction can hold row locks; it must be longer than --handler-timeout (default: --handler-timeout plus a quarter, at least 1s more)")
 	maxAttempts := f.Int("max-attempts", 5, "attempts of a failing job before it is dead-lettered")
 	handlerTimeout := f.Duration("handler-timeout", 60*time.Second, "bound on one handler call (a batch); a job that keeps timing out is dead-lettered")
 	injectFaults := f.Bool("inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout")
@@ -184,7 +184,14 @@ func checkDurations(session, rebalance, handler, idleTx time.Duration) error {
 	case handler <= 0 || handler > maxTxTimeout:
 		return usagef("--handler-timeout %s is out of range: it must be positive and at most %s", handler, maxTxTimeout)
 	case idleTx < 0 || idleTx > maxTxTimeout:
-		return usagef("--idle-in-tx-timeout %s is out of range: it must be from 0 (which means 30s) to %s", idleTx, maxTxTimeout)
+		return usagef("--idle-in-tx-timeout %s is out of range: it must be from 0 (which derives it from --handler-timeout: %s) to %s",
+			idleTx, consumer.DefaultIdleInTxTimeout(handler), maxTxTimeout)
+	case idleTx != 0 && idleTx <= handler:
+		// Postgres would end the session of a job still within its time.
+		return usagef("--idle-in-tx-timeout %s must be longer than --handler-timeout %s: Postgres would end the session of a job that is still within its time (leave it unset to derive it: %s)",
+			idleTx, handler, consumer.DefaultIdleInTxTimeout(handler))
+	case idleTx == 0 && consumer.DefaultIdleInTxTimeout(handler) > maxTxTimeout:
+		return usagef("--handler-timeout %s leaves no room for the idle-in-transaction timeout, which must be longer and at most %s", handler, maxTxTimeout)
 	}
 	return nil
 }
