@@ -2,8 +2,11 @@ package consumer
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +36,16 @@ type Consumer struct {
 	running chan struct{} // closed when Run starts
 
 	txOptions pgx.TxOptions
-	stats     counters
+	// txTag and txSeq make each batch transaction's marker unique (see
+	// lane.commitTx).
+	txTag string
+	txSeq atomic.Uint64
+	stats counters
+}
+
+// txMarker returns a value no other batch transaction uses.
+func (c *Consumer) txMarker() string {
+	return c.txTag + "." + strconv.FormatUint(c.txSeq.Add(1), 10)
 }
 
 type tp struct {
@@ -64,6 +76,9 @@ func New(cfg Config) (*Consumer, error) {
 		begin += fmt.Sprintf("; SET LOCAL lock_timeout = %d", max(cfg.HandlerTimeout.Milliseconds()/2, 1))
 	}
 	c.txOptions.BeginQuery = begin
+	var tag [8]byte
+	_, _ = rand.Read(tag[:]) // never fails (crypto/rand)
+	c.txTag = hex.EncodeToString(tag[:])
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),

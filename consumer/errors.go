@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -165,3 +166,33 @@ func classifySQLState(code string) failure {
 	}
 	return failJob
 }
+
+// ErrHandlerEndedTx is matched by the error of a batch whose transaction the
+// handler ended itself, with COMMIT or ROLLBACK in its SQL (or a procedure
+// that commits). Its effects may then have been committed outside the fence.
+// The lane halts the partition (see HandlerBugError).
+var ErrHandlerEndedTx = errors.New("the handler ended the batch's transaction itself (COMMIT or ROLLBACK in its SQL)")
+
+// HandlerBugError reports a handler that ended its batch's transaction. It
+// names the batch's jobs: which one's statement ended it cannot be known
+// without running it again (and committing again). The lane halts the
+// partition: it records the halt in Postgres (sink.Store.HaltPartition),
+// logs it as an error, counts it (Stats.HandlerBugs) and commits nothing
+// more for the partition, on this worker or any other, until an operator
+// has fixed the handler and resumes the partition (`tenure admin halts
+// resume`, or sink.Store.ResumePartition).
+type HandlerBugError struct {
+	FirstJob, LastJob string // JobIDs of the batch's first and last records
+	From, To          int64
+}
+
+func (e *HandlerBugError) Error() string {
+	jobs := "job " + e.FirstJob
+	if e.LastJob != e.FirstJob {
+		jobs = "jobs " + e.FirstJob + " to " + e.LastJob
+	}
+	return fmt.Sprintf("handler bug while handling %s: %v; whatever it wrote before that may be committed outside the fence, and the fence did not run", jobs, ErrHandlerEndedTx)
+}
+
+// Is makes errors.Is(err, ErrHandlerEndedTx) true.
+func (e *HandlerBugError) Is(target error) bool { return target == ErrHandlerEndedTx }

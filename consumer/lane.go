@@ -29,6 +29,9 @@ const lostGrace = 2 * time.Second
 // fence (not our belief about ownership) decides whether the batch lands.
 const commitTimeout = 15 * time.Second
 
+// haltRecheck is how often a halted lane looks for the operator's resume.
+const haltRecheck = 2 * time.Second
+
 // layoutRecheck is how often a lane blocked by a partition count change
 // looks for the operator's acknowledgement; layoutWatch is how often a
 // worker compares its topics' partition counts with the recorded ones.
@@ -262,6 +265,11 @@ func (l *lane) run() {
 	if l.blocked && !l.awaitLayout(true) {
 		return
 	}
+	// A partition halted for a handler bug (here or on another worker)
+	// stays halted until an operator resumes it.
+	if !l.awaitResume(true) {
+		return
+	}
 	for {
 		if n := l.layoutHold.Swap(0); n != 0 {
 			// The topic's partition count changed under this lane: keep the
@@ -290,9 +298,117 @@ func (l *lane) run() {
 				zap.Bool("fenced", true), zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Error(err))
 			l.end()
 			return
+		case errors.Is(err, ErrHandlerEndedTx):
+			// Keep what was not committed, fetch nothing more, and wait.
+			l.requeue(b.Records)
+			if !l.halt(err) {
+				return
+			}
 		default: // stopped: nothing of the unfinished part committed, nothing lost
 			l.log.Info("batch abandoned: lane stopped", zap.Int64("from", next), zap.Int64("to", b.To), zap.Error(err))
 			return
+		}
+	}
+}
+
+// requeue puts records taken for a batch back at the front of the buffer
+// and pauses fetching; take drops what was committed meanwhile.
+func (l *lane) requeue(recs []*kgo.Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return
+	}
+	l.queue = append(append(make([]*kgo.Record, 0, len(recs)+len(l.queue)), recs...), l.queue...)
+	l.pauseLocked()
+}
+
+// halt stops the partition after its handler ended its own transaction
+// (cause is a *HandlerBugError): the batch's effects may be committed
+// outside the fence, and running the handler again would do it again. The
+// halt is recorded in Postgres, so that no worker the partition moves to
+// processes it either, and the lane waits for an operator to resume it. It
+// reports whether the lane may go on (false: it was stopped meanwhile).
+func (l *lane) halt(cause error) bool {
+	l.c.stats.handlerBugs.Add(1)
+	h := sink.Halt{Partition: l.key, Reason: cause.Error(), Owner: l.owner, Token: l.token}
+	var bug *HandlerBugError
+	if errors.As(cause, &bug) {
+		h.From, h.To, h.FirstJob, h.LastJob = bug.From, bug.To, bug.FirstJob, bug.LastJob
+	}
+	l.log.Error("handler bug: it ended the batch's transaction itself (COMMIT or ROLLBACK in its SQL), so the fence could not cover what it wrote; "+
+		"the partition is halted: nothing more is committed for it, on any worker, until an operator fixes the handler and runs "+
+		"`tenure admin halts resume --group "+l.key.Group+" --topic "+l.key.Topic+" --partition "+fmt.Sprint(l.key.Partition)+"`",
+		zap.String("job", h.FirstJob), zap.String("last_job", h.LastJob), zap.Int64("from", h.From), zap.Int64("to", h.To),
+		zap.Bool("halted", true), zap.Error(cause))
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
+		err := l.c.store.HaltPartition(ctx, h)
+		cancel()
+		if err == nil {
+			break
+		}
+		// Not recorded yet: this lane holds the partition anyway, and the
+		// next owner's lane finds the halt once the database answers.
+		d := l.c.backoff(attempt)
+		l.log.Warn("recording the partition's halt failed, retrying", zap.Duration("backoff", d), zap.Error(err))
+		if !l.sleep(d) {
+			return false
+		}
+	}
+	return l.awaitResume(false)
+}
+
+// awaitResume waits while the partition is halted (see halt); at a lane's
+// start (starting) it first looks whether it is. It reports whether the lane
+// may go on. A database that does not answer is asked again: a halted
+// partition must not run on the assumption that it is not.
+func (l *lane) awaitResume(starting bool) bool {
+	counted, said := false, !starting
+	defer func() {
+		if counted {
+			l.c.stats.lanesHalted.Add(-1)
+		}
+	}()
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
+		h, halted, err := l.c.store.HaltOf(ctx, l.key)
+		cancel()
+		wait := haltRecheck
+		switch {
+		case err != nil:
+			wait = l.c.backoff(attempt)
+			l.log.Warn("reading whether the partition is halted failed, retrying", zap.Duration("backoff", wait), zap.Error(err))
+		case !halted:
+			if counted {
+				l.log.Warn("partition resumed by an operator: processing goes on")
+				l.mu.Lock()
+				if l.paused && !l.ended && !l.removed {
+					l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+					l.paused = false
+				}
+				l.mu.Unlock()
+			}
+			return true
+		default:
+			attempt = 0
+			if !counted {
+				counted = true
+				l.c.stats.lanesHalted.Add(1)
+				l.mu.Lock()
+				l.pauseLocked()
+				l.mu.Unlock()
+			}
+			if !said {
+				said = true
+				l.log.Error("partition is halted (its handler ended its own transaction): not processing it until an operator resumes it with "+
+					"`tenure admin halts resume --group "+l.key.Group+" --topic "+l.key.Topic+" --partition "+fmt.Sprint(l.key.Partition)+"`",
+					zap.String("job", h.FirstJob), zap.String("last_job", h.LastJob), zap.Time("halted_at", h.HaltedAt),
+					zap.String("halted_by", h.Owner), zap.Bool("halted", true), zap.String("reason", h.Reason))
+			}
+		}
+		if !l.sleep(wait) {
+			return false
 		}
 	}
 }
@@ -373,6 +489,8 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 		case errors.Is(err, sink.ErrFenced):
 			l.afterBatch(b, err)
 			return from, err
+		case errors.Is(err, ErrHandlerEndedTx):
+			return from, err // never again: the lane halts the partition
 		case l.stopping():
 			return from, fmt.Errorf("%w: %v", errStopped, err)
 		}
@@ -563,9 +681,21 @@ func (l *lane) attempt(b *Batch) error {
 // commitTx runs work in a transaction and commits it through the fence from
 // b.From to b.To. Errors of the transaction machinery come back marked as
 // infrastructure errors; work's own errors come back as they are.
+//
+// The transaction is opened with a marker (SET LOCAL tenure.tx, a value
+// unique to this batch), checked just before the fence in the same
+// transaction. A handler whose SQL ended the transaction (COMMIT or
+// ROLLBACK) loses the marker: its statements since then ran in autocommit,
+// and so would the fence, whose rejection would roll nothing back. The
+// check reports that as a *HandlerBugError instead of committing anything.
+// Nothing of the handler's can run between the check and the fence: its Tx
+// refuses work once Handle has returned.
 func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) error) error {
 	ctx := l.ctx
-	tx, err := l.c.store.Pool().BeginTx(ctx, l.c.txOptions)
+	marker := l.c.txMarker()
+	opts := l.c.txOptions
+	opts.BeginQuery += "; SET LOCAL tenure.tx = '" + marker + "'"
+	tx, err := l.c.store.Pool().BeginTx(ctx, opts)
 	if err != nil {
 		return infraError{fmt.Errorf("begin: %w", err)}
 	}
@@ -584,6 +714,13 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 	// settled by the fence.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
+	var got string
+	if err := tx.QueryRow(cctx, `SELECT coalesce(current_setting('tenure.tx', true), '')`).Scan(&got); err != nil {
+		return infraError{fmt.Errorf("checking the batch's transaction: %w", err)}
+	}
+	if got != marker {
+		return &HandlerBugError{FirstJob: JobID(b.Records[0]), LastJob: JobID(b.Records[len(b.Records)-1]), From: b.From, To: b.To}
+	}
 	req := sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To}
 	if err := l.c.store.Commit(cctx, tx, req); err != nil {
 		if errors.Is(err, sink.ErrFenced) {

@@ -3,7 +3,7 @@ package consumer
 import "sync/atomic"
 
 // Stats are a worker's counters since it started, for metrics endpoints and
-// tests. All fields are totals except Lanes.
+// tests. All fields are totals except Lanes and LanesHalted.
 type Stats struct {
 	Claims          int64 // partitions claimed
 	ClaimsRejected  int64 // claims refused by the fence or the coordinator
@@ -20,15 +20,22 @@ type Stats struct {
 	// environment is wrong (missing table or column, permission, read-only
 	// or stopping server): the partition stalls, nothing is dead-lettered.
 	HandlerEnvironment int64
-	Retries            int64 // batch attempts after a failure of any kind
-	Resets             int64 // incarnation bumps made by this worker
-	Lanes              int64 // partitions being processed now
+	// HandlerBugs counts batches whose handler ended its own transaction
+	// (ErrHandlerEndedTx); each halts its partition.
+	HandlerBugs int64
+	// LanesHalted is the number of partitions this worker holds but does not
+	// process because they are halted (a gauge, like Lanes).
+	LanesHalted int64
+	Retries     int64 // batch attempts after a failure of any kind
+	Resets      int64 // incarnation bumps made by this worker
+	Lanes       int64 // partitions being processed now
 }
 
 type counters struct {
 	claims, claimsRejected, batches, records, batchesFenced atomic.Int64
 	deadLetters, handlerFailures, retries, resets, lanes    atomic.Int64
-	handlerTransient, handlerEnvironment                    atomic.Int64
+	handlerTransient, handlerEnvironment, handlerBugs       atomic.Int64
+	lanesHalted                                             atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -39,6 +46,7 @@ func (c *Consumer) Stats() Stats {
 		Batches: s.batches.Load(), Records: s.records.Load(), BatchesFenced: s.batchesFenced.Load(),
 		DeadLetters: s.deadLetters.Load(), HandlerFailures: s.handlerFailures.Load(),
 		HandlerTransient: s.handlerTransient.Load(), HandlerEnvironment: s.handlerEnvironment.Load(),
+		HandlerBugs: s.handlerBugs.Load(), LanesHalted: s.lanesHalted.Load(),
 		Retries: s.retries.Load(), Resets: s.resets.Load(), Lanes: s.lanes.Load(),
 	}
 }

@@ -90,11 +90,14 @@ func TestInjectionThroughNames(t *testing.T) {
 	commands := func(schema string) map[string][]string {
 		db := []string{"--database-url", e.dbURL, "--schema", schema}
 		return map[string][]string{
-			"worker":            append([]string{"worker", "--brokers", brokers, "--group", e.group, "--topic", e.topic, "--handler", "export"}, db...),
-			"migrate up":        append(append([]string{"migrate"}, db...), "up"),
-			"migrate down":      append(append([]string{"migrate"}, db...), "down"),
-			"migrate status":    append(append([]string{"migrate"}, db...), "status"),
-			"admin fences":      append([]string{"admin", "fences"}, db...),
+			"worker":         append([]string{"worker", "--brokers", brokers, "--group", e.group, "--topic", e.topic, "--handler", "export"}, db...),
+			"migrate up":     append(append([]string{"migrate"}, db...), "up"),
+			"migrate down":   append(append([]string{"migrate"}, db...), "down"),
+			"migrate status": append(append([]string{"migrate"}, db...), "status"),
+			"admin fences":   append([]string{"admin", "fences"}, db...),
+			"admin halts":    append([]string{"admin", "halts"}, db...),
+			"admin halts resume": append([]string{"admin", "halts", "resume", "--group", e.group, "--topic", e.topic,
+				"--partition", "0"}, db...),
 			"admin assignments": append([]string{"admin", "assignments", "--brokers", brokers, "--group", e.group}, db...),
 			"admin dlq list":    append([]string{"admin", "dlq", "list"}, db...),
 			"admin dlq show":    append([]string{"admin", "dlq", "show", "1"}, db...),

@@ -59,6 +59,8 @@ func writeMetrics(w http.ResponseWriter, s consumer.Stats) {
 		{"tenure_handler_failures_total", "Handler errors, panics and timeouts counted against jobs.", "counter", s.HandlerFailures},
 		{"tenure_handler_transient_total", "Handler failures retried without counting against jobs (consumer.Transient, lock timeouts, deadlocks).", "counter", s.HandlerTransient},
 		{"tenure_handler_environment_errors_total", "Handler SQL errors that say the environment is wrong (missing table or column, permission, read-only server): the partition stalls.", "counter", s.HandlerEnvironment},
+		{"tenure_handler_bugs_total", "Batches whose handler ended its own transaction (COMMIT or ROLLBACK in its SQL); each halts its partition.", "counter", s.HandlerBugs},
+		{"tenure_lanes_halted", "Partitions this worker holds but does not process: halted for a handler bug until an operator resumes them.", "gauge", s.LanesHalted},
 		{"tenure_batch_retries_total", "Batch attempts after a failure.", "counter", s.Retries},
 		{"tenure_incarnation_bumps_total", "Group resets detected and fenced by this worker.", "counter", s.Resets},
 		{"tenure_lanes", "Partitions this worker is processing now.", "gauge", s.Lanes},

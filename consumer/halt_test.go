@@ -1,0 +1,138 @@
+package consumer_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// A handler that ends its own transaction with COMMIT (or ROLLBACK) in its
+// SQL would make the fence run in autocommit, where its rejection rolls
+// nothing back. The lane finds out before the fence, names the job, and
+// halts the partition: nothing more is committed for it, not even by the
+// next worker it is assigned to, until an operator resumes it.
+func TestHandlerThatEndsItsTransactionHaltsThePartition(t *testing.T) {
+	t.Parallel()
+	for _, stmt := range []string{"COMMIT", "ROLLBACK"} {
+		t.Run(stmt, func(t *testing.T) {
+			t.Parallel()
+			testHandlerEndsItsTransaction(t, stmt)
+		})
+	}
+}
+
+func testHandlerEndsItsTransaction(t *testing.T, stmt string) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	table := pgx.Identifier{b.schema, "out"}.Sanitize()
+	if _, err := b.pool.Exec(ctx, `CREATE TABLE `+table+` (job text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		calls int
+		fixed bool
+	)
+	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+		mu.Lock()
+		calls++
+		buggy := !fixed
+		mu.Unlock()
+		for _, r := range batch.Records {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, consumer.JobID(r)); err != nil {
+				return err
+			}
+			if buggy && string(r.Value) == "bug" {
+				// A helper that "finishes" its own work.
+				if _, err := tx.Exec(ctx, stmt); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	core, logs := observer.New(zap.DebugLevel)
+	dumpLogsOnFailure(t, logs)
+	cfg := b.config(h, zap.New(core))
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, c)
+	b.produce(5, func(int) string { return "k" })
+	b.waitDone(30 * time.Second)
+	b.produceValues(1, func(int) string { return "k" }, func(int) string { return "bug" })
+	waitForCond(t, 30*time.Second, "the handler bug to be detected", func() bool { return c.Stats().HandlerBugs == 1 })
+	mu.Lock()
+	before := calls
+	mu.Unlock()
+	b.produce(5, func(int) string { return "k" })
+	time.Sleep(time.Second) // a lane that went on would have run by now
+
+	key := sink.Partition{Group: b.group, Topic: b.topic}
+	if f, err := b.store.Get(ctx, key); err != nil || f.NextOffset != 5 {
+		t.Errorf("the fencing row moved past the halted batch: %+v, %v", f, err)
+	}
+	mu.Lock()
+	if calls != before {
+		t.Errorf("the handler ran %d more times after the bug was found", calls-before)
+	}
+	mu.Unlock()
+	if st := c.Stats(); st.LanesHalted != 1 || st.Batches != 1 {
+		t.Errorf("stats: %d lanes halted, %d batches committed; want 1 and 1", st.LanesHalted, st.Batches)
+	}
+	logged := logs.FilterMessageSnippet("handler bug: it ended the batch's transaction itself").All()
+	if len(logged) != 1 || logged[0].Level != zap.ErrorLevel || logged[0].ContextMap()["job"] != b.topic+"/0/5" ||
+		!strings.Contains(logged[0].Message, "tenure admin halts resume --group "+b.group+" --topic "+b.topic+" --partition 0") {
+		t.Errorf("the halt was not logged as an error naming job %s/0/5 and the command that resumes it: %v", b.topic, logged)
+	}
+	halt, halted, err := b.store.HaltOf(ctx, key)
+	if err != nil || !halted || halt.FirstJob != b.topic+"/0/5" || halt.From != 5 || halt.To != 6 || halt.Token.Epoch <= 0 {
+		t.Fatalf("halt recorded: %+v %v %v", halt, halted, err)
+	}
+	if dls := b.deadLetters(); len(dls) != 0 {
+		t.Errorf("a handler bug dead-lettered %d jobs", len(dls))
+	}
+
+	// The halt is in Postgres: another worker that gets the partition does
+	// not run the handler either.
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = runConsumer(t, c2)
+	waitForCond(t, 30*time.Second, "the next worker to see the halt", func() bool { return c2.Stats().LanesHalted == 1 })
+	time.Sleep(500 * time.Millisecond)
+	mu.Lock()
+	if calls != before {
+		t.Errorf("the next worker ran the handler %d times on a halted partition", calls-before)
+	}
+	fixed = true // the operator deploys a fixed handler...
+	mu.Unlock()
+	if _, ok, err := b.store.ResumePartition(ctx, key); !ok || err != nil { // ...and resumes
+		t.Fatalf("resume: %v %v", ok, err)
+	}
+	b.waitDone(30 * time.Second)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := c2.Stats(); st.LanesHalted != 0 || st.HandlerBugs != 0 {
+		t.Errorf("after the resume: %d lanes halted, %d bugs; want 0 and 0", st.LanesHalted, st.HandlerBugs)
+	}
+	var n int
+	if err := b.pool.QueryRow(ctx, `SELECT count(DISTINCT job) FROM `+table).Scan(&n); err != nil || n != 11 {
+		t.Errorf("%d jobs written (%v), want 11", n, err)
+	}
+}

@@ -1,0 +1,21 @@
+-- Partitions halted because their handler ended its own transaction (COMMIT
+-- or ROLLBACK in its SQL): what it wrote may have been committed outside the
+-- fence, so nothing more is processed for the partition until an operator
+-- has fixed the handler and removes the row (`tenure admin halts resume`).
+-- Every worker that is assigned the partition reads this row before it
+-- processes anything.
+CREATE TABLE {{schema}}.halted_partitions (
+    consumer_group text        NOT NULL,
+    topic          text        NOT NULL,
+    partition      integer     NOT NULL,
+    from_offset    bigint      NOT NULL,
+    to_offset      bigint      NOT NULL,
+    first_job      text        NOT NULL,
+    last_job       text        NOT NULL,
+    reason         text        NOT NULL,
+    owner          text        NOT NULL,
+    incarnation    bigint      NOT NULL,
+    epoch          integer     NOT NULL,
+    halted_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer_group, topic, partition)
+);
