@@ -2,10 +2,13 @@ package sink
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -14,6 +17,50 @@ import (
 type Header struct {
 	Key   string `json:"key"`
 	Value []byte `json:"value"`
+}
+
+// headerJSON is a Header as stored in dead_letters.headers (jsonb): the value
+// in base64, and the key as a string, or in base64 (key_base64) when it is
+// not UTF-8 text without NUL, which a JSON string in jsonb cannot keep
+// exactly.
+type headerJSON struct {
+	Key       *string `json:"key,omitempty"`
+	KeyBase64 *string `json:"key_base64,omitempty"`
+	Value     []byte  `json:"value"`
+}
+
+// MarshalJSON keeps the key's exact bytes (see headerJSON).
+func (h Header) MarshalJSON() ([]byte, error) {
+	j := headerJSON{Value: h.Value}
+	if utf8.ValidString(h.Key) && !strings.ContainsRune(h.Key, 0) {
+		j.Key = &h.Key
+	} else {
+		b := base64.StdEncoding.EncodeToString([]byte(h.Key))
+		j.KeyBase64 = &b
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads either form of the key.
+func (h *Header) UnmarshalJSON(b []byte) error {
+	var j headerJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	h.Value = j.Value
+	switch {
+	case j.KeyBase64 != nil:
+		k, err := base64.StdEncoding.DecodeString(*j.KeyBase64)
+		if err != nil {
+			return fmt.Errorf("header key_base64: %w", err)
+		}
+		h.Key = string(k)
+	case j.Key != nil:
+		h.Key = *j.Key
+	default:
+		h.Key = ""
+	}
+	return nil
 }
 
 // DeadLetter is a job that failed for good.
@@ -48,7 +95,10 @@ func (s *Store) AddDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) erro
 		(consumer_group, topic, partition, job_offset, job_key, job_value, headers, error, attempts, incarnation, epoch, owner)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		d.Partition.Group, d.Partition.Topic, d.Partition.Partition, d.Offset, d.Key, d.Value, hj,
-		d.Error, d.Attempts, d.Token.Incarnation, d.Token.Epoch, d.Owner)
+		// The error is for people; a handler's message may quote a job's
+		// bytes, which a text column refuses (and then the job could never
+		// be parked: dead-lettering would be retried forever).
+		validText(d.Error), d.Attempts, d.Token.Incarnation, d.Token.Epoch, d.Owner)
 	if err != nil {
 		return fmt.Errorf("dead-lettering %s at offset %d: %w", d.Partition, d.Offset, err)
 	}

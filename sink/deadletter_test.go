@@ -196,6 +196,31 @@ func TestDeadLetterRoundTrip(t *testing.T) {
 	}
 }
 
+// A job's bytes come back exactly, header keys included (a header key that
+// is not UTF-8, or holds NUL, used to turn into U+FFFD, or into a \u0000
+// that jsonb refuses, so that the job could not be parked at all). A
+// handler's error message that quotes such bytes is stored readable rather
+// than refused (which used to make dead-lettering retry forever).
+func TestDeadLetterKeepsExactBytes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	in := deadLetter("g", "t", 5, 7)
+	in.Key, in.Value = []byte("\xff\xfe"), []byte("\x00\xff")
+	in.Headers = []sink.Header{{Key: "k\xff", Value: []byte{0xfe}}, {Key: "n\x00ul", Value: []byte("v")}, {Key: "plain", Value: nil}}
+	in.Error = "handler: bad payload \xff\xfe\x00"
+	got := e.park(t, in)
+	if string(got.Key) != "\xff\xfe" || string(got.Value) != "\x00\xff" {
+		t.Errorf("key %q value %q", got.Key, got.Value)
+	}
+	if len(got.Headers) != 3 || got.Headers[0].Key != "k\xff" || string(got.Headers[0].Value) != "\xfe" ||
+		got.Headers[1].Key != "n\x00ul" || got.Headers[2].Key != "plain" {
+		t.Errorf("headers %q", got.Headers)
+	}
+	if got.Error != "handler: bad payload \uFFFD\\x00" {
+		t.Errorf("error stored as %q", got.Error)
+	}
+}
+
 func TestDeadLetterByIDUnknown(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

@@ -2,10 +2,10 @@
 // --handler NAME` runs:
 //
 //   - export: the seeds' scenario. For each job's key it overwrites the key's
-//     current export document and appends a row to export_versions. The
-//     write is deliberately naive, a plain overwrite: the fence in the same
-//     transaction is what keeps a paused, superseded worker from moving a key's
-//     export backwards.
+//     current export (the job's exact value bytes, and a JSON document) and
+//     appends a row to export_versions. The write is deliberately naive, a
+//     plain overwrite: the fence in the same transaction is what keeps a
+//     paused, superseded worker from moving a key's export backwards.
 //   - ledger: one row per job, with no unique constraint on the job's position,
 //     so a job committed twice would show as two rows. Use it to verify tenure.
 //   - noop: commits progress and nothing else (benchmarks, smoke tests).
@@ -17,6 +17,7 @@ package jobs
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -70,10 +71,10 @@ type Export struct {
 func (e *Export) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
 	sql := `WITH up AS (
 	INSERT INTO ` + e.schema + `.exports AS e
-		(job_key, document, topic, partition, job_offset, incarnation, epoch, worker, version)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1)
+		(job_key, document, job_value, topic, partition, job_offset, incarnation, epoch, worker, version)
+	VALUES ($1, $2, $9, $3, $4, $5, $6, $7, $8, 1)
 	ON CONFLICT (job_key) DO UPDATE SET
-		document = excluded.document, topic = excluded.topic, partition = excluded.partition,
+		document = excluded.document, job_value = excluded.job_value, topic = excluded.topic, partition = excluded.partition,
 		job_offset = excluded.job_offset, incarnation = excluded.incarnation, epoch = excluded.epoch,
 		worker = excluded.worker, version = e.version + 1, updated_at = now()
 	RETURNING version
@@ -87,37 +88,47 @@ SELECT $1, version, $3, $4, $5, $6, $7, $8 FROM up`
 		if len(r.Key) == 0 {
 			return consumer.Permanent(fmt.Errorf("%s: %w", consumer.JobID(r), ErrNoKey))
 		}
-		if !utf8.Valid(r.Key) {
-			return consumer.Permanent(fmt.Errorf("%s: job key is not valid UTF-8", consumer.JobID(r)))
+		if !utf8.Valid(r.Key) || bytes.IndexByte(r.Key, 0) >= 0 {
+			// The export is kept per key in a text column.
+			return consumer.Permanent(fmt.Errorf("%s: job key is not valid UTF-8 text (or holds a NUL byte)", consumer.JobID(r)))
 		}
-		doc, err := json.Marshal(exportDocument{
-			Key: string(r.Key), Job: consumer.JobID(r), Token: b.Token.String(),
-			Worker: e.worker, Payload: payload(r.Value),
-		})
+		doc := exportDocument{Key: string(r.Key), Job: consumer.JobID(r), Token: b.Token.String(), Worker: e.worker}
+		doc.Payload, doc.PayloadBase64 = payload(r.Value)
+		dj, err := json.Marshal(doc)
 		if err != nil {
 			return err
 		}
-		batch.Queue(sql, string(r.Key), doc, r.Topic, r.Partition, r.Offset,
-			b.Token.Incarnation, b.Token.Epoch, e.worker)
+		batch.Queue(sql, string(r.Key), dj, r.Topic, r.Partition, r.Offset,
+			b.Token.Incarnation, b.Token.Epoch, e.worker, r.Value)
 	}
 	return tx.SendBatch(ctx, &batch).Close()
 }
 
+// exportDocument is the JSON view of an export. The job's exact bytes are in
+// the exports.job_value column; the document shows them as JSON when they
+// are JSON, as a string when they are other text, and in base64
+// (payload_base64) otherwise, never altered.
 type exportDocument struct {
-	Key     string          `json:"key"`
-	Job     string          `json:"job"`
-	Token   string          `json:"token"`
-	Worker  string          `json:"worker"`
-	Payload json.RawMessage `json:"payload"`
+	Key           string          `json:"key"`
+	Job           string          `json:"job"`
+	Token         string          `json:"token"`
+	Worker        string          `json:"worker"`
+	Payload       json.RawMessage `json:"payload,omitempty"`
+	PayloadBase64 string          `json:"payload_base64,omitempty"`
 }
 
-// payload keeps a JSON job value as JSON and wraps anything else as a string.
-func payload(v []byte) json.RawMessage {
-	if len(v) > 0 && json.Valid(v) {
-		return v
+// payload renders a job value for the document: JSON as it is, other text
+// as a JSON string, and anything jsonb could not keep exactly (bytes that
+// are not UTF-8, NUL, which jsonb refuses even as \u0000) in base64.
+func payload(v []byte) (json.RawMessage, string) {
+	switch {
+	case bytes.IndexByte(v, 0) >= 0 || bytes.Contains(v, []byte(`\u0000`)) || !utf8.Valid(v):
+		return nil, base64.StdEncoding.EncodeToString(v)
+	case len(v) > 0 && json.Valid(v):
+		return v, ""
 	}
-	s, _ := json.Marshal(string(v)) // invalid UTF-8 becomes U+FFFD, never an error
-	return s
+	s, _ := json.Marshal(string(v)) // valid UTF-8: exact
+	return s, ""
 }
 
 // Ledger appends one row per job.
@@ -130,11 +141,14 @@ type Ledger struct {
 func (l *Ledger) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
 	rows := make([][]any, len(b.Records))
 	for i, r := range b.Records {
-		rows[i] = []any{r.Topic, r.Partition, r.Offset, strings.ToValidUTF8(string(r.Key), "\uFFFD"),
+		// job_key is for reading (and the history checker); job_key_bytes
+		// keeps the key exactly.
+		key := strings.ReplaceAll(strings.ToValidUTF8(string(r.Key), "\uFFFD"), "\x00", "\uFFFD")
+		rows[i] = []any{r.Topic, r.Partition, r.Offset, key, r.Key,
 			b.Token.Incarnation, b.Token.Epoch, l.worker}
 	}
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{l.schema, "ledger"},
-		[]string{"topic", "partition", "job_offset", "job_key", "incarnation", "epoch", "worker"},
+		[]string{"topic", "partition", "job_offset", "job_key", "job_key_bytes", "incarnation", "epoch", "worker"},
 		pgx.CopyFromRows(rows))
 	return err
 }

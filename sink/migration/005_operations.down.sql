@@ -1,1 +1,3 @@
+ALTER TABLE {{schema}}.ledger DROP COLUMN job_key_bytes;
+ALTER TABLE {{schema}}.exports DROP COLUMN job_value;
 DROP TABLE {{schema}}.halted_partitions;

@@ -19,3 +19,9 @@ CREATE TABLE {{schema}}.halted_partitions (
     halted_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer_group, topic, partition)
 );
+
+-- The exact bytes of each job, which the text and jsonb columns cannot keep
+-- (a value that is not UTF-8 came back as U+FFFD; jsonb also rewrites JSON
+-- and refuses \u0000). document stays: a JSON view for people and queries.
+ALTER TABLE {{schema}}.exports ADD COLUMN job_value bytea;
+ALTER TABLE {{schema}}.ledger ADD COLUMN job_key_bytes bytea;

@@ -1,0 +1,141 @@
+package jobs_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/jobs"
+	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// txOf lets a test hand a handler its own pgx transaction.
+type txOf struct{ pgx.Tx }
+
+func (t txOf) Begin(ctx context.Context) (consumer.Savepoint, error) {
+	sp, err := t.Tx.Begin(ctx)
+	return txOf{sp}, err
+}
+
+// The export handler keeps every job's exact bytes: a value that is not
+// UTF-8 ($'\xff\xfe' used to come back as two U+FFFD), one with NUL bytes
+// (which jsonb refuses), and JSON whose spelling jsonb would rewrite. The
+// document shows them without altering them either. The ledger keeps keys
+// exactly.
+func TestBuiltInHandlersKeepTheJobsBytes(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t, pool)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	values := map[string][]byte{
+		"not-utf8": []byte("\xff\xfe"),
+		"nul":      []byte("a\x00b"),
+		"nul-json": []byte(`{"s":"\u0000"}`),
+		"json":     []byte(`{"b": 1,  "a": [1.0, 2]}`),
+		"text":     []byte("plain text"),
+		"empty":    {},
+	}
+	var recs []*kgo.Record
+	for k, v := range values {
+		recs = append(recs, &kgo.Record{Topic: "t", Partition: 0, Offset: int64(len(recs)), Key: []byte(k), Value: v})
+	}
+	b := &consumer.Batch{Group: "g", Topic: "t", Partition: 0, Token: sink.Token{Epoch: 1}, Owner: "o",
+		From: 0, To: int64(len(recs)), Records: recs}
+	for _, name := range []string{"export", "ledger"} {
+		h, err := jobs.New(name, schema, "w")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h.Handle(ctx, txOf{tx}, b) }); err != nil {
+			t.Fatalf("%s handler: %v", name, err)
+		}
+	}
+	rows, err := pool.Query(ctx, `SELECT job_key, job_value, document FROM `+pgx.Identifier{schema, "exports"}.Sanitize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	var key string
+	var value, doc []byte
+	if _, err := pgx.ForEachRow(rows, []any{&key, &value, &doc}, func() error {
+		n++
+		want := values[key]
+		if !bytes.Equal(value, want) {
+			t.Errorf("%s: job_value %q, want %q", key, value, want)
+		}
+		var d struct {
+			Payload       json.RawMessage `json:"payload"`
+			PayloadBase64 *string         `json:"payload_base64"`
+		}
+		if err := json.Unmarshal(doc, &d); err != nil {
+			t.Fatalf("%s: document %s: %v", key, doc, err)
+		}
+		var shown []byte
+		switch {
+		case d.PayloadBase64 != nil:
+			if shown, err = base64.StdEncoding.DecodeString(*d.PayloadBase64); err != nil {
+				t.Fatal(err)
+			}
+		case json.Valid(want) && len(want) > 0:
+			// jsonb may respace JSON; the document must still mean the same.
+			var a, b any
+			_ = json.Unmarshal(d.Payload, &a)
+			_ = json.Unmarshal(want, &b)
+			if ab, _ := json.Marshal(a); string(ab) != string(mustJSON(b)) {
+				t.Errorf("%s: document payload %s, want %s", key, d.Payload, want)
+			}
+			shown = want
+		default:
+			var s string
+			if err := json.Unmarshal(d.Payload, &s); err != nil {
+				t.Fatalf("%s: payload %s: %v", key, d.Payload, err)
+			}
+			shown = []byte(s)
+		}
+		if !bytes.Equal(shown, want) {
+			t.Errorf("%s: the document shows %q, want %q", key, shown, want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n != len(values) {
+		t.Errorf("%d exports, want %d", n, len(values))
+	}
+
+	// The ledger: exact key bytes beside the readable key.
+	var k []byte
+	if err := pool.QueryRow(ctx, `SELECT job_key_bytes FROM `+pgx.Identifier{schema, "ledger"}.Sanitize()+
+		` WHERE job_key = 'not-utf8'`).Scan(&k); err != nil || string(k) != "not-utf8" {
+		t.Errorf("ledger job_key_bytes %q, %v", k, err)
+	}
+	bad := &consumer.Batch{Group: "g", Topic: "t", Partition: 0, Token: sink.Token{Epoch: 1}, Owner: "o", From: 10, To: 11,
+		Records: []*kgo.Record{{Topic: "t", Offset: 10, Key: []byte("k\xff\x00"), Value: []byte("v")}}}
+	h, _ := jobs.New("ledger", schema, "w")
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h.Handle(ctx, txOf{tx}, bad) }); err != nil {
+		t.Fatalf("ledger with a key that is not text: %v", err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT job_key_bytes FROM `+pgx.Identifier{schema, "ledger"}.Sanitize()+
+		` WHERE job_offset = 10`).Scan(&k); err != nil || string(k) != "k\xff\x00" {
+		t.Errorf("ledger job_key_bytes %q, %v; want the key's exact bytes", k, err)
+	}
+	h, _ = jobs.New("export", schema, "w")
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h.Handle(ctx, txOf{tx}, bad) })
+	if !consumer.IsPermanent(err) {
+		t.Errorf("export of a key that is not text: %v, want a Permanent error", err)
+	}
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
