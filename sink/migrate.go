@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -135,15 +137,81 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, err
 	})
 }
 
+// MigrateDownOptions are MigrateDown's options.
+type MigrateDownOptions struct {
+	// Force reverts the migration even while the schema holds fencing state
+	// (rows in fences): workers that use the schema are then fenced, or fail,
+	// and what the migration drops is lost. Without it MigrateDown refuses
+	// with a *SchemaInUseError.
+	Force bool
+}
+
+// ErrSchemaInUse is matched by the error of a MigrateDown that was refused
+// because the schema holds fencing state; the error is a *SchemaInUseError.
+var ErrSchemaInUse = errors.New("schema holds fencing state")
+
+// SchemaInUseError says why MigrateDown refused and what reverting the
+// migration would lose.
+type SchemaInUseError struct {
+	Schema  string
+	Version int
+	Name    string
+	// Rows counts the rows of tenure's tables, by table: fences,
+	// dead_letters, group_incarnations, fence_log, halted_partitions, and
+	// every table the migration drops. Tables that do not exist are left
+	// out.
+	Rows map[string]int64
+	// Drops are the tables and columns the migration drops ("exports",
+	// "exports.job_value").
+	Drops []string
+}
+
+func (e *SchemaInUseError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "refusing to revert migration %03d_%s of schema %s: it holds fencing state (%d fencing rows, %d dead letters, %d incarnations",
+		e.Version, e.Name, e.Schema, e.Rows["fences"], e.Rows["dead_letters"], e.Rows["group_incarnations"])
+	if n, ok := e.Rows["fence_log"]; ok {
+		fmt.Fprintf(&b, ", %d fence log entries", n)
+	}
+	if n := e.Rows["halted_partitions"]; n > 0 {
+		fmt.Fprintf(&b, ", %d halted partitions", n)
+	}
+	b.WriteString(")")
+	if len(e.Drops) > 0 {
+		b.WriteString("; reverting it drops ")
+		for i, d := range e.Drops {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(d)
+			if n, ok := e.Rows[d]; ok {
+				fmt.Fprintf(&b, " (%d rows)", n)
+			}
+		}
+	}
+	b.WriteString("; workers using the schema would be fenced or fail over and over")
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrSchemaInUse) true.
+func (e *SchemaInUseError) Is(target error) bool { return target == ErrSchemaInUse }
+
 // MigrateDown reverts the newest applied migration, if any, and returns its
-// version (0 when nothing was applied).
-func MigrateDown(ctx context.Context, pool *pgxpool.Pool, schema string) (int, error) {
+// version (0 when nothing was applied). While the schema holds fencing state
+// (a row in fences) it refuses with a *SchemaInUseError that says what would
+// be lost, unless opts.Force is set.
+func MigrateDown(ctx context.Context, pool *pgxpool.Pool, schema string, opts MigrateDownOptions) (int, error) {
 	var reverted int
 	_, err := migrate(ctx, pool, schema, func(conn *pgx.Conn, applied map[int]time.Time, all []Migration) ([]int, error) {
 		for i := len(all) - 1; i >= 0; i-- {
 			m := all[i]
 			if _, ok := applied[m.Version]; !ok {
 				continue
+			}
+			if !opts.Force {
+				if err := checkNotInUse(ctx, conn, schema, m); err != nil {
+					return nil, err
+				}
 			}
 			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 				if _, err := tx.Exec(ctx, render(m.down, schema)); err != nil {
@@ -161,6 +229,53 @@ func MigrateDown(ctx context.Context, pool *pgxpool.Pool, schema string) (int, e
 		return nil, nil
 	})
 	return reverted, err
+}
+
+var (
+	dropTableRE  = regexp.MustCompile(`(?i)DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?\{\{schema\}\}\.([a-z_][a-z0-9_]*)`)
+	alterTableRE = regexp.MustCompile(`(?i)ALTER\s+TABLE\s+\{\{schema\}\}\.([a-z_][a-z0-9_]*)\s+DROP\s+COLUMN\s+(?:IF\s+EXISTS\s+)?([a-z_][a-z0-9_]*)`)
+)
+
+// Drops lists the tables and columns ("table.column") that reverting m
+// drops, read from its down SQL.
+func (m Migration) Drops() []string {
+	var out []string
+	for _, g := range alterTableRE.FindAllStringSubmatch(m.down, -1) {
+		out = append(out, g[1]+"."+g[2])
+	}
+	for _, g := range dropTableRE.FindAllStringSubmatch(m.down, -1) {
+		out = append(out, g[1])
+	}
+	return out
+}
+
+// checkNotInUse returns a *SchemaInUseError if schema has fencing rows.
+func checkNotInUse(ctx context.Context, q querier, schema string, m Migration) error {
+	e := &SchemaInUseError{Schema: schema, Version: m.Version, Name: m.Name, Rows: map[string]int64{}, Drops: m.Drops()}
+	tables := []string{"fences", "dead_letters", "group_incarnations", "fence_log", "halted_partitions"}
+	for _, d := range e.Drops {
+		if !strings.Contains(d, ".") && !slices.Contains(tables, d) {
+			tables = append(tables, d)
+		}
+	}
+	for _, t := range tables {
+		var exists bool
+		if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, quote(schema)+"."+pgx.Identifier{t}.Sanitize()).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			continue
+		}
+		var n int64
+		if err := q.QueryRow(ctx, `SELECT count(*) FROM `+quote(schema)+"."+pgx.Identifier{t}.Sanitize()).Scan(&n); err != nil {
+			return err
+		}
+		e.Rows[t] = n
+	}
+	if e.Rows["fences"] == 0 {
+		return nil
+	}
+	return e
 }
 
 // MigrationStatus reports every embedded migration and whether schema has it.
@@ -265,6 +380,7 @@ func checkNotNewer(schema string, applied map[int]time.Time, all []Migration) er
 
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 func appliedVersions(ctx context.Context, q querier, schema string) (map[int]time.Time, error) {

@@ -2,6 +2,7 @@ package sink_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -129,7 +130,7 @@ func TestMigrateDownAndUp(t *testing.T) {
 		t.Fatalf("Migrate on a fresh schema applied %v, want %v", applied, all)
 	}
 	for v := len(all); v >= 1; v-- {
-		got, err := sink.MigrateDown(ctx, pool, schema)
+		got, err := sink.MigrateDown(ctx, pool, schema, sink.MigrateDownOptions{})
 		if err != nil {
 			t.Fatalf("MigrateDown: %v", err)
 		}
@@ -157,7 +158,7 @@ func TestMigrateDownAndUp(t *testing.T) {
 			t.Errorf("CheckSchema after reverting %d: %v, want an error saying to run tenure migrate", v, err)
 		}
 	}
-	got, err := sink.MigrateDown(ctx, pool, schema)
+	got, err := sink.MigrateDown(ctx, pool, schema, sink.MigrateDownOptions{})
 	if err != nil || got != 0 {
 		t.Errorf("MigrateDown with nothing applied = %d, %v; want 0, nil", got, err)
 	}
@@ -291,7 +292,7 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 	if _, err := sink.Migrate(ctx, pool, schema); err == nil || !strings.Contains(err.Error(), "newer") {
 		t.Errorf("Migrate on a newer schema: %v, want an error saying it is newer", err)
 	}
-	if v, err := sink.MigrateDown(ctx, pool, schema); err == nil || v != 0 {
+	if v, err := sink.MigrateDown(ctx, pool, schema, sink.MigrateDownOptions{}); err == nil || v != 0 {
 		t.Errorf("MigrateDown on a newer schema = %d, %v; want an error", v, err)
 	}
 	if !tableExists(t, ctx, pool, schema, "ledger") {
@@ -364,7 +365,7 @@ func TestBadSchemaNeverReachesTheDatabase(t *testing.T) {
 		check("NewStore", err)
 		_, err = sink.Migrate(ctx, pool, name)
 		check("Migrate", err)
-		_, err = sink.MigrateDown(ctx, pool, name)
+		_, err = sink.MigrateDown(ctx, pool, name, sink.MigrateDownOptions{})
 		check("MigrateDown", err)
 		_, err = sink.MigrationStatus(ctx, pool, name)
 		check("MigrationStatus", err)
@@ -462,5 +463,66 @@ func TestMigrationsRefuseTwoWithOneNumber(t *testing.T) {
 	delete(fsys, "migration/002_c.down.sql")
 	if ms, err := sink.LoadMigrationsFrom(fsys); err != nil || len(ms) != 2 {
 		t.Fatalf("loading 001 and 002: %d migrations, %v", len(ms), err)
+	}
+}
+
+// `migrate down` used to drop the incarnations and dead letters (and, at the
+// bottom, the offsets) of a schema in use without asking; its workers then
+// spun, fenced. While fencing rows exist it refuses, saying what would be
+// lost, unless forced.
+func TestMigrateDownRefusesWhileFencing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.park(t, deadLetter("g", "t", 0, 5)) // a claim (a fencing row), a commit and a dead letter
+	all := allVersions()
+	newest := all[len(all)-1]
+	v, err := sink.MigrateDown(e.ctx, e.pool, e.schema, sink.MigrateDownOptions{})
+	var inUse *sink.SchemaInUseError
+	if !errors.Is(err, sink.ErrSchemaInUse) || !errors.As(err, &inUse) || v != 0 {
+		t.Fatalf("MigrateDown of a schema in use = %d, %v; want a refusal", v, err)
+	}
+	if inUse.Version != newest || inUse.Rows["fences"] != 1 || inUse.Rows["dead_letters"] != 1 || inUse.Rows["fence_log"] != 2 {
+		t.Errorf("refusal %+v", inUse)
+	}
+	for _, want := range []string{"1 fencing rows", "1 dead letters", "0 incarnations", "2 fence log entries", "reverting it drops", "would be fenced"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, err)
+		}
+	}
+	st, err := sink.MigrationStatus(e.ctx, e.pool, e.schema)
+	if err != nil || !st[len(st)-1].Applied {
+		t.Fatalf("a refused MigrateDown reverted something: %+v %v", st, err)
+	}
+	// Forced, it goes down to the bottom; the last refusal would have named
+	// the fencing tables themselves.
+	for i := len(all) - 1; i >= 0; i-- {
+		if i == 0 {
+			_, err := sink.MigrateDown(e.ctx, e.pool, e.schema, sink.MigrateDownOptions{})
+			if !errors.As(err, &inUse) || !slices.Contains(inUse.Drops, "fences") || !slices.Contains(inUse.Drops, "fence_log") {
+				t.Errorf("refusing to revert 001: %v (drops %v)", err, inUse.Drops)
+			}
+		}
+		v, err := sink.MigrateDown(e.ctx, e.pool, e.schema, sink.MigrateDownOptions{Force: true})
+		if err != nil || v != all[i] {
+			t.Fatalf("forced MigrateDown = %d, %v; want %d", v, err, all[i])
+		}
+	}
+	// Nothing left: nothing to refuse.
+	if _, err := sink.Migrate(e.ctx, e.pool, e.schema); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := sink.MigrateDown(e.ctx, e.pool, e.schema, sink.MigrateDownOptions{}); err != nil || v != newest {
+		t.Fatalf("MigrateDown of a schema without fencing rows = %d, %v", v, err)
+	}
+}
+
+func TestMigrationDrops(t *testing.T) {
+	t.Parallel()
+	ms := sink.Migrations()
+	if d := ms[0].Drops(); !slices.Equal(d, []string{"fence_log", "fences"}) {
+		t.Errorf("001 drops %v", d)
+	}
+	if d := ms[len(ms)-1].Drops(); !slices.Contains(d, "exports.job_value") || !slices.Contains(d, "halted_partitions") {
+		t.Errorf("the newest migration drops %v", d)
 	}
 }

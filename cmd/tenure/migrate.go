@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/tenure-dev/tenure/sink"
@@ -13,11 +15,13 @@ func init() {
 }
 
 func runMigrate(ctx context.Context, e *env, args []string) error {
-	f := newFlagSet(e, "migrate", "[up|down|status] --database-url URL [--schema S]\n\n"+
+	f := newFlagSet(e, "migrate", "[up|down|status] --database-url URL [--schema S] [--force]\n\n"+
 		"up (the default) applies every pending migration, down reverts the newest one, status lists them;\n"+
+		"down refuses while the schema holds fencing state (workers use it), saying what would be lost, unless --force;\n"+
 		"flags may come before or after the action.")
 	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
 	schema := f.String("schema", sink.DefaultSchema, "Postgres schema of tenure's tables")
+	force := f.Bool("force", false, "down: revert even while the schema holds fencing state, losing what the migration drops")
 	if err := f.parse(args, 1); err != nil {
 		return err
 	}
@@ -27,6 +31,9 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	}
 	if action != "up" && action != "down" && action != "status" {
 		return usagef("unknown action %q: use up, down or status", action)
+	}
+	if *force && action != "down" {
+		return usagef("--force goes with down")
 	}
 	if err := required("database-url", *dbURL); err != nil {
 		return err
@@ -52,15 +59,24 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 			fmt.Fprintf(e.stdout, "applied migration %03d to schema %s\n", v, *schema)
 		}
 	case "down":
-		v, err := sink.MigrateDown(ctx, pool, *schema)
+		v, err := sink.MigrateDown(ctx, pool, *schema, sink.MigrateDownOptions{Force: *force})
+		if errors.Is(err, sink.ErrSchemaInUse) {
+			return fmt.Errorf("%v; stop them first, then run `tenure migrate down --schema %s --force` if that loss is intended", err, *schema)
+		}
 		if err != nil {
 			return err
 		}
 		if v == 0 {
 			fmt.Fprintf(e.stdout, "schema %s has no migrations to revert\n", *schema)
-		} else {
-			fmt.Fprintf(e.stdout, "reverted migration %03d of schema %s\n", v, *schema)
+			break
 		}
+		fmt.Fprintf(e.stdout, "reverted migration %03d of schema %s", v, *schema)
+		for _, m := range sink.Migrations() {
+			if m.Version == v && len(m.Drops()) > 0 {
+				fmt.Fprintf(e.stdout, " (dropped %s)", strings.Join(m.Drops(), ", "))
+			}
+		}
+		fmt.Fprintln(e.stdout)
 	case "status":
 		st, err := sink.MigrationStatus(ctx, pool, *schema)
 		if err != nil {
