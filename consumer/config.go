@@ -108,9 +108,19 @@ type Config struct {
 	ClientID string
 	// Logger receives structured logs (default: none).
 	Logger *zap.Logger
-	// KgoOpts are extra client options (TLS, SASL, ...). Group and consume
-	// options are tenure's to set; static membership (kgo.InstanceID) is
-	// refused, see ErrStaticMembership.
+	// KgoOpts are extra client options (TLS, SASL, tuning, ...). They are
+	// applied after tenure's own, so New refuses, with an error naming the
+	// option (ErrReservedKgoOpt), any that would change what tenure sets or
+	// relies on: the group and topics (kgo.ConsumerGroup, ConsumeTopics,
+	// ConsumeRegex, ConsumeExcludeTopics, ConsumePartitions, ShareGroup),
+	// the partition callbacks and AdjustFetchOffsetsFn (where partitions are
+	// claimed), OnOffsetsFetched, ConsumeResetOffset, ConsumeStartOffset,
+	// the autocommit options, BlockRebalanceOnPoll, Balancers,
+	// ServerSideBalancer, GroupProtocol, FetchIsolationLevel,
+	// KeepControlRecords, RebalanceTimeout, SessionTimeout, ClientID and
+	// SeedBrokers (use the Config fields). An option set to the value tenure
+	// sets anyway is accepted. Static membership (kgo.InstanceID) is refused
+	// with ErrStaticMembership.
 	KgoOpts []kgo.Opt
 	// Hooks observe a batch's life; nil hooks are skipped.
 	Hooks Hooks

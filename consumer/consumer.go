@@ -6,7 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
+	"reflect"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -117,25 +121,154 @@ func New(cfg Config) (*Consumer, error) {
 	} else {
 		opts = append(opts, kgo.Balancers(kgo.CooperativeStickyBalancer()))
 	}
-	c.opts = append(opts, cfg.KgoOpts...)
-	if err := refuseStaticMembership(cfg.KgoOpts); err != nil {
+	if err := refuseOverrides(cfg, opts); err != nil {
 		return nil, err
 	}
+	c.opts = append(opts, cfg.KgoOpts...)
 	return c, nil
 }
 
-// refuseStaticMembership inspects the user's options without joining
-// anything: a client without a group does not connect until used.
-func refuseStaticMembership(opts []kgo.Opt) error {
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fmt.Errorf("kafka client options: %w", err)
+// ErrReservedKgoOpt is matched by the error of a Config whose KgoOpts set an
+// option that tenure sets itself, or relies on the default of (see
+// Config.KgoOpts). The error names the option.
+var ErrReservedKgoOpt = errors.New("Config.KgoOpts sets a kgo option that tenure owns")
+
+// reservedOpts are the kgo options tenure sets, or relies on the default of,
+// with what to use instead. KgoOpts come after tenure's own options, so any
+// of these would silently replace tenure's setting.
+var reservedOpts = []struct {
+	opt  any
+	name string
+	why  string
+}{
+	{kgo.ConsumerGroup, "kgo.ConsumerGroup", "set Config.Group"},
+	{kgo.ConsumeTopics, "kgo.ConsumeTopics", "set Config.Topics"},
+	{kgo.ConsumeRegex, "kgo.ConsumeRegex", "set Config.Topics"},
+	{kgo.ConsumeExcludeTopics, "kgo.ConsumeExcludeTopics", "set Config.Topics"},
+	{kgo.ConsumePartitions, "kgo.ConsumePartitions", "partitions are assigned by the group"},
+	{kgo.ShareGroup, "kgo.ShareGroup", "a share group has no partition owners to fence"},
+	{kgo.OnPartitionsAssigned, "kgo.OnPartitionsAssigned", "tenure's callbacks start and stop the partitions' lanes (use Hooks)"},
+	{kgo.OnPartitionsRevoked, "kgo.OnPartitionsRevoked", "tenure's callbacks start and stop the partitions' lanes (use Hooks)"},
+	{kgo.OnPartitionsLost, "kgo.OnPartitionsLost", "tenure's callbacks start and stop the partitions' lanes (use Hooks)"},
+	{kgo.AdjustFetchOffsetsFn, "kgo.AdjustFetchOffsetsFn", "it is where tenure claims each partition and sets the fetch offset from Postgres"},
+	{kgo.OnOffsetsFetched, "kgo.OnOffsetsFetched", "offsets come from Postgres"},
+	{kgo.ConsumeResetOffset, "kgo.ConsumeResetOffset", "a partition Postgres has never seen starts at the log's start, so that no job is skipped"},
+	{kgo.ConsumeStartOffset, "kgo.ConsumeStartOffset", "where a partition starts is the fencing row's next offset"},
+	{kgo.DisableAutoCommit, "kgo.DisableAutoCommit", "offsets are committed in Postgres, never by kgo"},
+	{kgo.AutoCommitMarks, "kgo.AutoCommitMarks", "offsets are committed in Postgres, never by kgo"},
+	{kgo.AutoCommitInterval, "kgo.AutoCommitInterval", "offsets are committed in Postgres, never by kgo"},
+	{kgo.AutoCommitCallback, "kgo.AutoCommitCallback", "offsets are committed in Postgres, never by kgo"},
+	{kgo.GreedyAutoCommit, "kgo.GreedyAutoCommit", "offsets are committed in Postgres, never by kgo"},
+	{kgo.BlockRebalanceOnPoll, "kgo.BlockRebalanceOnPoll", "tenure relies on it so that no record reaches a revoked lane"},
+	{kgo.Balancers, "kgo.Balancers", "set Config.Protocol"},
+	{kgo.ServerSideBalancer, "kgo.ServerSideBalancer", "set Config.Protocol"},
+	{kgo.GroupProtocol, "kgo.GroupProtocol", "tenure speaks the consumer protocol"},
+	{kgo.FetchIsolationLevel, "kgo.FetchIsolationLevel", "only records of committed Kafka transactions are jobs"},
+	{kgo.KeepControlRecords, "kgo.KeepControlRecords", "transaction markers are not jobs"},
+	{kgo.RebalanceTimeout, "kgo.RebalanceTimeout", "set Config.RebalanceTimeout (revoked lanes get half of it)"},
+	{kgo.SessionTimeout, "kgo.SessionTimeout", "set Config.SessionTimeout"},
+	{kgo.ClientID, "kgo.ClientID", "set Config.ClientID (member ids, recorded as owners, are built from it)"},
+	{kgo.SeedBrokers, "kgo.SeedBrokers", "set Config.Brokers"},
+}
+
+// refuseOverrides inspects cfg.KgoOpts without connecting anywhere (the
+// clients it builds have a dialer that refuses every connection): it
+// compares each reserved option in the client the worker would run (ours,
+// then KgoOpts) with the client of tenure's options alone. Any difference
+// is an override, named in the error. Static membership gets its own
+// error, ErrStaticMembership.
+func refuseOverrides(cfg Config, ours []kgo.Opt) error {
+	noDial := []kgo.Opt{kgo.DialTLSConfig(nil), kgo.Dialer(func(context.Context, string, string) (net.Conn, error) {
+		return nil, errors.New("consumer: inspecting options, not connecting")
+	})}
+	build := func(opts ...[]kgo.Opt) (*kgo.Client, error) {
+		var all []kgo.Opt
+		for _, o := range opts {
+			all = append(all, o...)
+		}
+		cl, err := kgo.NewClient(append(all, noDial...)...)
+		if err != nil {
+			return nil, fmt.Errorf("kafka client options: %w", err)
+		}
+		return cl, nil
 	}
-	defer cl.Close()
-	if id, _ := cl.OptValue(kgo.InstanceID).(string); id != "" {
+	run, err := build(ours, cfg.KgoOpts)
+	if err != nil {
+		return err
+	}
+	defer run.Close()
+	if id, _ := run.OptValue(kgo.InstanceID).(string); id != "" {
 		return ErrStaticMembership
 	}
+	own, err := build(ours)
+	if err != nil {
+		return err
+	}
+	defer own.Close()
+	var bad []string
+	for _, r := range reservedOpts {
+		if !sameOptValues(run.OptValues(r.opt), own.OptValues(r.opt)) || passes(cfg.KgoOpts, r.name) {
+			bad = append(bad, r.name+" ("+r.why+")")
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("consumer config: %w: %s", ErrReservedKgoOpt, strings.Join(bad, "; "))
+	}
 	return nil
+}
+
+// wrappedCallbacks are the options whose values kgo wraps in code of its own
+// in a group client (to log their entry), so that OptValues cannot tell a
+// user's callback from tenure's: passes looks for them in KgoOpts instead.
+var wrappedCallbacks = map[string]bool{
+	"kgo.OnPartitionsAssigned": true,
+	"kgo.OnPartitionsRevoked":  true,
+	"kgo.OnPartitionsLost":     true,
+}
+
+// passes reports whether opts hold an option made by the kgo constructor
+// called name (one of wrappedCallbacks). A kgo option is a struct holding
+// the closure its constructor made, and the closure's function name says
+// which constructor that was ("kgo.OnPartitionsLost.func1", or
+// "caller.OnPartitionsLost.func2" where the constructor was inlined): the
+// way kgo's own OptValue recognises options by name.
+func passes(opts []kgo.Opt, name string) bool {
+	if !wrappedCallbacks[name] {
+		return false
+	}
+	want := "." + strings.TrimPrefix(name, "kgo.") + ".func"
+	for _, o := range opts {
+		v := reflect.ValueOf(o)
+		if v.Kind() != reflect.Struct || v.NumField() != 1 || v.Field(0).Kind() != reflect.Func || v.Field(0).IsNil() {
+			continue // not shaped so in this kgo version: TestKgoOptsThatReplaceTenuresAreRefused fails
+		}
+		if f := runtime.FuncForPC(v.Field(0).Pointer()); f != nil && strings.Contains(f.Name(), want) {
+			return true
+		}
+	}
+	return false
+}
+
+// sameOptValues compares two OptValues results: functions by their code
+// (kgo's default callbacks are the same code in every client), the rest
+// deeply.
+func sameOptValues(a, b []any) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		va, vb := reflect.ValueOf(a[i]), reflect.ValueOf(b[i])
+		if va.IsValid() && vb.IsValid() && va.Kind() == reflect.Func && vb.Kind() == reflect.Func {
+			if va.IsNil() != vb.IsNil() || (!va.IsNil() && va.Pointer() != vb.Pointer()) {
+				return false
+			}
+			continue
+		}
+		if !reflect.DeepEqual(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // Client is the underlying kgo client once Run has started (nil before).

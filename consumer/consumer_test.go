@@ -421,6 +421,8 @@ func TestConfigErrors(t *testing.T) {
 		"neg timeout": {func(c *consumer.Config) { c.ClaimTimeout = -1 }, "must not be negative"},
 		"static": {func(c *consumer.Config) { c.KgoOpts = []kgo.Opt{kgo.InstanceID("pod-0")} },
 			"static group membership"},
+		"kgo group": {func(c *consumer.Config) { c.KgoOpts = []kgo.Opt{kgo.ConsumerGroup("x")} },
+			"Config.KgoOpts sets a kgo option that tenure owns: kgo.ConsumerGroup (set Config.Group)"},
 		// Postgres would end the session of a job still within its time.
 		"idle below handler": {func(c *consumer.Config) { c.IdleInTxTimeout = 30 * time.Second },
 			"IdleInTxTimeout 30s must be longer than HandlerTimeout 1m0s"},
