@@ -102,6 +102,18 @@ type Config struct {
 	// finish before abandoning them (default 30s).
 	ShutdownTimeout time.Duration
 
+	// FenceLogRetention bounds the fence log (one entry per accepted claim
+	// and commit, so one per batch) of the partitions this worker holds: every
+	// FenceLogPruneInterval it runs sink.Store.PruneFenceLog on each, which
+	// keeps the claim holding the partition and records the cut. Zero fields
+	// take the defaults: MaxAge 7 days, MaxEntries 10,000 per partition. A
+	// negative field sets no limit of its kind; both negative keep the whole
+	// log (what a history checker that does not read the cut needs).
+	FenceLogRetention sink.FenceLogRetention
+	// FenceLogPruneInterval is how often the fence log is pruned (default
+	// 10m); the first pass runs one interval after Run starts.
+	FenceLogPruneInterval time.Duration
+
 	// ClientID is kgo's client id (default "tenure"); it must pass
 	// ValidateClientID, since member ids, which Postgres records as owners,
 	// are built from it.
@@ -148,6 +160,12 @@ type Hooks struct {
 // cannot tell a zombie from its successor and cannot fence it.
 var ErrStaticMembership = errors.New("static group membership (group.instance.id) is not supported: a restarted member reuses its predecessor's epoch, so the epoch cannot fence the old process")
 
+// The fence log's default retention (Config.FenceLogRetention).
+const (
+	DefaultFenceLogMaxAge     = 7 * 24 * time.Hour
+	DefaultFenceLogMaxEntries = 10_000
+)
+
 // DefaultIdleInTxTimeout is the IdleInTxTimeout derived from a handler
 // timeout: a quarter longer, and at least a second longer, so that a job
 // within its time is never ended by Postgres; negative (disabled) when the
@@ -189,6 +207,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.FenceLogRetention.MaxAge == 0 {
+		c.FenceLogRetention.MaxAge = DefaultFenceLogMaxAge
+	}
+	if c.FenceLogRetention.MaxEntries == 0 {
+		c.FenceLogRetention.MaxEntries = DefaultFenceLogMaxEntries
+	}
+	if c.FenceLogPruneInterval == 0 {
+		c.FenceLogPruneInterval = 10 * time.Minute
 	}
 	if c.ClientID == "" {
 		c.ClientID = "tenure"
@@ -234,7 +261,7 @@ func (c *Config) validate() error {
 		errs = append(errs, fmt.Sprintf("protocol %q is not %q or %q", c.Protocol, Classic, NextGen))
 	}
 	if c.SessionTimeout < 0 || c.RebalanceTimeout < 0 || c.ClaimTimeout < 0 || c.ShutdownTimeout < 0 ||
-		c.RetryBackoff < 0 || c.RetryBackoffMax < 0 {
+		c.RetryBackoff < 0 || c.RetryBackoffMax < 0 || c.FenceLogPruneInterval < 0 {
 		errs = append(errs, "timeouts and backoffs must not be negative")
 	}
 	if c.IdleInTxTimeout > 0 {

@@ -294,6 +294,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go c.watchLayouts(wctx, cl)
+	go c.pruneFenceLogs(wctx)
 	for {
 		// PollRecords bounds a poll so that callbacks are never blocked by a
 		// huge hand-off.
@@ -326,6 +327,48 @@ func (c *Consumer) Run(ctx context.Context) error {
 			l.push(p.Records)
 		})
 		cl.AllowRebalance()
+	}
+}
+
+// pruneFenceLogs bounds the fence log of the partitions this worker holds
+// (Config.FenceLogRetention), every FenceLogPruneInterval, until ctx ends.
+// Replicas prune only their own partitions, so they never do the same work.
+func (c *Consumer) pruneFenceLogs(ctx context.Context) {
+	r := c.cfg.FenceLogRetention
+	if !r.Enabled() {
+		return
+	}
+	t := time.NewTicker(c.cfg.FenceLogPruneInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		keys := make([]sink.Partition, 0, len(c.lanes))
+		for _, l := range c.lanes {
+			keys = append(keys, l.key)
+		}
+		c.mu.Unlock()
+		var total int64
+		for _, k := range keys {
+			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			n, err := c.store.PruneFenceLog(pctx, k, r)
+			cancel()
+			if err != nil {
+				if ctx.Err() == nil {
+					c.log.Warn("pruning the fence log failed; trying again next time", zap.Stringer("partition", k), zap.Error(err))
+				}
+				continue
+			}
+			total += n
+		}
+		if total > 0 {
+			c.stats.fenceLogPruned.Add(total)
+			c.log.Debug("fence log pruned", zap.Int64("entries", total), zap.Int("partitions", len(keys)))
+		}
 	}
 }
 

@@ -26,16 +26,19 @@ type Stats struct {
 	// LanesHalted is the number of partitions this worker holds but does not
 	// process because they are halted (a gauge, like Lanes).
 	LanesHalted int64
-	Retries     int64 // batch attempts after a failure of any kind
-	Resets      int64 // incarnation bumps made by this worker
-	Lanes       int64 // partitions being processed now
+	// FenceLogPruned counts fence log entries this worker pruned
+	// (Config.FenceLogRetention).
+	FenceLogPruned int64
+	Retries        int64 // batch attempts after a failure of any kind
+	Resets         int64 // incarnation bumps made by this worker
+	Lanes          int64 // partitions being processed now
 }
 
 type counters struct {
 	claims, claimsRejected, batches, records, batchesFenced atomic.Int64
 	deadLetters, handlerFailures, retries, resets, lanes    atomic.Int64
 	handlerTransient, handlerEnvironment, handlerBugs       atomic.Int64
-	lanesHalted                                             atomic.Int64
+	lanesHalted, fenceLogPruned                             atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -46,7 +49,7 @@ func (c *Consumer) Stats() Stats {
 		Batches: s.batches.Load(), Records: s.records.Load(), BatchesFenced: s.batchesFenced.Load(),
 		DeadLetters: s.deadLetters.Load(), HandlerFailures: s.handlerFailures.Load(),
 		HandlerTransient: s.handlerTransient.Load(), HandlerEnvironment: s.handlerEnvironment.Load(),
-		HandlerBugs: s.handlerBugs.Load(), LanesHalted: s.lanesHalted.Load(),
+		HandlerBugs: s.handlerBugs.Load(), LanesHalted: s.lanesHalted.Load(), FenceLogPruned: s.fenceLogPruned.Load(),
 		Retries: s.retries.Load(), Resets: s.resets.Load(), Lanes: s.lanes.Load(),
 	}
 }

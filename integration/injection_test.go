@@ -90,12 +90,13 @@ func TestInjectionThroughNames(t *testing.T) {
 	commands := func(schema string) map[string][]string {
 		db := []string{"--database-url", e.dbURL, "--schema", schema}
 		return map[string][]string{
-			"worker":         append([]string{"worker", "--brokers", brokers, "--group", e.group, "--topic", e.topic, "--handler", "export"}, db...),
-			"migrate up":     append(append([]string{"migrate"}, db...), "up"),
-			"migrate down":   append(append([]string{"migrate"}, db...), "down"),
-			"migrate status": append(append([]string{"migrate"}, db...), "status"),
-			"admin fences":   append([]string{"admin", "fences"}, db...),
-			"admin halts":    append([]string{"admin", "halts"}, db...),
+			"worker":             append([]string{"worker", "--brokers", brokers, "--group", e.group, "--topic", e.topic, "--handler", "export"}, db...),
+			"migrate up":         append(append([]string{"migrate"}, db...), "up"),
+			"migrate down":       append(append([]string{"migrate"}, db...), "down"),
+			"migrate status":     append(append([]string{"migrate"}, db...), "status"),
+			"admin fences":       append([]string{"admin", "fences"}, db...),
+			"admin halts":        append([]string{"admin", "halts"}, db...),
+			"admin fences prune": append([]string{"admin", "fences", "prune"}, db...),
 			"admin halts resume": append([]string{"admin", "halts", "resume", "--group", e.group, "--topic", e.topic,
 				"--partition", "0"}, db...),
 			"admin assignments": append([]string{"admin", "assignments", "--brokers", brokers, "--group", e.group}, db...),

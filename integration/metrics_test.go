@@ -35,7 +35,7 @@ func TestWorkerMetrics(t *testing.T) {
 	body := scrape()
 	for _, want := range []string{"tenure_claims_total 2", "tenure_lanes 2", "tenure_batches_fenced_total 0", "# TYPE tenure_lanes gauge",
 		"tenure_handler_transient_total 0", "tenure_handler_environment_errors_total 0",
-		"tenure_handler_bugs_total 0", "# TYPE tenure_lanes_halted gauge"} {
+		"tenure_handler_bugs_total 0", "# TYPE tenure_lanes_halted gauge", "tenure_fence_log_pruned_total 0"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, body)
 		}

@@ -51,6 +51,8 @@ func adminCommands() []adminCommand {
 			"list consumer groups: type, state, protocol, member count", runGroups},
 		{"assignments", "--brokers HOST:PORT[,..] --group G --database-url URL [--schema S] [--topic T[,T2]] [--output table|json]",
 			"per partition, the coordinator's assignment beside Postgres's fencing row, and the lag", runAssignments},
+		{"fences prune", "--database-url URL [--schema S] [--group G] [--max-age D] [--max-entries N]",
+			"bound the fence log: remove old entries, keeping each partition's claim and the newest", runFencesPrune},
 		{"fences", "--database-url URL [--schema S] [--group G] [--output table|json]",
 			"the fencing rows in Postgres", runFences},
 		{"halts resume", "--database-url URL [--schema S] --group G --topic T --partition P",

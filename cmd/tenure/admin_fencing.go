@@ -179,3 +179,49 @@ func runFences(ctx context.Context, e *env, f *flagSet, args []string) error {
 	}
 	return nil
 }
+
+func runFencesPrune(ctx context.Context, e *env, f *flagSet, args []string) error {
+	db := addDBFlags(f)
+	group := f.String("group", "", "only this consumer group's partitions (default: every group)")
+	maxAge := f.Duration("max-age", consumer.DefaultFenceLogMaxAge, "remove entries older than this (0: no age limit)")
+	maxEntries := f.Int("max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many entries per partition (0: no count limit)")
+	if err := f.parse(args, 0); err != nil {
+		return err
+	}
+	if err := optional(*group, func() error { return validGroup("group", *group) }); err != nil {
+		return err
+	}
+	if *maxAge < 0 || *maxEntries < 0 {
+		return usagef("--max-age and --max-entries must not be negative (0 means no limit)")
+	}
+	if *maxAge == 0 && *maxEntries == 0 {
+		return usagef("--max-age 0 and --max-entries 0 keep everything: nothing to prune")
+	}
+	sch, err := db.check()
+	if err != nil {
+		return err
+	}
+	pool, err := openDB(ctx, *db.url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := sink.NewStore(pool, sch)
+	if err != nil {
+		return err
+	}
+	// Pruning a long log takes a while: no adminTimeout here, only the
+	// command's own context (a signal stops it; what was pruned stays, each
+	// partition in its own transaction).
+	removed, parts, err := store.PruneFenceLogs(ctx, *group, sink.FenceLogRetention{MaxAge: *maxAge, MaxEntries: *maxEntries})
+	if err != nil {
+		return dbError(sch, err)
+	}
+	where := "every group"
+	if *group != "" {
+		where = "group " + printableString(*group)
+	}
+	fmt.Fprintf(e.stdout, "pruned %d fence log entries of %d partitions (%s, schema %s); each partition keeps the claim that holds it and every entry after the cut, which is recorded in fence_log_pruned\n",
+		removed, parts, where, sch)
+	return nil
+}

@@ -61,6 +61,7 @@ func writeMetrics(w http.ResponseWriter, s consumer.Stats) {
 		{"tenure_handler_environment_errors_total", "Handler SQL errors that say the environment is wrong (missing table or column, permission, read-only server): the partition stalls.", "counter", s.HandlerEnvironment},
 		{"tenure_handler_bugs_total", "Batches whose handler ended its own transaction (COMMIT or ROLLBACK in its SQL); each halts its partition.", "counter", s.HandlerBugs},
 		{"tenure_lanes_halted", "Partitions this worker holds but does not process: halted for a handler bug until an operator resumes them.", "gauge", s.LanesHalted},
+		{"tenure_fence_log_pruned_total", "Fence log entries pruned by this worker (--fence-log-max-age, --fence-log-max-entries).", "counter", s.FenceLogPruned},
 		{"tenure_batch_retries_total", "Batch attempts after a failure.", "counter", s.Retries},
 		{"tenure_incarnation_bumps_total", "Group resets detected and fenced by this worker.", "counter", s.Resets},
 		{"tenure_lanes", "Partitions this worker is processing now.", "gauge", s.Lanes},

@@ -26,6 +26,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	f := newFlagSet(e, "worker", "--brokers HOST:PORT[,..] --group G --topic T[,T2] --database-url URL --handler export|ledger|noop\n"+
 		"    [--schema S] [--name NAME] [--protocol classic|consumer] [--session-timeout D] [--rebalance-timeout D]\n"+
 		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--no-migrate]\n"+
+		"    [--fence-log-max-age D] [--fence-log-max-entries N]\n"+
 		"    [--metrics-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults]")
 	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
 	group := f.String("group", "", "consumer group shared by the replicas")
@@ -39,6 +40,8 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	batchMax := f.Int("batch-max", 500, "most jobs per transaction")
 	idleTx := f.Duration("idle-in-tx-timeout", 0, "Postgres idle_in_transaction_session_timeout for batch transactions: how long a worker frozen mid-transaction can hold row locks; it must be longer than --handler-timeout (default: --handler-timeout plus a quarter, at least 1s more)")
 	maxAttempts := f.Int("max-attempts", 5, "attempts of a failing job before it is dead-lettered")
+	logAge := f.Duration("fence-log-max-age", consumer.DefaultFenceLogMaxAge, "prune fence log entries older than this from the partitions this worker holds (0: no age limit)")
+	logEntries := f.Int("fence-log-max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many fence log entries per partition (0: no count limit; both 0 keep the whole log)")
 	handlerTimeout := f.Duration("handler-timeout", 60*time.Second, "bound on one handler call (a batch); a job that keeps timing out is dead-lettered")
 	injectFaults := f.Bool("inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout")
 	noMigrate := f.Bool("no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
@@ -72,6 +75,9 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	}
 	if err := checkDurations(*session, *rebalance, *handlerTimeout, *idleTx); err != nil {
 		return err
+	}
+	if *logAge < 0 || *logEntries < 0 {
+		return usagef("--fence-log-max-age and --fence-log-max-entries must not be negative (0 means no limit)")
 	}
 	if err := sink.ValidateSchema(*schema); err != nil {
 		return usageError{msg: err.Error()}
@@ -134,9 +140,11 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		MaxAttempts:      *maxAttempts,
 		HandlerTimeout:   *handlerTimeout,
 		IdleInTxTimeout:  *idleTx,
-		ClientID:         "tenure-" + *name,
-		Logger:           log,
-		Hooks:            hooks(log),
+		// 0 on the command line is "no limit"; in Config it is "the default".
+		FenceLogRetention: sink.FenceLogRetention{MaxAge: noLimit(*logAge), MaxEntries: noLimit(*logEntries)},
+		ClientID:          "tenure-" + *name,
+		Logger:            log,
+		Hooks:             hooks(log),
 	})
 	if err != nil {
 		return err
@@ -156,6 +164,14 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	}()
 	go watchWaiting(ctx, c, store, *group, topics, waitBounds{protocol: *protocol, session: *session, rebalance: *rebalance}, log)
 	return c.Run(ctx)
+}
+
+// noLimit turns a flag's 0 ("no limit") into Config's negative.
+func noLimit[T int | time.Duration](v T) T {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 // maxBatch bounds --batch-max: a lane buffers four batches.
