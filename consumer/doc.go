@@ -18,6 +18,15 @@
 //  4. If a claim or commit is rejected (sink.ErrFenced), the lane drops its
 //     buffered records and the partition stays paused on this worker until
 //     the group assigns it again.
+//  5. If the handler ended its own transaction (ErrHandlerEndedTx), the
+//     partition is halted, recorded in Postgres, until an operator resumes
+//     it.
+//
+// The Handler gets a Tx (statements and savepoints, never Commit or Conn).
+// Its errors are the job's (retries, split, dead letter) unless it says
+// otherwise with Permanent (final at once) or Transient (retried, never
+// dead-lettered), or a SQLSTATE says the environment is wrong (the partition
+// stalls): see Handler for the full rule.
 //
 // Minimal use:
 //

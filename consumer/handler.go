@@ -15,7 +15,11 @@ import (
 // advances the partition's next offset in the same transaction, conditioned
 // on b.Token, and commits: the effects and the progress land together or not
 // at all. tx cannot end the transaction (it has no Commit, Rollback or
-// Conn); savepoints (tx.Begin) are fine.
+// Conn); savepoints (tx.Begin) are fine. A handler that ends it anyway, with
+// COMMIT or ROLLBACK in its SQL (or a procedure that commits), is a bug the
+// lane detects before the fence: the batch fails with a *HandlerBugError
+// and the partition is halted, on every worker, until an operator resumes
+// it (`tenure admin halts resume`).
 //
 // Handle must honour ctx: it is cancelled when the partition is lost or the
 // worker stops hard, and then nothing of the batch will be committed. It
