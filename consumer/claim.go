@@ -44,18 +44,21 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 	for t := range offsets {
 		topics = append(topics, t)
 	}
-	counts, err := c.partitionCountsOf(ctx, cl, topics)
+	// In a fixed order (topic, partition), so that logs and tests can tell
+	// which partition is claimed first.
+	slices.Sort(topics)
+	logs, err := c.topicLogsOf(ctx, cl, topics, true)
 	if err != nil {
 		return nil, err
 	}
-	// A topic whose partition count changed is not processed until an
-	// operator acknowledges the new count; its partitions get blocked lanes
-	// that wait for that.
+	// A topic whose partition count changed is claimed (which fences its
+	// previous owners at once) but not processed until an operator
+	// acknowledges the new count.
 	blocked := map[string]error{}
 	for _, t := range topics {
 		var lerr error
 		err := c.retry(ctx, "checking partition count", c.log, func() error {
-			lerr = c.store.CheckLayout(ctx, c.cfg.Group, t, counts[t])
+			lerr = c.store.CheckLayout(ctx, c.cfg.Group, t, logs[t].partitions)
 			if errors.Is(lerr, sink.ErrPartitionsChanged) {
 				return nil
 			}
@@ -69,7 +72,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 			blocked[t] = lerr
 			// The partitions this worker already runs are held too: the
 			// new layout applies to the whole topic.
-			c.holdTopic(t, counts[t])
+			c.holdTopic(t, logs[t].partitions)
 		}
 	}
 
@@ -79,17 +82,14 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 	if err != nil {
 		return nil, err
 	}
-	// In a fixed order (topic, partition), so that logs and tests can
-	// tell which partition is claimed first.
-	slices.Sort(topics)
 	for _, topic := range topics {
 		parts := offsets[topic]
+		tl := logs[topic]
 		for _, p := range slices.Sorted(maps.Keys(parts)) {
 			off := parts[p]
-			start := off.EpochOffset().Offset
-			if start < 0 { // no Kafka commit: start of the log
-				start = 0
-			}
+			// A partition Postgres has never seen starts where Kafka's
+			// committed offset says, else at the log's start.
+			start := max(off.EpochOffset().Offset, tl.start[p], 0)
 			c.mu.Lock()
 			if old := c.lanes[tp{topic, p}]; old != nil {
 				// Assigned again without a revoke in between (the session was
@@ -103,38 +103,39 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 			c.mu.Unlock()
 			key := sink.Partition{Group: c.cfg.Group, Topic: topic, Partition: p}
 			log := c.log.With(zap.String("topic", topic), zap.Int32("partition", p), zap.String("member", member))
-			l := newLane(c, key, member, epoch, counts[topic], log)
+			l := newLane(c, key, member, epoch, tl.partitions, log)
+			l.topicID = tl.id
 			// The coordinator's side of the history: when this member was
 			// given the partition, and the lane (claim id) that claims it.
 			// internal/history's Assignment reads this line.
 			l.log.Info("claiming partition", zap.Int32("member_epoch", epoch))
-			if berr := blocked[topic]; berr != nil {
-				// Fetch from where the partition stands, paused; the lane
-				// claims once the new count is acknowledged.
-				if f, err := c.store.Get(ctx, key); err == nil {
-					start = f.NextOffset
-				}
+			claimed, err := c.claimOne(ctx, cl, l, start, rd)
+			switch {
+			case errors.Is(err, sink.ErrFenced):
+				// Another claim holds the partition. Usually this member is
+				// behind the group and the coordinator will take the
+				// partition away; if it does not, the lane finds out by
+				// itself and claims again (lane.recover).
+				c.stats.claimsRejected.Add(1)
+				log.Error("claim rejected: fenced", zap.Error(err), zap.Bool("fenced", true))
+				l.next = start
 				parts[p] = kgo.NewOffset().At(start).WithEpoch(-1)
-				l.block(start)
-			} else {
-				claimed, err := c.claimOne(ctx, cl, l, start, rd)
+				l.startRecovering(err)
+			case err != nil:
+				log.Warn("claim failed: abandoning the group session to rejoin", zap.Error(err))
+				return nil, fmt.Errorf("claiming %s: %w", key, err)
+			default:
+				// Epoch -1: the position comes from Postgres, not from a
+				// Kafka commit, so kgo must not run its data-loss check
+				// with a leader epoch that belongs to another offset.
+				parts[p] = kgo.NewOffset().At(claimed.NextOffset).WithEpoch(-1)
+				h := identityHold(key, member, claimed, tl)
 				switch {
-				case errors.Is(err, sink.ErrFenced):
-					// A higher token holds the partition: this member is
-					// behind the group (it will be revoked), so it must not
-					// touch it.
-					c.stats.claimsRejected.Add(1)
-					log.Error("claim rejected: fenced", zap.Error(err), zap.Bool("fenced", true))
-					l.fence()
-				case err != nil:
-					log.Warn("claim failed: abandoning the group session to rejoin", zap.Error(err))
-					return nil, fmt.Errorf("claiming %s: %w", key, err)
+				case h != nil:
+					l.startHeld(h)
+				case blocked[topic] != nil:
+					l.block()
 				default:
-					// Epoch -1: the position comes from Postgres, not from
-					// a Kafka commit, so kgo must not run its data-loss
-					// check with a leader epoch that belongs to another
-					// offset.
-					parts[p] = kgo.NewOffset().At(claimed.NextOffset).WithEpoch(-1)
 					l.start()
 				}
 			}
@@ -194,6 +195,7 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 		v = rd.epoch
 	}
 	tie := false
+	var last error // the last rejection
 	for n := 0; n < maxClaimRounds; n++ {
 		if rd == nil {
 			var err error
@@ -229,7 +231,7 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 		err := c.retry(ctx, "claim", l.log, func() (err error) {
 			claimed, err = c.store.Claim(ctx, sink.ClaimRequest{
 				Partition: l.key, Token: token, Owner: l.owner, ClaimID: l.claimID,
-				StartOffset: start, PartitionCount: l.partitions,
+				StartOffset: start, PartitionCount: l.partitions, TopicID: l.topicID,
 			})
 			return err
 		})
@@ -249,9 +251,11 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 		// register under it), a higher token (the coordinator no longer
 		// confirms us, or the epochs restarted), or a tie.
 		tie = fe.Tie()
+		last = err
 		l.log.Info("claim rejected; registering and confirming again", zap.Error(err), zap.Int("round", n+1))
 	}
-	return sink.Claimed{}, fmt.Errorf("claiming %s: no accepted claim after %d rounds of registering and confirming", l.key, maxClaimRounds)
+	return sink.Claimed{}, fmt.Errorf("claiming %s: no accepted claim after %d rounds of registering and confirming; the last rejection: %v",
+		l.key, maxClaimRounds, last)
 }
 
 // bump moves the group's incarnation on from the one registered in r, once
@@ -440,45 +444,15 @@ func (c *Consumer) describeMember(ctx context.Context, cl *kgo.Client, member st
 	return false, nil, 0, nil
 }
 
-// partitionCountsOf asks the cluster for the topics' partition counts with
-// a metadata request of its own: kgo's cached metadata can be minutes old,
-// and a stale count would let new partitions through the layout check.
-func (c *Consumer) partitionCountsOf(ctx context.Context, cl *kgo.Client, topics []string) (map[string]int32, error) {
-	var out map[string]int32
+// topicLogsOf reads the topics' logs (topicLogs), retrying transient
+// errors within ctx.
+func (c *Consumer) topicLogsOf(ctx context.Context, cl *kgo.Client, topics []string, offsets bool) (map[string]*topicLog, error) {
+	var out map[string]*topicLog
 	err := c.retry(ctx, "metadata", c.log, func() (err error) {
-		out, err = partitionCounts(ctx, cl, topics)
+		out, err = topicLogs(ctx, cl, topics, offsets)
 		return err
 	})
 	return out, err
-}
-
-func partitionCounts(ctx context.Context, cl *kgo.Client, topics []string) (map[string]int32, error) {
-	req := kmsg.NewPtrMetadataRequest()
-	for _, t := range topics {
-		rt := kmsg.NewMetadataRequestTopic()
-		rt.Topic = kmsg.StringPtr(t)
-		req.Topics = append(req.Topics, rt)
-	}
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]int32, len(topics))
-	for _, t := range resp.Topics {
-		if t.Topic == nil {
-			continue
-		}
-		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
-			return nil, fmt.Errorf("topic %q: %w", *t.Topic, err)
-		}
-		out[*t.Topic] = int32(len(t.Partitions))
-	}
-	for _, t := range topics {
-		if out[t] <= 0 {
-			return nil, fmt.Errorf("topic %q has no partitions in metadata", t)
-		}
-	}
-	return out, nil
 }
 
 // watchLayouts checks every layoutWatch that the topics' partition counts
@@ -496,12 +470,13 @@ func (c *Consumer) watchLayouts(ctx context.Context, cl *kgo.Client) {
 			return
 		case <-t.C:
 		}
-		counts, err := partitionCounts(ctx, cl, c.cfg.Topics)
+		logs, err := topicLogs(ctx, cl, c.cfg.Topics, false)
 		if err != nil {
 			c.log.Debug("partition count check skipped", zap.Error(err))
 			continue
 		}
-		for topic, n := range counts {
+		for topic, tl := range logs {
+			n := tl.partitions
 			err := c.store.CheckLayout(ctx, c.cfg.Group, topic, n)
 			if !errors.Is(err, sink.ErrPartitionsChanged) {
 				continue

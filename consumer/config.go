@@ -101,6 +101,14 @@ type Config struct {
 	// ShutdownTimeout bounds how long a graceful stop lets in-flight batches
 	// finish before abandoning them (default 30s).
 	ShutdownTimeout time.Duration
+	// CommitTimeout bounds the wait for a batch's fence statement and its
+	// COMMIT (default 15s). The commit runs on a context that stopping the
+	// lane does not cancel: once the handler is done, the fence (not the
+	// worker's belief about ownership) decides whether the batch lands. Past
+	// the timeout the outcome is unknown, and the lane finds it out exactly
+	// (sink.Store.Resolve), waiting while the COMMIT is still running: a
+	// short timeout costs nothing but a round trip to ask.
+	CommitTimeout time.Duration
 
 	// FenceLogRetention bounds the fence log (one entry per accepted claim
 	// and commit, so one per batch) of the partitions this worker holds: every
@@ -205,6 +213,9 @@ func (c *Config) setDefaults() {
 	if c.IdleInTxTimeout == 0 {
 		c.IdleInTxTimeout = DefaultIdleInTxTimeout(c.HandlerTimeout)
 	}
+	if c.CommitTimeout == 0 {
+		c.CommitTimeout = 15 * time.Second
+	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second
 	}
@@ -260,7 +271,7 @@ func (c *Config) validate() error {
 	if c.Protocol != Classic && c.Protocol != NextGen {
 		errs = append(errs, fmt.Sprintf("protocol %q is not %q or %q", c.Protocol, Classic, NextGen))
 	}
-	if c.SessionTimeout < 0 || c.RebalanceTimeout < 0 || c.ClaimTimeout < 0 || c.ShutdownTimeout < 0 ||
+	if c.SessionTimeout < 0 || c.RebalanceTimeout < 0 || c.ClaimTimeout < 0 || c.ShutdownTimeout < 0 || c.CommitTimeout < 0 ||
 		c.RetryBackoff < 0 || c.RetryBackoffMax < 0 || c.FenceLogPruneInterval < 0 {
 		errs = append(errs, "timeouts and backoffs must not be negative")
 	}

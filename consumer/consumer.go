@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"reflect"
 	"runtime"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -38,6 +40,14 @@ type Consumer struct {
 	lanes map[tp]*lane
 
 	running chan struct{} // closed when Run starts
+
+	fetchErrors  errorLog // fetch errors, logged without flooding
+	resubscribed sync.Map // topic -> time.Time of the last re-subscription (topicMaybeRecreated)
+
+	// pollWake cuts the poll loop's current wait short, so that a lane's
+	// seek is applied without waiting for records (see lane.seek).
+	pollMu   sync.Mutex
+	pollWake context.CancelFunc
 
 	txOptions pgx.TxOptions
 	// txTag and txSeq make each batch transaction's marker unique (see
@@ -178,9 +188,12 @@ var reservedOpts = []struct {
 // is an override, named in the error. Static membership gets its own
 // error, ErrStaticMembership.
 func refuseOverrides(cfg Config, ours []kgo.Opt) error {
+	// A group client starts joining inside NewClient: it must neither
+	// connect nor log its failure to (the worker's log would say a broker
+	// was unreachable).
 	noDial := []kgo.Opt{kgo.DialTLSConfig(nil), kgo.Dialer(func(context.Context, string, string) (net.Conn, error) {
 		return nil, errors.New("consumer: inspecting options, not connecting")
-	})}
+	}), kgo.WithLogger(kgo.BasicLogger(io.Discard, kgo.LogLevelNone, nil))}
 	build := func(opts ...[]kgo.Opt) (*kgo.Client, error) {
 		var all []kgo.Opt
 		for _, o := range opts {
@@ -296,9 +309,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go c.watchLayouts(wctx, cl)
 	go c.pruneFenceLogs(wctx)
 	for {
+		pctx, wake := context.WithCancel(ctx)
+		c.pollMu.Lock()
+		c.pollWake = wake
+		c.pollMu.Unlock()
+		c.applySeeks(cl)
 		// PollRecords bounds a poll so that callbacks are never blocked by a
 		// huge hand-off.
-		fetches := cl.PollRecords(ctx, 10_000)
+		fetches := cl.PollRecords(pctx, 10_000)
+		wake()
 		if fetches.IsClientClosed() {
 			return errors.New("consumer: kafka client closed")
 		}
@@ -310,7 +329,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 			if errors.Is(err, context.Canceled) {
 				return
 			}
-			c.log.Warn("fetch error", zap.String("topic", topic), zap.Int32("partition", partition), zap.Error(err))
+			if errors.Is(err, kerr.UnknownTopicID) && topic != "" {
+				c.topicMaybeRecreated(ctx, cl, topic)
+			}
+			c.fetchErrors.log(c.log, topic, partition, err)
 		})
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 			if len(p.Records) == 0 {
@@ -326,6 +348,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			l.push(p.Records)
 		})
+		// Seeks requested meanwhile, before a rebalance may run.
+		c.applySeeks(cl)
 		cl.AllowRebalance()
 	}
 }
@@ -369,6 +393,108 @@ func (c *Consumer) pruneFenceLogs(ctx context.Context) {
 			c.stats.fenceLogPruned.Add(total)
 			c.log.Debug("fence log pruned", zap.Int64("entries", total), zap.Int("partitions", len(keys)))
 		}
+	}
+}
+
+// topicMaybeRecreated runs when a fetch of topic fails with
+// UNKNOWN_TOPIC_ID. If the topic was deleted and re-created under the same
+// name, kgo keeps fetching by the old topic id and fails for good until the
+// topic is purged and added again; so this worker re-subscribes to it (at
+// most every few seconds). The group then assigns the new topic's
+// partitions, and their claims find that the stored offsets belong to the
+// old log (a topic-recreated hold, docs/fencing.md "The log's identity").
+// Purging waits for a rebalance, which waits for the poll loop: it runs
+// aside.
+func (c *Consumer) topicMaybeRecreated(ctx context.Context, cl *kgo.Client, topic string) {
+	now := time.Now()
+	if last, ok := c.resubscribed.Load(topic); ok && now.Sub(last.(time.Time)) < resubscribeEvery {
+		return
+	}
+	c.resubscribed.Store(topic, now)
+	go func() {
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		logs, err := topicLogs(mctx, cl, []string{topic}, false)
+		if err != nil {
+			c.log.Debug("topic not found while its fetches fail with UNKNOWN_TOPIC_ID: deleted, or not created again yet", zap.String("topic", topic), zap.Error(err))
+			return
+		}
+		c.log.Warn("topic was deleted and re-created (its fetches fail with UNKNOWN_TOPIC_ID): re-subscribing to the new one; "+
+			"its partitions will be held until an operator acknowledges that the stored offsets belong to the old log",
+			zap.String("topic", topic), zap.String("topic_id", uuidString(logs[topic].id)))
+		cl.PurgeTopicsFromConsuming(topic)
+		cl.AddConsumeTopics(topic)
+	}()
+}
+
+// resubscribeEvery bounds how often topicMaybeRecreated re-subscribes.
+const resubscribeEvery = 5 * time.Second
+
+// errorLog logs repeated errors once per key and then at most every
+// errorLogEvery, with the number left out: a partition whose fetches fail
+// on every poll must not flood the log.
+type errorLog struct {
+	mu   sync.Mutex
+	seen map[string]*errorSeen
+}
+
+type errorSeen struct {
+	last       time.Time
+	suppressed int
+}
+
+const errorLogEvery = 10 * time.Second
+
+func (e *errorLog) log(log *zap.Logger, topic string, partition int32, err error) {
+	key := fmt.Sprintf("%s\x00%d\x00%s", topic, partition, err)
+	e.mu.Lock()
+	if e.seen == nil {
+		e.seen = map[string]*errorSeen{}
+	}
+	s := e.seen[key]
+	now := time.Now()
+	if s != nil && now.Sub(s.last) < errorLogEvery {
+		s.suppressed++
+		e.mu.Unlock()
+		return
+	}
+	suppressed := 0
+	if s == nil {
+		s = &errorSeen{}
+		e.seen[key] = s
+	} else {
+		suppressed = s.suppressed
+	}
+	s.last, s.suppressed = now, 0
+	e.mu.Unlock()
+	log.Warn("fetch error", zap.String("topic", topic), zap.Int32("partition", partition), zap.Error(err),
+		zap.Int("repeats_not_logged", suppressed))
+}
+
+// wakePoll ends the poll loop's current wait, so that it applies the
+// lanes' seeks now.
+func (c *Consumer) wakePoll() {
+	c.pollMu.Lock()
+	defer c.pollMu.Unlock()
+	if c.pollWake != nil {
+		c.pollWake()
+	}
+}
+
+// applySeeks moves the fetch positions the lanes asked for (lane.seek). It
+// runs on the poll goroutine only, between a poll and AllowRebalance, where
+// kgo allows SetOffsets.
+func (c *Consumer) applySeeks(cl *kgo.Client) {
+	c.mu.Lock()
+	lanes := make([]*lane, 0, len(c.lanes))
+	for _, l := range c.lanes {
+		if l.seekTo.Load() >= 0 {
+			lanes = append(lanes, l)
+		}
+	}
+	c.mu.Unlock()
+	for _, l := range lanes {
+		l.applySeek(cl)
 	}
 }
 

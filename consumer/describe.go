@@ -50,6 +50,18 @@ const (
 	// and process none of it until an operator acknowledges the count
 	// (tenure admin topic acknowledge-partitions).
 	StateHeldPartitions State = "held-partitions"
+	// StateStalled: the worker that holds the partition cannot claim or
+	// commit it and is recovering by itself (sink.HoldStalled); Reason says
+	// why. Persisting, it needs a look (the database, the coordinator).
+	StateStalled State = "stalled"
+	// StateHandlerBug, StateTopicRecreated, StateLogTruncated,
+	// StateAheadOfLog: the partition is held until an operator acknowledges
+	// it (`tenure admin holds acknowledge`); Reason says why and what the
+	// acknowledgement does (sink.HoldKind).
+	StateHandlerBug     State = State(sink.HoldHandlerBug)
+	StateTopicRecreated State = State(sink.HoldTopicRecreated)
+	StateLogTruncated   State = State(sink.HoldLogTruncated)
+	StateAheadOfLog     State = State(sink.HoldAheadOfLog)
 )
 
 // Assignment is one partition of a consumer group seen from both sides: the
@@ -109,8 +121,14 @@ type Assignment struct {
 	//   - stale-owner: there is a fencing row, its owner differs and is not
 	//     a member of the group any more;
 	//   - claim-pending: otherwise (no fencing row yet, or its owner is
-	//     another current member).
+	//     another current member);
+	//
+	// and then, unless rebalancing, an open hold of the partition
+	// (tenure admin holds) overrides it: stalled, handler-bug,
+	// topic-recreated, log-truncated or ahead-of-log.
 	State State `json:"state"`
+	// Reason says why a held partition is held ("" otherwise).
+	Reason string `json:"reason"`
 }
 
 // Describe joins the group coordinator's view of group with the fencing rows
@@ -182,7 +200,32 @@ func Describe(ctx context.Context, cl *kgo.Client, store *sink.Store, group stri
 		}
 		ends[o.Topic][o.Partition] = o.Offset
 	})
-	return join(view, fences, ends, recorded, topics), nil
+	holds, err := store.OpenHolds(ctx, group)
+	if err != nil {
+		return nil, fmt.Errorf("reading the holds of group %q: %w", group, err)
+	}
+	return applyHolds(join(view, fences, ends, recorded, topics), holds), nil
+}
+
+// applyHolds shows each open hold on its partition's row (see
+// Assignment.State).
+func applyHolds(rows []Assignment, holds []sink.Hold) []Assignment {
+	type key struct {
+		topic string
+		p     int32
+	}
+	byPart := map[key]sink.Hold{}
+	for _, h := range holds {
+		byPart[key{h.Partition.Topic, h.Partition.Partition}] = h
+	}
+	for i := range rows {
+		h, ok := byPart[key{rows[i].Topic, rows[i].Partition}]
+		if !ok || rows[i].State == StateRebalancing {
+			continue
+		}
+		rows[i].State, rows[i].Reason = State(h.Kind), h.Reason
+	}
+	return rows
 }
 
 // recordedCounts reads the partition count the group recorded for each

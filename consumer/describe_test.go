@@ -234,7 +234,7 @@ func TestAssignmentJSONFields(t *testing.T) {
 	}
 	sort.Strings(got)
 	want := []string{"client_id", "epoch", "fence_epoch", "fence_owner", "high_watermark", "host", "lag",
-		"member_id", "next_offset", "partition", "state", "topic"}
+		"member_id", "next_offset", "partition", "reason", "state", "topic"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("JSON fields %v, want %v", got, want)
 	}

@@ -176,11 +176,11 @@ var ErrHandlerEndedTx = errors.New("the handler ended the batch's transaction it
 // HandlerBugError reports a handler that ended its batch's transaction. It
 // names the batch's jobs: which one's statement ended it cannot be known
 // without running it again (and committing again). The lane halts the
-// partition: it records the halt in Postgres (sink.Store.HaltPartition),
-// logs it as an error, counts it (Stats.HandlerBugs) and commits nothing
-// more for the partition, on this worker or any other, until an operator
-// has fixed the handler and resumes the partition (`tenure admin halts
-// resume`, or sink.Store.ResumePartition).
+// partition: it records a hold in Postgres (sink.HoldHandlerBug), logs it
+// as an error, counts it (Stats.HandlerBugs) and commits nothing more for
+// the partition, on this worker or any other, until an operator has fixed
+// the handler and acknowledges the hold (`tenure admin holds acknowledge`,
+// or sink.Store.AcknowledgeHold).
 type HandlerBugError struct {
 	FirstJob, LastJob string // JobIDs of the batch's first and last records
 	From, To          int64

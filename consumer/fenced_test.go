@@ -4,21 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/sink"
 )
 
-// When another owner claims the partition behind this worker's back, the
-// worker's next batch is rejected, its effects roll back, and the worker
-// stops processing the partition (paused, buffer dropped) instead of trying
-// batch after batch.
-func TestFencedLaneStopsAndStaysPaused(t *testing.T) {
+// When another claim holds the partition behind this worker's back, the
+// worker's next batch is rejected and rolls back, and the lane stops
+// processing (paused, buffer dropped). The coordinator still gives this
+// member the partition, so the lane tries to claim it again, in vain while
+// the other claim holds, and says so: a stalled hold with the reason. Once
+// that claim is gone (here an operator removes the bogus row), the lane
+// claims again by itself, within seconds, and goes on from the stored offset.
+func TestFencedLaneStallsThenRecovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	b.produce(20, func(i int) string { return "k" })
@@ -56,30 +62,80 @@ func TestFencedLaneStopsAndStaysPaused(t *testing.T) {
 	waitForCond(t, 10*time.Second, "the partition to be paused", func() bool {
 		return len(c.Client().PauseFetchPartitions(nil)[b.topic]) == 1
 	})
-	b.produce(30, func(i int) string { return "k" })
-	// Nothing more is attempted for the partition: one rejection, no commit
-	// after it, the ledger still at the first 20 jobs.
-	time.Sleep(500 * time.Millisecond) // give a wrongly running lane the chance to try again
+	waitForCond(t, 30*time.Second, "the stall to be recorded", func() bool {
+		h, err := b.store.OpenHold(context.Background(), key)
+		return err == nil && h.Kind == sink.HoldStalled && strings.Contains(h.Reason, "usurper")
+	})
 	if n := c.Stats().BatchesFenced; n != 1 {
-		t.Errorf("%d batches fenced, want exactly 1", n)
+		t.Errorf("%d batches fenced, want exactly 1 (the lane claims, it does not try batches)", n)
 	}
-	if n := logs.FilterMessage("batch rejected: fenced; dropping this partition's buffered records until it is assigned again").Len(); n != 1 {
+	if n := logs.FilterMessage("batch rejected: fenced; dropping this partition's buffered records and checking whether this member still holds it").Len(); n != 1 {
 		t.Errorf("%d rejections logged, want 1", n)
 	}
-	var rows int
-	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+b.schema+`".ledger`).Scan(&rows); err != nil {
+	if n := b.ledgerRows(); n != 20 {
+		t.Errorf("ledger has %d rows, want 20 (the rejected batch rolled back)", n)
+	}
+	if row, _ := b.store.Get(context.Background(), key); row.Owner != "usurper" || row.NextOffset != 20 {
+		t.Errorf("fencing row moved: %+v", row)
+	}
+
+	// The bogus claim goes; the lane claims again and finishes the jobs.
+	if _, err := b.pool.Exec(context.Background(), `DELETE FROM "`+b.schema+`".fences`); err != nil {
 		t.Fatal(err)
 	}
-	if rows != 20 {
-		t.Errorf("ledger has %d rows, want 20 (the rejected batch rolled back)", rows)
+	start := time.Now()
+	b.waitDone(30 * time.Second)
+	t.Logf("recovered %s after the bogus claim was removed", time.Since(start).Round(time.Millisecond))
+	if n := b.ledgerRows(); n != 50 {
+		t.Errorf("ledger has %d rows, want 50", n)
 	}
-	row, _ := b.store.Get(context.Background(), key)
-	if row.Owner != "usurper" || row.NextOffset != 20 {
-		t.Errorf("fencing row moved: %+v", row)
+	if st := c.Stats(); st.Recoveries != 1 || st.Stalled != 0 {
+		t.Errorf("stats: %d recoveries, %d stalled; want 1 and 0", st.Recoveries, st.Stalled)
+	}
+	if _, err := b.store.OpenHold(context.Background(), key); !errors.Is(err, pgx.ErrNoRows) {
+		t.Errorf("the stall is still recorded after the recovery: %v", err)
 	}
 	if err := ctx.Err(); err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
+}
+
+// An operator moves the stored offset past jobs the lane has buffered (or
+// any commit the lane did not know of lands): its next commit meets an
+// offset mismatch. The member still holds the partition, so the lane claims
+// again at once, reads the stored offset and goes on from there, instead of
+// waiting for a rebalance that may never come.
+func TestLaneRecoversFromAnOffsetMismatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(10, func(i int) string { return "k" })
+	c, err := consumer.New(b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, c)
+	defer stop() //nolint:errcheck
+	b.waitDone(60 * time.Second)
+	if _, err := b.pool.Exec(context.Background(), `UPDATE "`+b.schema+`".fences SET next_offset = next_offset + 5`); err != nil {
+		t.Fatal(err)
+	}
+	b.produce(20, func(i int) string { return "k" }) // offsets 10-29; 10-14 skipped by the operator
+	b.waitDone(30 * time.Second)
+	if n := b.ledgerRows(); n != 25 {
+		t.Errorf("ledger has %d rows, want 25 (30 jobs, 5 skipped by the operator)", n)
+	}
+	if st := c.Stats(); st.Recoveries != 1 || st.BatchesFenced != 1 {
+		t.Errorf("stats: %d recoveries, %d batches fenced; want 1 and 1", st.Recoveries, st.BatchesFenced)
+	}
+}
+
+func (b *bundle) ledgerRows() int {
+	b.t.Helper()
+	var rows int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+b.schema+`".ledger`).Scan(&rows); err != nil {
+		b.t.Fatal(err)
+	}
+	return rows
 }
 
 func waitForCond(t *testing.T, timeout time.Duration, what string, cond func() bool) {

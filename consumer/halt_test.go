@@ -92,11 +92,11 @@ func testHandlerEndsItsTransaction(t *testing.T, stmt string) {
 	}
 	logged := logs.FilterMessageSnippet("handler bug: it ended the batch's transaction itself").All()
 	if len(logged) != 1 || logged[0].Level != zap.ErrorLevel || logged[0].ContextMap()["job"] != b.topic+"/0/5" ||
-		!strings.Contains(logged[0].Message, "tenure admin halts resume --group "+b.group+" --topic "+b.topic+" --partition 0") {
+		!strings.Contains(logged[0].Message, "tenure admin holds acknowledge --group "+b.group+" --topic "+b.topic+" --partition 0") {
 		t.Errorf("the halt was not logged as an error naming job %s/0/5 and the command that resumes it: %v", b.topic, logged)
 	}
-	halt, halted, err := b.store.HaltOf(ctx, key)
-	if err != nil || !halted || halt.FirstJob != b.topic+"/0/5" || halt.From != 5 || halt.To != 6 || halt.Token.Epoch <= 0 {
+	halt, halted, err := b.store.OpenHoldNeedingAck(ctx, key)
+	if err != nil || !halted || halt.Kind != sink.HoldHandlerBug || halt.FirstJob != b.topic+"/0/5" || halt.From != 5 || halt.To != 6 || halt.Token.Epoch <= 0 {
 		t.Fatalf("halt recorded: %+v %v %v", halt, halted, err)
 	}
 	if dls := b.deadLetters(); len(dls) != 0 {
@@ -121,8 +121,8 @@ func testHandlerEndsItsTransaction(t *testing.T, stmt string) {
 	}
 	fixed = true // the operator deploys a fixed handler...
 	mu.Unlock()
-	if _, ok, err := b.store.ResumePartition(ctx, key); !ok || err != nil { // ...and resumes
-		t.Fatalf("resume: %v %v", ok, err)
+	if _, err := b.store.AcknowledgeHold(ctx, key, "ops", -1, -1, [16]byte{}); err != nil { // ...and acknowledges
+		t.Fatalf("acknowledging the hold: %v", err)
 	}
 	b.waitDone(30 * time.Second)
 	if err := stop(); err != nil {

@@ -18,8 +18,8 @@ import (
 // Conn); savepoints (tx.Begin) are fine. A handler that ends it anyway, with
 // COMMIT or ROLLBACK in its SQL (or a procedure that commits), is a bug the
 // lane detects before the fence: the batch fails with a *HandlerBugError
-// and the partition is halted, on every worker, until an operator resumes
-// it (`tenure admin halts resume`).
+// and the partition is held, on every worker, until an operator
+// acknowledges it (`tenure admin holds acknowledge`).
 //
 // Handle must honour ctx: it is cancelled when the partition is lost or the
 // worker stops hard, and then nothing of the batch will be committed. It

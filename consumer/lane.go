@@ -24,14 +24,6 @@ import (
 // be rejected anyway from being cut off half-way in the handler.
 const lostGrace = 2 * time.Second
 
-// commitTimeout bounds the fenced commit of a batch. The commit runs on a
-// context that a lane stop does not cancel: once the handler is done, the
-// fence (not our belief about ownership) decides whether the batch lands.
-const commitTimeout = 15 * time.Second
-
-// haltRecheck is how often a halted lane looks for the operator's resume.
-const haltRecheck = 2 * time.Second
-
 // layoutRecheck is how often a lane blocked by a partition count change
 // looks for the operator's acknowledgement; layoutWatch is how often a
 // worker compares its topics' partition counts with the recorded ones.
@@ -68,8 +60,16 @@ type lane struct {
 	log     *zap.Logger
 	baseLog *zap.Logger // log without the token
 
-	blocked    bool         // waiting for a partition count acknowledgement before claiming
+	topicID    [16]byte     // the topic's id when the partition was assigned (zero: unknown)
+	blocked    bool         // claimed, then waiting for a partition count acknowledgement
+	held       *sink.Hold   // claimed, then waiting for an operator to acknowledge this hold
+	recovering error        // the claim was rejected: find out why and claim again (recover)
 	layoutHold atomic.Int32 // a new partition count to wait for, set by the layout watcher; 0: none
+	// seekTo is the offset the poll loop must move the partition's fetch
+	// position to (kgo's SetOffsets), -1 for none: after a lane claims again
+	// (recover, an acknowledged hold) its next offset is Postgres's, not
+	// where kgo had fetched to.
+	seekTo atomic.Int64
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
@@ -85,6 +85,9 @@ type lane struct {
 	done     chan struct{}
 }
 
+// msgBatchFenced is logged when the fence rejects a batch.
+const msgBatchFenced = "batch rejected: fenced; dropping this partition's buffered records and checking whether this member still holds it"
+
 func newLane(c *Consumer, key sink.Partition, owner string, epoch, partitions int32, log *zap.Logger) *lane {
 	ctx, cancel := context.WithCancel(context.Background())
 	// Never 0 (0 is "no claimant id"), and below 2^53 so that the id
@@ -92,30 +95,46 @@ func newLane(c *Consumer, key sink.Partition, owner string, epoch, partitions in
 	// the test harness).
 	claimID := rand.Int64N(1<<53-1) + 1
 	log = log.With(zap.Int64("claim_id", claimID))
-	return &lane{
+	l := &lane{
 		c: c, key: key, owner: owner, epoch: epoch, partitions: partitions, claimID: claimID, log: log, baseLog: log,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
 	}
+	l.seekTo.Store(-1)
+	return l
 }
 
 func (l *lane) start() { go l.run() }
 
-// block starts a lane that may not claim yet: its topic's partition count
-// changed. Fetching stays paused until an operator acknowledges the count.
-func (l *lane) block(start int64) {
+// block starts a claimed lane that may not process yet: its topic's
+// partition count changed. Fetching stays paused until an operator
+// acknowledges the count.
+func (l *lane) block() {
 	l.blocked = true
-	l.next = start
-	l.mu.Lock()
-	l.pauseLocked()
-	l.mu.Unlock()
+	l.pauseFetch()
 	go l.run()
 }
 
-// fence ends a lane that never started: its claim was rejected.
-func (l *lane) fence() {
-	l.end()
-	close(l.done)
+// startHeld starts a claimed lane whose stored offsets do not fit the log
+// (sink.Hold): it records the hold and waits, paused, for an operator.
+func (l *lane) startHeld(h *sink.Hold) {
+	l.held = h
+	l.pauseFetch()
+	go l.run()
+}
+
+// startRecovering starts a lane whose claim was rejected: paused, it finds
+// out whether this member still holds the partition and claims again.
+func (l *lane) startRecovering(cause error) {
+	l.recovering = cause
+	l.pauseFetch()
+	go l.run()
+}
+
+func (l *lane) pauseFetch() {
+	l.mu.Lock()
+	l.pauseLocked()
+	l.mu.Unlock()
 }
 
 // holdForLayout makes the lane stop after its current batch and wait until
@@ -262,12 +281,19 @@ func (l *lane) run() {
 	l.c.stats.lanes.Add(1)
 	defer l.c.stats.lanes.Add(-1)
 	defer close(l.done)
-	if l.blocked && !l.awaitLayout(true) {
+	if l.recovering != nil && !l.recover(l.recovering) {
 		return
 	}
-	// A partition halted for a handler bug (here or on another worker)
-	// stays halted until an operator resumes it.
-	if !l.awaitResume(true) {
+	if l.held != nil && !l.awaitHold() {
+		return
+	}
+	if l.blocked && !l.awaitLayout() {
+		return
+	}
+	// A partition held for an operator (a handler bug, offsets that do not
+	// fit the log), here or on another worker, stays held until the hold is
+	// acknowledged.
+	if !l.awaitOperator(true) {
 		return
 	}
 	for {
@@ -278,7 +304,7 @@ func (l *lane) run() {
 			l.mu.Lock()
 			l.pauseLocked()
 			l.mu.Unlock()
-			if !l.awaitLayout(false) {
+			if !l.awaitLayout() {
 				return
 			}
 		}
@@ -294,10 +320,10 @@ func (l *lane) run() {
 		switch {
 		case err == nil:
 		case errors.Is(err, sink.ErrFenced):
-			l.log.Warn("batch rejected: fenced; dropping this partition's buffered records until it is assigned again",
-				zap.Bool("fenced", true), zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Error(err))
-			l.end()
-			return
+			l.log.Warn(msgBatchFenced, zap.Bool("fenced", true), zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Error(err))
+			if !l.recover(err) {
+				return
+			}
 		case errors.Is(err, ErrHandlerEndedTx):
 			// Keep what was not committed, fetch nothing more, and wait.
 			l.requeue(b.Records)
@@ -326,44 +352,64 @@ func (l *lane) requeue(recs []*kgo.Record) {
 // halt stops the partition after its handler ended its own transaction
 // (cause is a *HandlerBugError): the batch's effects may be committed
 // outside the fence, and running the handler again would do it again. The
-// halt is recorded in Postgres, so that no worker the partition moves to
-// processes it either, and the lane waits for an operator to resume it. It
-// reports whether the lane may go on (false: it was stopped meanwhile).
+// halt is recorded in Postgres as a hold (sink.HoldHandlerBug), so that no
+// worker the partition moves to processes it either, and the lane waits for
+// an operator to acknowledge it. It reports whether the lane may go on
+// (false: it was stopped meanwhile).
 func (l *lane) halt(cause error) bool {
 	l.c.stats.handlerBugs.Add(1)
-	h := sink.Halt{Partition: l.key, Reason: cause.Error(), Owner: l.owner, Token: l.token}
+	h := sink.Hold{Partition: l.key, Kind: sink.HoldHandlerBug, Reason: cause.Error(), Owner: l.owner, Token: l.token,
+		NextOffset: l.next, LogStart: -1, HighWatermark: -1, From: -1, To: -1}
 	var bug *HandlerBugError
 	if errors.As(cause, &bug) {
 		h.From, h.To, h.FirstJob, h.LastJob = bug.From, bug.To, bug.FirstJob, bug.LastJob
 	}
 	l.log.Error("handler bug: it ended the batch's transaction itself (COMMIT or ROLLBACK in its SQL), so the fence could not cover what it wrote; "+
 		"the partition is halted: nothing more is committed for it, on any worker, until an operator fixes the handler and runs "+
-		"`tenure admin halts resume --group "+l.key.Group+" --topic "+l.key.Topic+" --partition "+fmt.Sprint(l.key.Partition)+"`",
+		"`"+l.ackCommand()+"`",
 		zap.String("job", h.FirstJob), zap.String("last_job", h.LastJob), zap.Int64("from", h.From), zap.Int64("to", h.To),
 		zap.Bool("halted", true), zap.Error(cause))
+	if !l.recordHold(h) {
+		return false
+	}
+	return l.awaitOperator(false)
+}
+
+// ackCommand is the command an operator runs to acknowledge the partition's
+// hold.
+func (l *lane) ackCommand() string {
+	return "tenure admin holds acknowledge --group " + l.key.Group + " --topic " + l.key.Topic + " --partition " + fmt.Sprint(l.key.Partition)
+}
+
+// recordHold writes h to Postgres, trying until it is written or the lane
+// is stopped (false). Not recorded yet, the hold still stands: this lane
+// holds the partition, and the next owner's lane finds the hold once the
+// database answers.
+func (l *lane) recordHold(h sink.Hold) bool {
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
-		err := l.c.store.HaltPartition(ctx, h)
+		err := l.c.store.HoldPartition(ctx, h)
 		cancel()
 		if err == nil {
-			break
+			return true
 		}
-		// Not recorded yet: this lane holds the partition anyway, and the
-		// next owner's lane finds the halt once the database answers.
 		d := l.c.backoff(attempt)
-		l.log.Warn("recording the partition's halt failed, retrying", zap.Duration("backoff", d), zap.Error(err))
+		l.log.Warn("recording the partition's hold failed, retrying", zap.Duration("backoff", d), zap.Error(err))
 		if !l.sleep(d) {
 			return false
 		}
 	}
-	return l.awaitResume(false)
 }
 
-// awaitResume waits while the partition is halted (see halt); at a lane's
-// start (starting) it first looks whether it is. It reports whether the lane
-// may go on. A database that does not answer is asked again: a halted
-// partition must not run on the assumption that it is not.
-func (l *lane) awaitResume(starting bool) bool {
+// awaitOperator waits while the partition has an open hold that needs an
+// operator (a handler bug, offsets that do not fit the log); at a lane's
+// start (starting) it first looks whether there is one, recorded by this
+// worker or another. Once the hold is acknowledged, the lane claims again
+// (the acknowledgement may have moved the stored offset) and fetches from
+// the stored offset. It reports whether the lane may go on. A database that
+// does not answer is asked again: a held partition must not run on the
+// assumption that it is not.
+func (l *lane) awaitOperator(starting bool) bool {
 	counted, said := false, !starting
 	defer func() {
 		if counted {
@@ -372,39 +418,33 @@ func (l *lane) awaitResume(starting bool) bool {
 	}()
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
-		h, halted, err := l.c.store.HaltOf(ctx, l.key)
+		h, held, err := l.c.store.OpenHoldNeedingAck(ctx, l.key)
 		cancel()
-		wait := haltRecheck
+		wait := holdRecheck
 		switch {
 		case err != nil:
 			wait = l.c.backoff(attempt)
-			l.log.Warn("reading whether the partition is halted failed, retrying", zap.Duration("backoff", wait), zap.Error(err))
-		case !halted:
-			if counted {
-				l.log.Warn("partition resumed by an operator: processing goes on")
-				l.mu.Lock()
-				if l.paused && !l.ended && !l.removed {
-					l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
-					l.paused = false
-				}
-				l.mu.Unlock()
+			l.log.Warn("reading whether the partition is held failed, retrying", zap.Duration("backoff", wait), zap.Error(err))
+		case !held:
+			if !counted && starting {
+				return true
 			}
-			return true
+			l.log.Warn("hold acknowledged by an operator: claiming the partition again, processing goes on from the stored offset")
+			counted = false
+			l.c.stats.lanesHalted.Add(-1)
+			return l.recover(errHoldAcknowledged)
 		default:
 			attempt = 0
 			if !counted {
 				counted = true
 				l.c.stats.lanesHalted.Add(1)
-				l.mu.Lock()
-				l.pauseLocked()
-				l.mu.Unlock()
+				l.dropBuffer()
 			}
 			if !said {
 				said = true
-				l.log.Error("partition is halted (its handler ended its own transaction): not processing it until an operator resumes it with "+
-					"`tenure admin halts resume --group "+l.key.Group+" --topic "+l.key.Topic+" --partition "+fmt.Sprint(l.key.Partition)+"`",
-					zap.String("job", h.FirstJob), zap.String("last_job", h.LastJob), zap.Time("halted_at", h.HaltedAt),
-					zap.String("halted_by", h.Owner), zap.Bool("halted", true), zap.String("reason", h.Reason))
+				l.log.Error("partition is held: not processing it until an operator acknowledges the hold with `"+l.ackCommand()+"`",
+					zap.String("hold", string(h.Kind)), zap.String("reason", h.Reason), zap.String("job", h.FirstJob),
+					zap.Time("since", h.Since), zap.String("held_by", h.Owner), zap.Bool("held", true))
 			}
 		}
 		if !l.sleep(wait) {
@@ -414,13 +454,9 @@ func (l *lane) awaitResume(starting bool) bool {
 }
 
 // awaitLayout waits, while the partition stays assigned, for an operator to
-// acknowledge the topic's new partition count. A lane that never claimed
-// (claim) claims then, with the member's epoch at that moment: the partition
-// is still assigned to this member (a revoke would have removed the lane),
-// so its current epoch is above any earlier owner's. A lane that had claimed
-// keeps its claim: if someone took the partition meanwhile, its next commit
-// is fenced.
-func (l *lane) awaitLayout(claim bool) bool {
+// acknowledge the topic's new partition count. The lane keeps its claim: if
+// someone took the partition meanwhile, its next commit is fenced.
+func (l *lane) awaitLayout() bool {
 	for {
 		err := l.c.store.CheckLayout(l.ctx, l.key.Group, l.key.Topic, l.partitions)
 		if err == nil {
@@ -435,27 +471,18 @@ func (l *lane) awaitLayout(claim bool) bool {
 	}
 	// A hold for this same count, set while we waited, is answered too.
 	l.layoutHold.CompareAndSwap(l.partitions, 0)
-	if claim {
-		cl := l.c.cl.Load()
-		if member, epoch := cl.GroupMetadata(); member == l.owner && epoch > l.epoch {
-			l.epoch = epoch
-		}
-		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.ClaimTimeout)
-		defer cancel()
-		if _, err := l.c.claimOne(ctx, cl, l, l.next, nil); err != nil {
-			l.log.Error("claim after partition count acknowledgement failed", zap.Error(err), zap.Bool("fenced", errors.Is(err, sink.ErrFenced)))
-			l.end()
-			return false
-		}
-	}
 	l.log.Info("partition count acknowledged: processing resumes")
+	l.resumeFetch()
+	return true
+}
+
+func (l *lane) resumeFetch() {
 	l.mu.Lock()
 	if l.paused && !l.ended && !l.removed {
 		l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = false
 	}
 	l.mu.Unlock()
-	return true
 }
 
 // process commits recs, which start at from, and returns the next offset
@@ -712,7 +739,7 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 	}
 	// From here on, stopping the lane does not cancel: a commit in flight is
 	// settled by the fence.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.cfg.CommitTimeout)
 	defer cancel()
 	var got string
 	if err := tx.QueryRow(cctx, `SELECT coalesce(current_setting('tenure.tx', true), '')`).Scan(&got); err != nil {
@@ -722,7 +749,8 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 		return &HandlerBugError{FirstJob: JobID(b.Records[0]), LastJob: JobID(b.Records[len(b.Records)-1]), From: b.From, To: b.To}
 	}
 	req := sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To}
-	if err := l.c.store.Commit(cctx, tx, req); err != nil {
+	xid, err := l.c.store.CommitTracked(cctx, tx, req)
+	if err != nil {
 		if errors.Is(err, sink.ErrFenced) {
 			return err
 		}
@@ -737,12 +765,13 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 	if errors.As(err, &pgErr) {
 		return infraError{fmt.Errorf("commit: %w", err)} // the server refused: not committed
 	}
-	// The connection broke during COMMIT: the outcome is unknown. Ask the
-	// fencing row, which only our commit could have moved to b.To.
-	return l.resolve(req, err)
+	// The connection broke during COMMIT (or the wait for its answer timed
+	// out): the outcome is unknown. Resolve finds it out exactly, waiting
+	// while the transaction is still in progress on the server.
+	return l.resolve(req, xid, err)
 }
 
-func (l *lane) resolve(req sink.CommitRequest, commitErr error) error {
+func (l *lane) resolve(req sink.CommitRequest, xid int64, commitErr error) error {
 	// Ask until the database answers or the lane is stopped: giving up
 	// would leave the lane not knowing its own next offset. A stopped lane
 	// may leave it unknown, because the next claim of the partition reads
@@ -759,7 +788,7 @@ func (l *lane) resolve(req sink.CommitRequest, commitErr error) error {
 	var out sink.Outcome
 	err := l.c.retry(ctx, "resolving a commit of unknown outcome", l.log, func() error {
 		var err error
-		out, err = l.c.store.Resolve(ctx, req)
+		out, err = l.c.store.Resolve(ctx, req, xid)
 		return err
 	})
 	if err != nil && !errors.Is(err, sink.ErrFenced) {

@@ -24,7 +24,8 @@ type Stats struct {
 	// (ErrHandlerEndedTx); each halts its partition.
 	HandlerBugs int64
 	// LanesHalted is the number of partitions this worker holds but does not
-	// process because they are halted (a gauge, like Lanes).
+	// process because they wait for an operator (sink.Hold: a handler bug,
+	// offsets that do not fit the log); a gauge, like Lanes.
 	LanesHalted int64
 	// FenceLogPruned counts fence log entries this worker pruned
 	// (Config.FenceLogRetention).
@@ -32,6 +33,9 @@ type Stats struct {
 	Retries        int64 // batch attempts after a failure of any kind
 	Resets         int64 // incarnation bumps made by this worker
 	Lanes          int64 // partitions being processed now
+	Recoveries     int64 // partitions claimed again after a rejection, by the lane itself
+	Stalled        int64 // partitions recovering now (claim or commit rejected, not yet claimed again)
+	JobsLost       int64 // jobs deleted from the log before they were processed (found below the log start)
 }
 
 type counters struct {
@@ -39,6 +43,7 @@ type counters struct {
 	deadLetters, handlerFailures, retries, resets, lanes    atomic.Int64
 	handlerTransient, handlerEnvironment, handlerBugs       atomic.Int64
 	lanesHalted, fenceLogPruned                             atomic.Int64
+	recoveries, stalled, jobsLost                           atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -51,5 +56,6 @@ func (c *Consumer) Stats() Stats {
 		HandlerTransient: s.handlerTransient.Load(), HandlerEnvironment: s.handlerEnvironment.Load(),
 		HandlerBugs: s.handlerBugs.Load(), LanesHalted: s.lanesHalted.Load(), FenceLogPruned: s.fenceLogPruned.Load(),
 		Retries: s.retries.Load(), Resets: s.resets.Load(), Lanes: s.lanes.Load(),
+		Recoveries: s.recoveries.Load(), Stalled: s.stalled.Load(), JobsLost: s.jobsLost.Load(),
 	}
 }

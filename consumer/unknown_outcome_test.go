@@ -109,7 +109,7 @@ func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want sink.Outcome) 
 	if f["outcome"] != want.String() || f["from"] != victim.From || f["to"] != victim.To {
 		t.Errorf("resolved %v (batch [%v,%v)), want %q for the cut batch [%d,%d)", f["outcome"], f["from"], f["to"], want, victim.From, victim.To)
 	}
-	for _, msg := range []string{"job dead-lettered", "batch rejected: fenced; dropping this partition's buffered records until it is assigned again"} {
+	for _, msg := range []string{"job dead-lettered", "batch rejected: fenced; dropping this partition's buffered records and checking whether this member still holds it"} {
 		if n := logs.FilterMessage(msg).Len(); n != 0 {
 			t.Errorf("%q logged %d times, want never", msg, n)
 		}
@@ -271,5 +271,62 @@ func waitDoneUnfenced(t *testing.T, b *bundle, logs *observer.ObservedLogs, time
 			t.Fatalf("not all partitions done within %s: stored next offsets %v, ends %v", timeout, next, end)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A COMMIT slower than the commit timeout (here a deferred trigger sleeps in
+// it; in production a synchronous standby that lags, or an I/O stall): the
+// worker stops waiting, the outcome is unknown, and the COMMIT lands a
+// moment later. The worker must find that out, not conclude "not committed"
+// from the row while the COMMIT is still running and retry the batch into an
+// offset mismatch (which used to stop the partition until a rebalance).
+// Cancel requests are dropped on the way, as a cut network would drop them:
+// the COMMIT runs to its end.
+func TestCommitSlowerThanTheTimeoutIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	const jobs = 60
+	b := setup(t, 1)
+	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%7) })
+	proxy, store := proxiedStore(t, b)
+	proxy.DropCancelRequests(true)
+	slow := `"` + b.schema + `".slow_once`
+	if _, err := b.pool.Exec(context.Background(), `CREATE TABLE `+slow+` (x int);
+		CREATE FUNCTION "`+b.schema+`".sleep_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER sleep_at_commit AFTER INSERT ON `+slow+` DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION "`+b.schema+`".sleep_at_commit()`); err != nil {
+		t.Fatal(err)
+	}
+	inner := ledger(t, b.schema)
+	var once sync.Once
+	var victim consumer.Batch
+	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+		if err := inner.Handle(ctx, tx, batch); err != nil {
+			return err
+		}
+		var err error
+		if batch.From > 0 {
+			once.Do(func() {
+				victim = *batch
+				_, err = tx.Exec(ctx, `INSERT INTO `+slow+` VALUES (1)`) // this batch's COMMIT takes 2s
+			})
+		}
+		return err
+	})
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := b.config(h, zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Core())))
+	cfg.Store = store
+	cfg.BatchMax = 10
+	cfg.CommitTimeout = 300 * time.Millisecond
+	stop := b.start(cfg)
+	waitDoneUnfenced(t, b, logs, 60*time.Second)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	resolved := logs.FilterMessage(resolvedMsg).All()
+	if len(resolved) != 1 || resolved[0].ContextMap()["outcome"] != "committed" || resolved[0].ContextMap()["from"] != victim.From {
+		t.Fatalf("want the slow batch [%d,%d) resolved once as committed; logged %v", victim.From, victim.To, resolved)
+	}
+	if hist := b.check(); len(hist.Writes) != jobs {
+		t.Fatalf("ledger has %d rows, want %d", len(hist.Writes), jobs)
 	}
 }

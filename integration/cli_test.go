@@ -118,7 +118,7 @@ func (e *env) totalHighWatermark(partitions int32) int64 {
 
 // assignmentFields are the JSON fields of `tenure admin assignments`.
 var assignmentFields = []string{"client_id", "epoch", "fence_epoch", "fence_owner", "high_watermark", "host",
-	"lag", "member_id", "next_offset", "partition", "state", "topic"}
+	"lag", "member_id", "next_offset", "partition", "reason", "state", "topic"}
 
 // assignmentsJSON runs `tenure admin assignments --output json` and checks
 // that every object has exactly the documented fields.

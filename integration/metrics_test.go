@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,4 +42,29 @@ func TestWorkerMetrics(t *testing.T) {
 		}
 	}
 	w.stop(30 * time.Second)
+}
+
+// scrapeMetric reads one value from a worker's /metrics (started with
+// --metrics-addr); -1 if it is not there.
+func scrapeMetric(t *testing.T, w *worker, name string) int64 {
+	t.Helper()
+	addr := w.waitLog(30*time.Second, map[string]any{"msg": "metrics listening"})["addr"].(string)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("scraping %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
 }

@@ -150,7 +150,7 @@ func TestCommitBeforeClaimIsAcceptedAndContinued(t *testing.T) {
 
 // The log lines a worker writes when a batch is rejected or committed.
 var (
-	rejected       = map[string]any{"msg": "batch rejected: fenced; dropping this partition's buffered records until it is assigned again", "fenced": true}
+	rejected       = map[string]any{"msg": "batch rejected: fenced; dropping this partition's buffered records and checking whether this member still holds it", "fenced": true}
 	batchCommitted = map[string]any{"msg": "batch committed"}
 	abandoned      = map[string]any{"msg": "batch abandoned: lane stopped"}
 )

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Header is a Kafka record header.
@@ -99,11 +100,35 @@ func (s *Store) AddDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) erro
 		// bytes, which a text column refuses (and then the job could never
 		// be parked: dead-lettering would be retried forever).
 		validText(d.Error), d.Attempts, d.Token.Incarnation, d.Token.Epoch, d.Owner)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" && strings.HasPrefix(pgErr.ConstraintName, "dead_letters_") {
+		return &DeadLetterExistsError{Partition: d.Partition, Offset: d.Offset}
+	}
 	if err != nil {
 		return fmt.Errorf("dead-lettering %s at offset %d: %w", d.Partition, d.Offset, err)
 	}
 	return nil
 }
+
+// DeadLetterExistsError says that the job is in the dead-letter table
+// already. A transaction that parked it also moved the partition past it, so
+// the caller's idea of the stored offset is wrong (a dead-lettering whose
+// outcome it did not learn): it matches ErrFenced, and the reaction is the
+// same, claim again and go on from the stored offset. If the stored offset
+// is not past the job, the partition's offsets were reset onto a log that
+// reuses them (an acknowledged hold), and the lane says so while it retries.
+type DeadLetterExistsError struct {
+	Partition Partition
+	Offset    int64
+}
+
+func (e *DeadLetterExistsError) Error() string {
+	return fmt.Sprintf("job %s/%d/%d is in the dead-letter table already (group %q): the partition should be past it",
+		e.Partition.Topic, e.Partition.Partition, e.Offset, e.Partition.Group)
+}
+
+// Is makes errors.Is(err, ErrFenced) true.
+func (e *DeadLetterExistsError) Is(target error) bool { return target == ErrFenced }
 
 // DeadLetterFilter selects dead letters; zero fields match everything.
 type DeadLetterFilter struct {

@@ -157,7 +157,7 @@ type SchemaInUseError struct {
 	Version int
 	Name    string
 	// Rows counts the rows of tenure's tables, by table: fences,
-	// dead_letters, group_incarnations, fence_log, halted_partitions, and
+	// dead_letters, group_incarnations, fence_log, partition_holds, and
 	// every table the migration drops. Tables that do not exist are left
 	// out.
 	Rows map[string]int64
@@ -173,8 +173,8 @@ func (e *SchemaInUseError) Error() string {
 	if n, ok := e.Rows["fence_log"]; ok {
 		fmt.Fprintf(&b, ", %d fence log entries", n)
 	}
-	if n := e.Rows["halted_partitions"]; n > 0 {
-		fmt.Fprintf(&b, ", %d halted partitions", n)
+	if n := e.Rows["partition_holds"]; n > 0 {
+		fmt.Fprintf(&b, ", %d partition holds", n)
 	}
 	b.WriteString(")")
 	if len(e.Drops) > 0 {
@@ -252,7 +252,7 @@ func (m Migration) Drops() []string {
 // checkNotInUse returns a *SchemaInUseError if schema has fencing rows.
 func checkNotInUse(ctx context.Context, q querier, schema string, m Migration) error {
 	e := &SchemaInUseError{Schema: schema, Version: m.Version, Name: m.Name, Rows: map[string]int64{}, Drops: m.Drops()}
-	tables := []string{"fences", "dead_letters", "group_incarnations", "fence_log", "halted_partitions"}
+	tables := []string{"fences", "dead_letters", "group_incarnations", "fence_log", "partition_holds"}
 	for _, d := range e.Drops {
 		if !strings.Contains(d, ".") && !slices.Contains(tables, d) {
 			tables = append(tables, d)

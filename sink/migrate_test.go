@@ -522,7 +522,10 @@ func TestMigrationDrops(t *testing.T) {
 	if d := ms[0].Drops(); !slices.Equal(d, []string{"fence_log", "fences"}) {
 		t.Errorf("001 drops %v", d)
 	}
-	if d := ms[len(ms)-1].Drops(); !slices.Contains(d, "exports.job_value") || !slices.Contains(d, "halted_partitions") {
-		t.Errorf("the newest migration drops %v", d)
+	if d := ms[4].Drops(); !slices.Contains(d, "exports.job_value") || !slices.Contains(d, "fence_log_pruned") {
+		t.Errorf("005 drops %v", d)
+	}
+	if d := ms[5].Drops(); !slices.Contains(d, "fences.topic_id") || !slices.Contains(d, "partition_holds") {
+		t.Errorf("006 drops %v", d)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -48,21 +50,27 @@ func NewStore(pool *pgxpool.Pool, schema string) (*Store, error) {
 		WHERE consumer_group = $1 FOR SHARE), 0) AS incarnation
 ), c AS (
 	INSERT INTO ` + q + `.fences AS f
-		(consumer_group, topic, partition, incarnation, epoch, owner, next_offset, partition_count, claim_id)
-	SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM cur WHERE cur.incarnation = $4
+		(consumer_group, topic, partition, incarnation, epoch, owner, next_offset, partition_count, claim_id, topic_id)
+	SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM cur WHERE cur.incarnation = $4
 	ON CONFLICT (consumer_group, topic, partition) DO UPDATE
 		SET incarnation = excluded.incarnation, epoch = excluded.epoch,
-		    owner = excluded.owner, claim_id = excluded.claim_id, claimed_at = now()
+		    owner = excluded.owner, claim_id = excluded.claim_id, claimed_at = now(),
+		    topic_id = coalesce(f.topic_id, excluded.topic_id)
 		WHERE (f.incarnation, f.epoch) < (excluded.incarnation, excluded.epoch)
 		   OR ((f.incarnation, f.epoch) = (excluded.incarnation, excluded.epoch)
 		       AND f.owner = excluded.owner AND f.claim_id = excluded.claim_id)
-	RETURNING f.next_offset, f.partition_count
+	RETURNING f.next_offset, f.partition_count, f.topic_id
 ), l AS (
 	INSERT INTO ` + q + `.fence_log
 		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset, claim_id)
 	SELECT 'claim', $1, $2, $3, $4, $5, $6, c.next_offset, c.next_offset, $9 FROM c
+), s AS (
+	-- A claim ends whatever stall was recorded for the partition.
+	DELETE FROM ` + q + `.partition_holds
+	WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL AND kind = 'stalled'
+	  AND EXISTS (SELECT 1 FROM c)
 )
-SELECT next_offset, partition_count FROM c`,
+SELECT next_offset, partition_count, topic_id FROM c`,
 		// Token, owner, claimant and the offset this owner last saw must all
 		// still match: any other claim in between, or a commit this caller does not
 		// know about, leaves zero rows and the caller rolls back.
@@ -77,7 +85,7 @@ SELECT next_offset, partition_count FROM c`,
 		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset, claim_id)
 	SELECT 'commit', $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM u
 )
-SELECT count(*) FROM u`,
+SELECT count(*), pg_current_xact_id()::text::bigint FROM u`,
 		getSQL: `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
 	partition_count, created_at, claimed_at, committed_at, claim_id
 FROM ` + q + `.fences WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
@@ -126,6 +134,10 @@ type ClaimRequest struct {
 	// PartitionCount is the topic's partition count as the claimant sees it;
 	// it is recorded on the first claim and returned by every claim.
 	PartitionCount int32
+	// TopicID is the topic's id as the claimant sees it (zero: unknown). It
+	// is recorded on the first claim that knows it, and returned by every
+	// claim: another id means the stored offsets belong to another log.
+	TopicID [16]byte
 }
 
 // Claimed is the result of an accepted claim.
@@ -134,6 +146,10 @@ type Claimed struct {
 	// PartitionCount is the count recorded on the first claim. A value other
 	// than the request's means the topic's partitions changed since.
 	PartitionCount int32
+	// TopicID is the topic id the stored offsets belong to (zero: never
+	// recorded). A value other than the request's means the topic was
+	// deleted and re-created since.
+	TopicID [16]byte
 }
 
 // Claim takes ownership of a partition for req.Token and req.Owner and returns
@@ -158,9 +174,13 @@ func (s *Store) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
 	}
 	p := req.Partition
 	var c Claimed
-	err := s.pool.QueryRow(ctx, s.claimSQL, p.Group, p.Topic, p.Partition,
-		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.StartOffset, req.PartitionCount, req.ClaimID).
-		Scan(&c.NextOffset, &c.PartitionCount)
+	row := s.pool.QueryRow(ctx, s.claimSQL, p.Group, p.Topic, p.Partition,
+		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.StartOffset, req.PartitionCount, req.ClaimID, uuidOf(req.TopicID))
+	var topicID pgtype.UUID
+	err := row.Scan(&c.NextOffset, &c.PartitionCount, &topicID)
+	if topicID.Valid {
+		c.TopicID = topicID.Bytes
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		ferr := s.fenced(ctx, "claim", p, req.Token, req.Owner, -1)
 		var fe *FencedError
@@ -195,26 +215,34 @@ type CommitRequest struct {
 // possible. On rejection it returns an error matching ErrFenced and the caller
 // must roll tx back; nothing of the batch may be committed.
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx, req CommitRequest) error {
+	_, err := s.CommitTracked(ctx, tx, req)
+	return err
+}
+
+// CommitTracked is Commit, and also returns the transaction's id (xid8), so
+// that Resolve can find out exactly what became of the transaction if the
+// answer to its COMMIT is lost.
+func (s *Store) CommitTracked(ctx context.Context, tx pgx.Tx, req CommitRequest) (xid int64, err error) {
 	if req.To <= req.From {
-		return fmt.Errorf("sink: commit of %s must advance: from %d to %d", req.Partition, req.From, req.To)
+		return 0, fmt.Errorf("sink: commit of %s must advance: from %d to %d", req.Partition, req.From, req.To)
 	}
 	p := req.Partition
 	var n int64
 	if err := tx.QueryRow(ctx, s.commitSQL, p.Group, p.Topic, p.Partition,
-		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID).Scan(&n); err != nil {
+		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID).Scan(&n, &xid); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 			// Under REPEATABLE READ or SERIALIZABLE a claim that landed after
 			// the transaction's snapshot shows up as a serialization failure.
 			// If the row has moved to another token, say so.
 			if ferr := withClaim(s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From), req.ClaimID); isLost(ferr) {
-				return ferr
+				return 0, ferr
 			}
 		}
-		return fmt.Errorf("commit of %s: %w", p, err)
+		return 0, fmt.Errorf("commit of %s: %w", p, err)
 	}
 	if n == 1 {
-		return nil
+		return xid, nil
 	}
 	// Report what won, read inside tx: under READ COMMITTED (the default,
 	// and what tenure's lanes use) the statement sees the winning row, and it
@@ -226,12 +254,12 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx, req CommitRequest) error 
 		f, err := scanFence(tx.QueryRow(ctx, s.getSQL, p.Group, p.Topic, p.Partition))
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			return &FencedError{Op: "commit", Partition: p, Presented: req.Token, Owner: req.Owner, From: req.From}
+			return 0, &FencedError{Op: "commit", Partition: p, Presented: req.Token, Owner: req.Owner, ClaimID: req.ClaimID, From: req.From}
 		case err == nil:
-			return withClaim(fencedFrom("commit", p, req.Token, req.Owner, req.From, f), req.ClaimID)
+			return 0, withClaim(fencedFrom("commit", p, req.Token, req.Owner, req.From, f), req.ClaimID)
 		}
 	}
-	return withClaim(s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From), req.ClaimID)
+	return 0, withClaim(s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From), req.ClaimID)
 }
 
 // withClaim records the caller's claim id on a FencedError, so that it can
@@ -269,29 +297,80 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
-// Resolve finds out from the fencing row whether a commit whose result was
-// lost (the connection broke during COMMIT) took effect. Only the holder of a
-// token can move the row's next offset, so the row alone answers: at req.To
-// with our token, it committed; at req.From with our token, it did not;
-// anything else, we are fenced.
-func (s *Store) Resolve(ctx context.Context, req CommitRequest) (Outcome, error) {
-	f, err := s.Get(ctx, req.Partition)
+// Resolve finds out exactly whether a commit whose answer was lost (the
+// connection broke during COMMIT, or the wait for it timed out) took effect.
+//
+// xid is the transaction's id from CommitTracked (0: unknown). While that
+// transaction is still in progress on the server (its COMMIT may yet land, or
+// it never arrived and the session sits idle in the transaction), Resolve
+// does not answer: an idle session is ended (pg_terminate_backend, allowed
+// for the same role), a running COMMIT is waited for, until ctx ends. Only
+// then does it answer, from the fence log: the commit is recorded there with
+// this claimant's token, claim id and range exactly when it committed, even
+// if a later claim has superseded it since. Otherwise the fencing row says
+// whether the batch may be retried (NotCommitted: the row still shows this
+// claimant at req.From) or the claimant is fenced.
+func (s *Store) Resolve(ctx context.Context, req CommitRequest, xid int64) (Outcome, error) {
+	if xid > 0 {
+		if err := s.awaitTransaction(ctx, xid); err != nil {
+			return 0, err
+		}
+	}
+	q := quote(s.schema)
+	p := req.Partition
+	var committed bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+q+`.fence_log
+		WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND kind = 'commit'
+		  AND incarnation = $4 AND epoch = $5 AND owner = $6 AND claim_id = $7 AND from_offset = $8 AND to_offset = $9)`,
+		p.Group, p.Topic, p.Partition, req.Token.Incarnation, req.Token.Epoch, req.Owner, req.ClaimID, req.From, req.To).Scan(&committed)
+	if err != nil {
+		return 0, err
+	}
+	if committed {
+		return Committed, nil
+	}
+	f, err := s.Get(ctx, p)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Fenced, &FencedError{Op: "commit", Partition: req.Partition, Presented: req.Token, Owner: req.Owner, ClaimID: req.ClaimID, From: req.From}
+		return Fenced, &FencedError{Op: "commit", Partition: p, Presented: req.Token, Owner: req.Owner, ClaimID: req.ClaimID, From: req.From}
 	}
 	if err != nil {
 		return 0, err
 	}
-	if f.Token != req.Token || f.Owner != req.Owner || f.ClaimID != req.ClaimID {
-		return Fenced, withClaim(fencedFrom("commit", req.Partition, req.Token, req.Owner, req.From, f), req.ClaimID)
-	}
-	switch f.NextOffset {
-	case req.To:
-		return Committed, nil
-	case req.From:
+	if f.Token == req.Token && f.Owner == req.Owner && f.ClaimID == req.ClaimID && f.NextOffset == req.From {
 		return NotCommitted, nil
 	}
-	return Fenced, withClaim(fencedFrom("commit", req.Partition, req.Token, req.Owner, req.From, f), req.ClaimID)
+	return Fenced, withClaim(fencedFrom("commit", p, req.Token, req.Owner, req.From, f), req.ClaimID)
+}
+
+// awaitTransaction returns once transaction xid is no longer in progress.
+func (s *Store) awaitTransaction(ctx context.Context, xid int64) error {
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		var status *string
+		err := s.pool.QueryRow(ctx, `SELECT pg_xact_status($1::text::xid8)`, strconv.FormatInt(xid, 10)).Scan(&status)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "22023":
+			// "transaction ID is in the future": this server never ran it
+			// (another server took over): it is not in progress here.
+			return nil
+		case err != nil:
+			return err
+		case status == nil || *status != "in progress":
+			return nil // committed, aborted, or too old to say: the fence log decides
+		}
+		// Still open. A session idle in the transaction never sent COMMIT
+		// (or its client is gone): end it, which aborts the transaction. A
+		// COMMIT being processed is waited for.
+		_, _ = s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE backend_xid::text::bigint = $1 % 4294967296 AND state LIKE 'idle in transaction%'`, xid)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("transaction %d is still in progress: %w", xid, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // Get reads one fencing row; pgx.ErrNoRows if there is none.

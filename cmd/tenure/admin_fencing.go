@@ -89,7 +89,15 @@ func runAssignments(ctx context.Context, e *env, f *flagSet, args []string) erro
 			dash(r.FenceEpoch), dash(printableString(r.FenceOwner)), dashInt(r.NextOffset),
 			dashInt(r.HighWatermark), dashInt(r.Lag), r.State)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if r.Reason != "" {
+			fmt.Fprintf(e.stdout, "%s/%d %s: %s\n", printableString(r.Topic), r.Partition, r.State, printableString(r.Reason))
+		}
+	}
+	return nil
 }
 
 // fenceRow is one row of `tenure admin fences`: the fences table as is, plus

@@ -60,10 +60,13 @@ func writeMetrics(w http.ResponseWriter, s consumer.Stats) {
 		{"tenure_handler_transient_total", "Handler failures retried without counting against jobs (consumer.Transient, lock timeouts, deadlocks).", "counter", s.HandlerTransient},
 		{"tenure_handler_environment_errors_total", "Handler SQL errors that say the environment is wrong (missing table or column, permission, read-only server): the partition stalls.", "counter", s.HandlerEnvironment},
 		{"tenure_handler_bugs_total", "Batches whose handler ended its own transaction (COMMIT or ROLLBACK in its SQL); each halts its partition.", "counter", s.HandlerBugs},
-		{"tenure_lanes_halted", "Partitions this worker holds but does not process: halted for a handler bug until an operator resumes them.", "gauge", s.LanesHalted},
+		{"tenure_lanes_halted", "Partitions this worker holds but does not process until an operator acknowledges their hold (a handler bug, offsets that do not fit the log).", "gauge", s.LanesHalted},
+		{"tenure_lanes_stalled", "Partitions whose claim or commit was rejected although this member holds them; recovering by themselves.", "gauge", s.Stalled},
+		{"tenure_lane_recoveries_total", "Partitions claimed again by their lane after a rejection, without a rebalance.", "counter", s.Recoveries},
+		{"tenure_jobs_lost_total", "Jobs deleted from the log (retention, DeleteRecords) before they were processed, found below the log start.", "counter", s.JobsLost},
 		{"tenure_fence_log_pruned_total", "Fence log entries pruned by this worker (--fence-log-max-age, --fence-log-max-entries).", "counter", s.FenceLogPruned},
 		{"tenure_batch_retries_total", "Batch attempts after a failure.", "counter", s.Retries},
-		{"tenure_incarnation_bumps_total", "Group resets detected and fenced by this worker.", "counter", s.Resets},
+		{"tenure_incarnation_bumps_total", "Incarnation bumps made by this worker: group resets detected (and ties settled).", "counter", s.Resets},
 		{"tenure_lanes", "Partitions this worker is processing now.", "gauge", s.Lanes},
 	} {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n%s %d\n", m.name, m.help, m.name, m.kind, m.name, m.v)

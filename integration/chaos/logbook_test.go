@@ -15,7 +15,7 @@ import (
 // consumer/claim.go).
 const (
 	msgCommitted   = "batch committed"
-	msgRejected    = "batch rejected: fenced; dropping this partition's buffered records until it is assigned again"
+	msgRejected    = "batch rejected: fenced; dropping this partition's buffered records and checking whether this member still holds it"
 	msgClaimFenced = "claim rejected: fenced"
 	msgDeadLetter  = "job dead-lettered"
 	msgIncarnation = consumer.IncarnationMovedOn

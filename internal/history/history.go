@@ -89,6 +89,8 @@ type History struct {
 	Writes []Write // export versions, or ledger rows
 	// DeadLetters are the parked jobs (Key, Topic, Partition, Offset, Token).
 	DeadLetters []Write
+	// Cuts are the partitions whose fence log was pruned, and where.
+	Cuts []sink.FenceLogCut
 }
 
 // CheckLog verifies, per partition: commits cover consecutive offset ranges
@@ -98,11 +100,21 @@ type History struct {
 // every commit is made by the latest claimant with the token it claimed with
 // (G3: a claim fences everyone else at once, and only a claim sets a token).
 // A fencing row with no history at all is reported too.
-func CheckLog(log []Entry, fences []sink.Fence) []Violation {
+//
+// A partition whose log was pruned (cuts, sink.Store.PruneFenceLog) is
+// checked from the cut: the only entry at or below it is the claim that held
+// the partition then (it sets the holder, not the offset), the entries after
+// it resume at the cut's next offset, and no token after the cut may be below
+// the highest token pruned.
+func CheckLog(log []Entry, fences []sink.Fence, cuts ...sink.FenceLogCut) []Violation {
 	var out []Violation
 	byPart := map[sink.Partition][]Entry{}
 	for _, e := range log {
 		byPart[e.Partition] = append(byPart[e.Partition], e)
+	}
+	cutOf := map[sink.Partition]sink.FenceLogCut{}
+	for _, c := range cuts {
+		cutOf[c.Partition] = c
 	}
 	final := map[sink.Partition]int64{}
 	for _, f := range fences {
@@ -119,9 +131,32 @@ func CheckLog(log []Entry, fences []sink.Fence) []Violation {
 			holder              *Entry // the latest claim
 			next                int64  = -1
 		)
+		cut, pruned := cutOf[p]
+		if pruned {
+			maxClaim, maxCommit, seenCommit = cut.MaxToken, cut.MaxToken, true
+		}
 		for i := range es {
 			e := es[i]
+			if pruned && e.ID <= cut.ThroughID {
+				if e.ID != cut.KeptClaimID || e.Kind != "claim" {
+					out = append(out, Violation{"G1", fmt.Sprintf("%s: %s #%d is at or below the pruned cut #%d but is not its kept claim", p, e.Kind, e.ID, cut.ThroughID)})
+					continue
+				}
+				holder = &es[i] // the claim that held the partition at the cut
+				continue
+			}
+			if pruned && next < 0 {
+				next = cut.NextOffset
+			}
 			switch e.Kind {
+			case "reset":
+				// An operator acknowledged that the stored offsets did not
+				// fit the log (a re-created topic, a truncated log): the
+				// offsets continue from To, in the log as it now is.
+				if next >= 0 && e.From != next {
+					out = append(out, Violation{"G1", fmt.Sprintf("%s: reset #%d moved the offset from %d but the log had reached %d", p, e.ID, e.From, next)})
+				}
+				next = e.To
 			case "claim":
 				if next < 0 {
 					next = e.From
@@ -168,6 +203,9 @@ func CheckLog(log []Entry, fences []sink.Fence) []Violation {
 				}
 			}
 		}
+		if pruned && next < 0 {
+			next = cut.NextOffset
+		}
 		if f, ok := final[p]; ok && next >= 0 && f != next {
 			out = append(out, Violation{"G1", fmt.Sprintf("%s: the log ends at %d but the fencing row says %d", p, next, f)})
 		}
@@ -196,6 +234,9 @@ func CheckOwnership(log []Entry, assignments []Assignment) (out []Violation, unm
 		sort.Slice(es, func(i, j int) bool { return es[i].ID < es[j].ID })
 		var newest *Assignment // the newest assignment whose claim was accepted
 		for _, e := range es {
+			if e.Kind == "reset" {
+				continue // an operator's, not a member's
+			}
 			a, ok := byClaim[e.ClaimID]
 			if !ok || a.Partition != p {
 				unmatched = append(unmatched, e)
@@ -306,7 +347,14 @@ func CheckWrites(writes, deadLetters []Write, fences []sink.Fence, produced map[
 // token: an effect written under another token was not committed by the
 // fenced transaction it claims to belong to (a handler that committed on
 // its own, or a write outside the batch's transaction).
-func CheckWriteTokens(log []Entry, writes, deadLetters []Write) []Violation {
+//
+// Writes below a pruned partition's cut (cuts) are not checked: the commits
+// that covered them are gone.
+func CheckWriteTokens(log []Entry, writes, deadLetters []Write, cuts ...sink.FenceLogCut) []Violation {
+	prunedBelow := map[TopicPartition]int64{}
+	for _, c := range cuts {
+		prunedBelow[TopicPartition{c.Topic, c.Partition.Partition}] = c.NextOffset
+	}
 	type rng struct {
 		from, to int64
 		token    sink.Token
@@ -324,6 +372,9 @@ func CheckWriteTokens(log []Entry, writes, deadLetters []Write) []Violation {
 	}
 	var out []Violation
 	check := func(what string, w Write) {
+		if below, ok := prunedBelow[TopicPartition{w.Topic, w.Partition}]; ok && w.Offset < below {
+			return
+		}
 		rs := commits[TopicPartition{w.Topic, w.Partition}]
 		i := sort.Search(len(rs), func(i int) bool { return rs[i].to > w.Offset })
 		switch {
@@ -387,6 +438,9 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 	if h.Fences, err = store.List(ctx, group); err != nil {
 		return nil, err
 	}
+	if h.Cuts, err = store.FenceLogCuts(ctx, group); err != nil {
+		return nil, err
+	}
 	sql := `SELECT job_key, version, topic, partition, job_offset, incarnation, epoch FROM ` + q + `.export_versions`
 	if ledger {
 		sql = `SELECT job_key, 0, topic, partition, job_offset, incarnation, epoch FROM ` + q + `.ledger`
@@ -420,6 +474,6 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 // CheckOwnership needs the coordinator's side too: callers that recorded
 // the assignments run it as well.
 func (h *History) Check(produced map[TopicPartition][]int64) []Violation {
-	out := append(CheckLog(h.Log, h.Fences), CheckWrites(h.Writes, h.DeadLetters, h.Fences, produced)...)
-	return append(out, CheckWriteTokens(h.Log, h.Writes, h.DeadLetters)...)
+	out := append(CheckLog(h.Log, h.Fences, h.Cuts...), CheckWrites(h.Writes, h.DeadLetters, h.Fences, produced)...)
+	return append(out, CheckWriteTokens(h.Log, h.Writes, h.DeadLetters, h.Cuts...)...)
 }

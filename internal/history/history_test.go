@@ -581,3 +581,44 @@ func TestCheckOwnership(t *testing.T) {
 		}
 	}
 }
+
+// A pruned log (sink.Store.PruneFenceLog) is checked from its cut: the kept
+// claim sets the holder, the rest resumes at the cut's offset, and tokens
+// after the cut are not below the highest pruned one.
+func TestCheckLogPruned(t *testing.T) {
+	cut := sink.FenceLogCut{Partition: part(0), ThroughID: 10, KeptClaimID: 7, NextOffset: 40, MaxToken: tok(0, 5)}
+	fences := []sink.Fence{{Partition: part(0), Token: tok(0, 5), Owner: "B", NextOffset: 50}}
+	clean := []Entry{
+		claim(7, 0, tok(0, 5), "B", 30),
+		commit(11, 0, tok(0, 5), "B", 40, 45),
+		commit(12, 0, tok(0, 5), "B", 45, 50),
+	}
+	if vs := CheckLog(clean, fences, cut); len(vs) != 0 {
+		t.Fatalf("clean pruned history: %v", vs)
+	}
+	// Without the cut, the same log has a gap after the kept claim.
+	if vs := CheckLog(clean, fences); len(vs) == 0 {
+		t.Fatal("the pruned log passed without its cut: the cut must matter")
+	}
+	for name, c := range map[string]struct {
+		log  []Entry
+		rule string
+	}{
+		"an entry left below the cut":  {append([]Entry{commit(8, 0, tok(0, 5), "B", 30, 40)}, clean...), "G1"},
+		"a gap after the cut":          {[]Entry{clean[0], commit(11, 0, tok(0, 5), "B", 41, 50)}, "G1"},
+		"a token below the pruned max": {[]Entry{clean[0], commit(11, 0, tok(0, 4), "A", 40, 50)}, "G2"},
+	} {
+		vs := CheckLog(c.log, fences, cut)
+		if !slices.ContainsFunc(vs, func(v Violation) bool { return v.Rule == c.rule }) {
+			t.Errorf("%s: want a %s violation, got %v", name, c.rule, vs)
+		}
+	}
+	// Writes below the cut are not matched to commits (theirs are gone).
+	w := []Write{{Key: "k", Topic: topic, Partition: 0, Offset: 35, Token: tok(0, 3)}}
+	if vs := CheckWriteTokens(clean, w, nil, cut); len(vs) != 0 {
+		t.Fatalf("a write below the cut was checked: %v", vs)
+	}
+	if vs := CheckWriteTokens(clean, w, nil); len(vs) == 0 {
+		t.Fatal("without the cut, a write with no covering commit passed")
+	}
+}

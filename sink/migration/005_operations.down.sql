@@ -1,4 +1,3 @@
 DROP TABLE {{schema}}.fence_log_pruned;
 ALTER TABLE {{schema}}.ledger DROP COLUMN job_key_bytes;
 ALTER TABLE {{schema}}.exports DROP COLUMN job_value;
-DROP TABLE {{schema}}.halted_partitions;

@@ -1,0 +1,115 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// topicLog is what the cluster says of a topic's log now: its identity and
+// where each partition's log starts and ends. Offsets stored in Postgres are
+// only meaningful against the log they were taken from (docs/fencing.md,
+// "The log's identity").
+type topicLog struct {
+	id         [16]byte // the topic id (zero: the broker does not say)
+	partitions int32
+	start, end map[int32]int64 // per partition: log start offset, high watermark
+}
+
+// topicLogs reads the topics' ids and partition counts (one metadata
+// request of its own: kgo's cached metadata can be minutes old) and, when
+// offsets is set, every partition's start and end offsets.
+func topicLogs(ctx context.Context, cl *kgo.Client, topics []string, offsets bool) (map[string]*topicLog, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	for _, t := range topics {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(t)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]*topicLog, len(topics))
+	for _, t := range resp.Topics {
+		if t.Topic == nil {
+			continue
+		}
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
+			return nil, fmt.Errorf("topic %q: %w", *t.Topic, err)
+		}
+		out[*t.Topic] = &topicLog{id: t.TopicID, partitions: int32(len(t.Partitions))}
+	}
+	for _, t := range topics {
+		if out[t] == nil || out[t].partitions <= 0 {
+			return nil, fmt.Errorf("topic %q has no partitions in metadata", t)
+		}
+	}
+	if !offsets {
+		return out, nil
+	}
+	adm := kadm.NewClient(cl)
+	starts, err := adm.ListStartOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("listing log start offsets: %w", err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("listing end offsets: %w", err)
+	}
+	for _, t := range topics {
+		tl := out[t]
+		tl.start, tl.end = map[int32]int64{}, map[int32]int64{}
+		for p := range tl.partitions {
+			s, ok := starts.Lookup(t, p)
+			e, ok2 := ends.Lookup(t, p)
+			if !ok || !ok2 || s.Err != nil || e.Err != nil {
+				return nil, fmt.Errorf("offsets of %s/%d: %v %v", t, p, s.Err, e.Err)
+			}
+			tl.start[p], tl.end[p] = s.Offset, e.Offset
+		}
+	}
+	return out, nil
+}
+
+// identityHold compares what a claim returned with the log as it is now,
+// and returns the hold the partition needs, or nil if the stored offsets fit
+// the log: the topic was not re-created (another topic id), the log has not
+// lost records the stored offset says were processed (next offset above the
+// log's end), and no job below the log start was skipped (log start above
+// the next offset).
+func identityHold(key sink.Partition, owner string, claimed sink.Claimed, tl *topicLog) *sink.Hold {
+	p := key.Partition
+	h := &sink.Hold{Partition: key, Owner: owner, NextOffset: claimed.NextOffset,
+		LogStart: tl.start[p], HighWatermark: tl.end[p], TopicID: tl.id}
+	switch {
+	case claimed.TopicID != [16]byte{} && tl.id != [16]byte{} && claimed.TopicID != tl.id:
+		h.Kind = sink.HoldTopicRecreated
+		h.Reason = fmt.Sprintf("topic %q was deleted and re-created: the stored next offset %d belongs to the old log (topic id %s), the log now is topic id %s with offsets %d to %d; "+
+			"acknowledging restarts the partition at the new log's start",
+			key.Topic, claimed.NextOffset, uuidString(claimed.TopicID), uuidString(tl.id), tl.start[p], tl.end[p])
+	case claimed.NextOffset > tl.end[p]:
+		h.Kind = sink.HoldAheadOfLog
+		h.Reason = fmt.Sprintf("the stored next offset %d is above the log's end %d: the log lost jobs that were processed (a truncated or replaced log), "+
+			"and new jobs appended at offsets %d to %d would be skipped; acknowledging moves the next offset down to the log's end",
+			claimed.NextOffset, tl.end[p], tl.end[p], claimed.NextOffset-1)
+	case tl.start[p] > claimed.NextOffset:
+		h.Kind = sink.HoldLogTruncated
+		h.Reason = fmt.Sprintf("the log starts at %d, above the stored next offset %d: %d jobs (offsets %d to %d) were deleted (retention, DeleteRecords) before they were processed; "+
+			"acknowledging moves the next offset up to the log's start",
+			tl.start[p], claimed.NextOffset, tl.start[p]-claimed.NextOffset, claimed.NextOffset, tl.start[p]-1)
+	default:
+		return nil
+	}
+	return h
+}
+
+func uuidString(id [16]byte) string {
+	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
+}
