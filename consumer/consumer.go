@@ -41,6 +41,9 @@ type Consumer struct {
 
 	running chan struct{} // closed when Run starts
 
+	// lockWatchOff turns the lock watch (handoff.go) off for good once
+	// ending a session was refused for want of privilege.
+	lockWatchOff atomic.Bool
 	fetchErrors  errorLog // fetch errors, logged without flooding
 	resubscribed sync.Map // topic -> time.Time of the last re-subscription (topicMaybeRecreated)
 
@@ -498,6 +501,10 @@ func (c *Consumer) applySeeks(cl *kgo.Client) {
 	}
 }
 
+// leaveTimeout bounds leaving the group and closing the client, together,
+// once a stopping worker's lanes have stopped.
+const leaveTimeout = 3 * time.Second
+
 // shutdown stops every lane (soft, then hard after ShutdownTimeout), then
 // leaves the group and closes the client.
 func (c *Consumer) shutdown(cl *kgo.Client) {
@@ -509,7 +516,13 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 	}
 	c.mu.Unlock()
 	stopLanes(lanes, c.cfg.ShutdownTimeout)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// Once the lanes are stopped this member owns nothing: leaving only
+	// spares the others a session timeout, so leaving and closing share one
+	// short deadline, whatever the coordinator does (kfake was seen holding
+	// a JoinGroup open for a rebalance timeout; Close waits on group
+	// requests sent on the client's own context).
+	deadline := time.Now().Add(leaveTimeout)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	// LeaveGroupContext triggers the revoke callback (now a no-op: no lanes)
 	// and tells the coordinator to hand our partitions over at once rather
@@ -517,15 +530,13 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 	if err := cl.LeaveGroupContext(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		c.log.Warn("leaving group", zap.Error(err))
 	}
-	// Close can wait on a group request that kgo sends on the client's own
-	// context (seen: a JoinGroup pending on a coordinator that holds a
-	// rebalance open). A stopping worker must not hang on it.
 	closed := make(chan struct{})
 	go func() { cl.Close(); close(closed) }()
 	select {
 	case <-closed:
-	case <-time.After(10 * time.Second):
-		c.log.Warn("kafka client did not close within 10s; stopping without waiting for it")
+	case <-time.After(max(time.Until(deadline), 100*time.Millisecond)):
+		c.log.Warn("kafka client did not close in time; stopping without waiting for it (the coordinator evicts this member at its session timeout)",
+			zap.Duration("waited", leaveTimeout))
 	}
 	c.log.Info("worker stopped")
 }

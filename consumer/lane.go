@@ -18,6 +18,10 @@ import (
 	"github.com/tenure-dev/tenure/sink"
 )
 
+// lockRetry is the delay before a batch that waited in vain for a row lock
+// is tried again.
+const lockRetry = 100 * time.Millisecond
+
 // lostGrace is how long a lane of a lost partition may go on with the batch
 // it is running before its context is cancelled. Whatever it does in that
 // time is settled by the fence; the grace only saves work that was about to
@@ -529,6 +533,12 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 		if class != failJob && class != failPermanent {
 			stalls++
 			d := l.c.backoff(stalls)
+			if sqlState(err) == "55P03" {
+				// A lock wait: lock_timeout already bounded it, and the
+				// lock watch ends an older owner's session; try again at
+				// once rather than after a growing backoff.
+				d = lockRetry
+			}
 			fields := []zap.Field{zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Int("attempt", stalls),
 				zap.Duration("backoff", d), zap.Stringer("failure", class), zap.Error(err)}
 			switch class {
@@ -721,11 +731,15 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 	ctx := l.ctx
 	marker := l.c.txMarker()
 	opts := l.c.txOptions
-	opts.BeginQuery += "; SET LOCAL tenure.tx = '" + marker + "'"
+	// The claim id in application_name lets a newer owner that waits on
+	// this transaction's row locks recognise it as an older claimant's
+	// (sink.Store.EndStaleBlockers).
+	opts.BeginQuery += "; SET LOCAL tenure.tx = '" + marker + "'; SET LOCAL application_name = '" + sink.ApplicationName(l.claimID) + "'"
 	tx, err := l.c.store.Pool().BeginTx(ctx, opts)
 	if err != nil {
 		return infraError{fmt.Errorf("begin: %w", err)}
 	}
+	defer l.watchLocks(tx.Conn().PgConn().PID())()
 	committed := false
 	defer func() {
 		if !committed {

@@ -2,10 +2,13 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/sink"
@@ -46,7 +49,9 @@ func TestLockWaitsAreNotTheJobsFault(t *testing.T) {
 		_, err := tx.Exec(ctx, `UPDATE "`+b.schema+`".counters SET n = n + $1 WHERE k = 'k'`, len(batch.Records))
 		return err
 	})
-	cfg := b.config(h, zap.NewNop())
+	core, logs := observer.New(zap.WarnLevel)
+	cfg := b.config(h, zap.New(core))
+	cfg.RetryBackoffMax = 5 * time.Second // a growing backoff would reach seconds within the 4s wait
 	cfg.MaxAttempts = 1
 	cfg.HandlerTimeout = 400 * time.Millisecond
 	stop := b.start(cfg)
@@ -65,5 +70,20 @@ func TestLockWaitsAreNotTheJobsFault(t *testing.T) {
 	var n int
 	if err := b.pool.QueryRow(ctx, `SELECT n FROM "`+b.schema+`".counters WHERE k = 'k'`).Scan(&n); err != nil || n != 5 {
 		t.Fatalf("counter = %d (%v), want 5: every job exactly once", n, err)
+	}
+	// Issue 16: each lock wait is retried after a short fixed delay, not a
+	// growing backoff that would keep the partition idle after the lock is
+	// free.
+	waits := 0
+	for _, e := range logs.All() {
+		if d, ok := e.ContextMap()["backoff"]; ok && strings.Contains(fmt.Sprint(e.ContextMap()["error"]), "55P03") {
+			waits++
+			if d != "100ms" && d != 100*time.Millisecond {
+				t.Errorf("a lock wait was retried after %v, want 100ms", d)
+			}
+		}
+	}
+	if waits < 2 {
+		t.Errorf("%d lock waits logged, want several (the lock was held 4s, lock_timeout is 200ms)", waits)
 	}
 }

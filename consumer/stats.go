@@ -36,6 +36,9 @@ type Stats struct {
 	Recoveries     int64 // partitions claimed again after a rejection, by the lane itself
 	Stalled        int64 // partitions recovering now (claim or commit rejected, not yet claimed again)
 	JobsLost       int64 // jobs deleted from the log before they were processed (found below the log start)
+	// StaleSessionsEnded counts sessions of older owners of a partition
+	// that held locks a batch waited for, ended by the lock watch.
+	StaleSessionsEnded int64
 }
 
 type counters struct {
@@ -43,7 +46,7 @@ type counters struct {
 	deadLetters, handlerFailures, retries, resets, lanes    atomic.Int64
 	handlerTransient, handlerEnvironment, handlerBugs       atomic.Int64
 	lanesHalted, fenceLogPruned                             atomic.Int64
-	recoveries, stalled, jobsLost                           atomic.Int64
+	recoveries, stalled, jobsLost, staleSessionsEnded       atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -57,5 +60,6 @@ func (c *Consumer) Stats() Stats {
 		HandlerBugs: s.handlerBugs.Load(), LanesHalted: s.lanesHalted.Load(), FenceLogPruned: s.fenceLogPruned.Load(),
 		Retries: s.retries.Load(), Resets: s.resets.Load(), Lanes: s.lanes.Load(),
 		Recoveries: s.recoveries.Load(), Stalled: s.stalled.Load(), JobsLost: s.jobsLost.Load(),
+		StaleSessionsEnded: s.staleSessionsEnded.Load(),
 	}
 }

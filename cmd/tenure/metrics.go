@@ -63,6 +63,7 @@ func writeMetrics(w http.ResponseWriter, s consumer.Stats) {
 		{"tenure_lanes_halted", "Partitions this worker holds but does not process until an operator acknowledges their hold (a handler bug, offsets that do not fit the log).", "gauge", s.LanesHalted},
 		{"tenure_lanes_stalled", "Partitions whose claim or commit was rejected although this member holds them; recovering by themselves.", "gauge", s.Stalled},
 		{"tenure_lane_recoveries_total", "Partitions claimed again by their lane after a rejection, without a rebalance.", "counter", s.Recoveries},
+		{"tenure_stale_sessions_ended_total", "Sessions of an older owner of a partition (frozen in its transaction) that held locks a batch waited for, ended by this worker.", "counter", s.StaleSessionsEnded},
 		{"tenure_jobs_lost_total", "Jobs deleted from the log (retention, DeleteRecords) before they were processed, found below the log start.", "counter", s.JobsLost},
 		{"tenure_fence_log_pruned_total", "Fence log entries pruned by this worker (--fence-log-max-age, --fence-log-max-entries).", "counter", s.FenceLogPruned},
 		{"tenure_batch_retries_total", "Batch attempts after a failure.", "counter", s.Retries},

@@ -1,0 +1,58 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+)
+
+// ApplicationName is the application_name a batch transaction of claim
+// claimID sets (SET LOCAL): other sessions see it in pg_stat_activity, and
+// EndStaleBlockers recognises an older claimant's session by it.
+func ApplicationName(claimID int64) string { return "tenure:" + strconv.FormatInt(claimID, 10) }
+
+// EndStaleBlockers ends the sessions that block backend pid (the caller's
+// batch transaction, pg_blocking_pids) if they belong to an older claimant of
+// p: their application_name names a claim of p (ApplicationName) that is not
+// claimID, while p's fencing row holds claimID. Such a session is a zombie
+// (a worker frozen in the middle of its transaction, holding row locks the
+// new owner needs): its transaction is aborted, nothing it wrote becomes
+// visible, and its COMMIT, if it ever came, could not pass the fence anyway.
+// A caller that does not hold p's current claim ends nothing: it is the
+// zombie. Sessions of other partitions, and of anything that is not a tenure
+// lane, are left alone.
+//
+// It returns the PIDs it ended. Ending another session needs the same role,
+// or membership in pg_signal_backend; without it the error says so and the
+// caller falls back on idle_in_transaction_session_timeout.
+func (s *Store) EndStaleBlockers(ctx context.Context, p Partition, claimID int64, pid uint32) ([]int32, error) {
+	q := quote(s.schema)
+	rows, err := s.pool.Query(ctx, `SELECT a.pid, pg_terminate_backend(a.pid)
+	FROM pg_stat_activity a
+	WHERE a.pid = ANY (pg_blocking_pids($1))
+	  AND EXISTS (SELECT 1 FROM `+q+`.fences f
+	              WHERE f.consumer_group = $2 AND f.topic = $3 AND f.partition = $4 AND f.claim_id = $5)
+	  AND EXISTS (SELECT 1 FROM `+q+`.fence_log l
+	              WHERE l.kind = 'claim'
+	                AND l.claim_id = CASE WHEN a.application_name ~ '^tenure:[0-9]{1,18}$'
+	                                      THEN substr(a.application_name, 8)::bigint END
+	                AND l.claim_id <> $5
+	                AND l.consumer_group = $2 AND l.topic = $3 AND l.partition = $4)`,
+		int32(pid), p.Group, p.Topic, p.Partition, claimID)
+	if err != nil {
+		return nil, fmt.Errorf("ending the sessions of older claimants of %s: %w", p, err)
+	}
+	defer rows.Close()
+	var ended []int32
+	for rows.Next() {
+		var bpid int32
+		var ok bool
+		if err := rows.Scan(&bpid, &ok); err != nil {
+			return ended, err
+		}
+		if ok {
+			ended = append(ended, bpid)
+		}
+	}
+	return ended, rows.Err()
+}

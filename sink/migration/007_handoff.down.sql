@@ -1,0 +1,1 @@
+DROP INDEX {{schema}}.fence_log_claim_idx;
