@@ -484,7 +484,11 @@ func TestMigrateDownRefusesWhileFencing(t *testing.T) {
 	if inUse.Version != newest || inUse.Rows["fences"] != 1 || inUse.Rows["dead_letters"] != 1 || inUse.Rows["fence_log"] != 2 {
 		t.Errorf("refusal %+v", inUse)
 	}
-	for _, want := range []string{"1 fencing rows", "1 dead letters", "0 incarnations", "2 fence log entries", "reverting it drops", "would be fenced"} {
+	wants := []string{"1 fencing rows", "1 dead letters", "0 incarnations", "2 fence log entries", "would be fenced"}
+	if len(inUse.Drops) > 0 { // the newest migration may drop only an index
+		wants = append(wants, "reverting it drops")
+	}
+	for _, want := range wants {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the refusal does not say %q: %v", want, err)
 		}
