@@ -87,9 +87,11 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 		tl := logs[topic]
 		for _, p := range slices.Sorted(maps.Keys(parts)) {
 			off := parts[p]
-			// A partition Postgres has never seen starts where Kafka's
-			// committed offset says, else at the log's start.
-			start := max(off.EpochOffset().Offset, tl.start[p], 0)
+			// Kafka's committed offset: the mirror of what this group
+			// acknowledged (mirror.go). A partition Postgres has never seen
+			// starts there, else at the log's start.
+			mirrored := off.EpochOffset().Offset
+			start := max(mirrored, tl.start[p], 0)
 			c.mu.Lock()
 			if old := c.lanes[tp{topic, p}]; old != nil {
 				// Assigned again without a revoke in between (the session was
@@ -129,7 +131,15 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 				// Kafka commit, so kgo must not run its data-loss check
 				// with a leader epoch that belongs to another offset.
 				parts[p] = kgo.NewOffset().At(claimed.NextOffset).WithEpoch(-1)
+				l.acked.Store(claimed.NextOffset)
 				h := identityHold(key, member, claimed, tl)
+				if h == nil {
+					var err error
+					h, err = c.divergenceHold(ctx, key, member, claimed.NextOffset, mirrored, tl.end[p], "mirrored to Kafka's committed offsets")
+					if err != nil {
+						return nil, fmt.Errorf("claiming %s: %w", key, err)
+					}
+				}
 				switch {
 				case h != nil:
 					l.startHeld(h)

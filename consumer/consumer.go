@@ -310,6 +310,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go c.watchLayouts(wctx, cl)
+	go c.mirrorOffsets(wctx, cl)
 	go c.pruneFenceLogs(wctx)
 	for {
 		pctx, wake := context.WithCancel(ctx)
@@ -516,14 +517,15 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 	}
 	c.mu.Unlock()
 	stopLanes(lanes, c.cfg.ShutdownTimeout)
+	deadline := time.Now().Add(leaveTimeout)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	c.mirrorFinal(ctx, cl, lanes)
 	// Once the lanes are stopped this member owns nothing: leaving only
 	// spares the others a session timeout, so leaving and closing share one
 	// short deadline, whatever the coordinator does (kfake was seen holding
 	// a JoinGroup open for a rebalance timeout; Close waits on group
 	// requests sent on the client's own context).
-	deadline := time.Now().Add(leaveTimeout)
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
 	// LeaveGroupContext triggers the revoke callback (now a no-op: no lanes)
 	// and tells the coordinator to hand our partitions over at once rather
 	// than after a session timeout.

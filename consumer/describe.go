@@ -55,13 +55,14 @@ const (
 	// why. Persisting, it needs a look (the database, the coordinator).
 	StateStalled State = "stalled"
 	// StateHandlerBug, StateTopicRecreated, StateLogTruncated,
-	// StateAheadOfLog: the partition is held until an operator acknowledges
+	// StateAheadOfLog, StateDiverged: the partition is held until an operator acknowledges
 	// it (`tenure admin holds acknowledge`); Reason says why and what the
 	// acknowledgement does (sink.HoldKind).
 	StateHandlerBug     State = State(sink.HoldHandlerBug)
 	StateTopicRecreated State = State(sink.HoldTopicRecreated)
 	StateLogTruncated   State = State(sink.HoldLogTruncated)
 	StateAheadOfLog     State = State(sink.HoldAheadOfLog)
+	StateDiverged       State = State(sink.HoldDiverged)
 )
 
 // Assignment is one partition of a consumer group seen from both sides: the

@@ -74,6 +74,11 @@ type lane struct {
 	// (recover, an acknowledged hold) its next offset is Postgres's, not
 	// where kgo had fetched to.
 	seekTo atomic.Int64
+	// acked is the next offset after the lane's last acknowledged commit;
+	// mirrored, what the mirror last sent to Kafka for it (mirror.go; only
+	// the mirror goroutine touches it).
+	acked    atomic.Int64
+	mirrored int64
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
@@ -362,7 +367,7 @@ func (l *lane) requeue(recs []*kgo.Record) {
 // (false: it was stopped meanwhile).
 func (l *lane) halt(cause error) bool {
 	l.c.stats.handlerBugs.Add(1)
-	h := sink.Hold{Partition: l.key, Kind: sink.HoldHandlerBug, Reason: cause.Error(), Owner: l.owner, Token: l.token,
+	h := sink.Hold{Partition: l.key, Kind: sink.HoldHandlerBug, Reason: cause.Error(), Owner: l.owner, Token: l.token, AckedOffset: -1,
 		NextOffset: l.next, LogStart: -1, HighWatermark: -1, From: -1, To: -1}
 	var bug *HandlerBugError
 	if errors.As(cause, &bug) {
@@ -436,6 +441,10 @@ func (l *lane) awaitOperator(starting bool) bool {
 			l.log.Warn("hold acknowledged by an operator: claiming the partition again, processing goes on from the stored offset")
 			counted = false
 			l.c.stats.lanesHalted.Add(-1)
+			// The acknowledgement may have moved the offset (into another
+			// log, or back to where the database is): what this lane had
+			// acknowledged is no reference any more.
+			l.acked.Store(0)
 			return l.recover(errHoldAcknowledged)
 		default:
 			attempt = 0
@@ -636,6 +645,7 @@ func (l *lane) databaseAnswers() bool {
 
 func (l *lane) afterBatch(b *Batch, err error) {
 	if err == nil {
+		l.acked.Store(b.To)
 		l.c.stats.batches.Add(1)
 		l.c.stats.records.Add(int64(len(b.Records)))
 	} else {

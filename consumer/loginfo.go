@@ -86,7 +86,7 @@ func topicLogs(ctx context.Context, cl *kgo.Client, topics []string, offsets boo
 // the next offset).
 func identityHold(key sink.Partition, owner string, claimed sink.Claimed, tl *topicLog) *sink.Hold {
 	p := key.Partition
-	h := &sink.Hold{Partition: key, Owner: owner, NextOffset: claimed.NextOffset,
+	h := &sink.Hold{Partition: key, Owner: owner, NextOffset: claimed.NextOffset, AckedOffset: -1,
 		LogStart: tl.start[p], HighWatermark: tl.end[p], TopicID: tl.id}
 	switch {
 	case claimed.TopicID != [16]byte{} && tl.id != [16]byte{} && claimed.TopicID != tl.id:

@@ -102,6 +102,7 @@ func (l *lane) reclaim(cl *kgo.Client, epoch int32) (ok bool, err error) {
 	// is the member's current epoch (a classic generation moves on with
 	// every rebalance, even one that left the partition where it was).
 	l.epoch = max(epoch, l.epoch)
+	acked := l.acked.Load()
 	claimed, err := l.c.claimOne(ctx, cl, l, l.next, nil)
 	if err != nil {
 		if errors.Is(err, sink.ErrFenced) {
@@ -109,16 +110,19 @@ func (l *lane) reclaim(cl *kgo.Client, epoch int32) (ok bool, err error) {
 		}
 		return false, err
 	}
-	if err := l.checkLog(ctx, cl, claimed); err != nil {
+	if err := l.checkLog(ctx, cl, claimed, acked); err != nil {
 		return false, err
 	}
+	l.acked.Store(claimed.NextOffset)
 	l.seek(claimed.NextOffset)
 	return true, nil
 }
 
-// checkLog compares what a claim returned with the topic's log now. A
-// mismatch is a hold for an operator: the lane records it and waits.
-func (l *lane) checkLog(ctx context.Context, cl *kgo.Client, claimed sink.Claimed) error {
+// checkLog compares what a claim returned with the topic's log now, and
+// with acked, the next offset after this lane's last acknowledged commit
+// (the database may have lost it: a failover). A mismatch is a hold for an
+// operator: the lane records it and waits.
+func (l *lane) checkLog(ctx context.Context, cl *kgo.Client, claimed sink.Claimed, acked int64) error {
 	logs, err := l.c.topicLogsOf(ctx, cl, []string{l.key.Topic}, true)
 	if err != nil {
 		return err
@@ -127,7 +131,14 @@ func (l *lane) checkLog(ctx context.Context, cl *kgo.Client, claimed sink.Claime
 	if l.topicID == [16]byte{} {
 		l.topicID = tl.id
 	}
-	if h := identityHold(l.key, l.owner, claimed, tl); h != nil {
+	h := identityHold(l.key, l.owner, claimed, tl)
+	if h == nil {
+		if h, err = l.c.divergenceHold(ctx, l.key, l.owner, claimed.NextOffset, acked, tl.end[l.key.Partition],
+			"committed by this worker's lane"); err != nil {
+			return err
+		}
+	}
+	if h != nil {
 		l.held = h
 		if !l.awaitHold() {
 			return errStopped
@@ -147,6 +158,16 @@ func (l *lane) awaitHold() bool {
 	l.dropBuffer()
 	if h.Kind == sink.HoldLogTruncated {
 		l.c.stats.jobsLost.Add(h.LogStart - h.NextOffset)
+	}
+	if h.Kind == sink.HoldDiverged {
+		l.log.Error("partition held: the database is behind what this group had acknowledged (it lost commits); waiting for an operator to run `"+l.ackCommand()+"`",
+			zap.String("hold", string(h.Kind)), zap.String("reason", h.Reason), zap.Int64("next_offset", h.NextOffset),
+			zap.Int64("acked_offset", h.AckedOffset), zap.Bool("held", true))
+		h.From, h.To = -1, -1
+		if !l.recordHold(*h) {
+			return false
+		}
+		return l.awaitOperator(false)
 	}
 	l.log.Error("partition held: its stored offsets do not fit the log; waiting for an operator to run `"+l.ackCommand()+"`",
 		zap.String("hold", string(h.Kind)), zap.String("reason", h.Reason), zap.Int64("next_offset", h.NextOffset),
@@ -202,7 +223,7 @@ func (l *lane) dropBuffer() {
 func (l *lane) recordStall(cause error) {
 	ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
 	defer cancel()
-	err := l.c.store.HoldPartition(ctx, sink.Hold{Partition: l.key, Kind: sink.HoldStalled, Reason: cause.Error(),
+	err := l.c.store.HoldPartition(ctx, sink.Hold{Partition: l.key, Kind: sink.HoldStalled, Reason: cause.Error(), AckedOffset: -1,
 		NextOffset: l.next, LogStart: -1, HighWatermark: -1, Owner: l.owner})
 	if err != nil {
 		l.log.Debug("recording the stall failed", zap.Error(err))

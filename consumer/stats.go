@@ -39,6 +39,9 @@ type Stats struct {
 	// StaleSessionsEnded counts sessions of older owners of a partition
 	// that held locks a batch waited for, ended by the lock watch.
 	StaleSessionsEnded int64
+	// Divergences counts partitions found with a stored offset below one
+	// already acknowledged (the database lost commits); each is held.
+	Divergences int64
 }
 
 type counters struct {
@@ -47,6 +50,7 @@ type counters struct {
 	handlerTransient, handlerEnvironment, handlerBugs       atomic.Int64
 	lanesHalted, fenceLogPruned                             atomic.Int64
 	recoveries, stalled, jobsLost, staleSessionsEnded       atomic.Int64
+	divergences                                             atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -60,6 +64,6 @@ func (c *Consumer) Stats() Stats {
 		HandlerBugs: s.handlerBugs.Load(), LanesHalted: s.lanesHalted.Load(), FenceLogPruned: s.fenceLogPruned.Load(),
 		Retries: s.retries.Load(), Resets: s.resets.Load(), Lanes: s.lanes.Load(),
 		Recoveries: s.recoveries.Load(), Stalled: s.stalled.Load(), JobsLost: s.jobsLost.Load(),
-		StaleSessionsEnded: s.staleSessionsEnded.Load(),
+		StaleSessionsEnded: s.staleSessionsEnded.Load(), Divergences: s.divergences.Load(),
 	}
 }

@@ -64,8 +64,9 @@ func TestGroupDeletedWorkersResumeAndZombieStaysFenced(t *testing.T) {
 	}
 }
 
-// An empty group whose offsets are not in Kafka expires at the broker's
-// retention check, and its epochs restart just like after a deletion.
+// An empty group whose committed offsets have expired (tenure mirrors its
+// offsets to Kafka while workers run) expires at the broker's retention
+// check, and its epochs restart just like after a deletion.
 func TestExpiredGroupWorkersResume(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, 1, map[string]string{"offsets.retention.check.interval.ms": "500"})
@@ -80,8 +81,14 @@ func TestExpiredGroupWorkersResume(t *testing.T) {
 	w2.stop(30 * time.Second)
 	w1.stop(30 * time.Second)
 
-	// Nothing holds the group now: no members, no committed offsets.
+	// Nothing holds the group now: no members, and no committed offsets once
+	// the mirror's have expired (offsets.retention.minutes; here deleted).
 	adm := kadm.NewClient(e.cl)
+	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer dcancel()
+	if _, err := adm.DeleteOffsets(dctx, e.group, kadm.TopicsSet{e.topic: {0: {}}}); err != nil {
+		t.Fatalf("deleting the group's committed offsets: %v", err)
+	}
 	waitFor(t, 60*time.Second, "the empty group to expire", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -33,6 +33,12 @@ const (
 	// lost records the workers had processed, and new jobs would land at
 	// offsets the stored offset says are done.
 	HoldAheadOfLog HoldKind = "ahead-of-log"
+	// HoldDiverged: the stored next offset is below an offset workers had
+	// already acknowledged (AckedOffset, mirrored to Kafka's committed
+	// offsets): the database lost commits it had acknowledged (a failover to
+	// a standby that was behind, a restore). Going on would redo those jobs
+	// without a word.
+	HoldDiverged HoldKind = "diverged"
 )
 
 // NeedsAck reports whether a hold of kind k waits for an operator.
@@ -49,9 +55,11 @@ type Hold struct {
 	TopicID                             [16]byte // the log's topic id now (zero: unknown)
 	// handler-bug: the batch the handler was running ([From, To), its
 	// first and last jobs, "topic/partition/offset") and its token.
-	From, To               int64
-	FirstJob, LastJob      string
-	Token                  Token
+	From, To          int64
+	FirstJob, LastJob string
+	Token             Token
+	// diverged: the highest next offset acknowledged before (-1: unknown).
+	AckedOffset            int64
 	Owner                  string
 	Since                  time.Time
 	ResolvedAt             *time.Time
@@ -83,12 +91,12 @@ func (s *Store) HoldPartition(ctx context.Context, h Hold) error {
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO `+q+`.partition_holds
 			(consumer_group, topic, partition, kind, reason, needs_ack, next_offset, log_start, high_watermark, topic_id,
-			 from_offset, to_offset, first_job, last_job, incarnation, epoch, owner)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
+			 from_offset, to_offset, first_job, last_job, incarnation, epoch, owner, acked_offset)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`,
 			p.Group, p.Topic, p.Partition, string(h.Kind), validText(h.Reason), h.Kind.NeedsAck(),
 			nullOffset(h.NextOffset), nullOffset(h.LogStart), nullOffset(h.HighWatermark), uuidOf(h.TopicID),
 			nullOffset(h.From), nullOffset(h.To), nullText(h.FirstJob), nullText(h.LastJob),
-			h.Token.Incarnation, h.Token.Epoch, h.Owner)
+			h.Token.Incarnation, h.Token.Epoch, h.Owner, nullOffset(h.AckedOffset))
 		return err
 	})
 }
@@ -125,6 +133,18 @@ func (s *Store) OpenHolds(ctx context.Context, group string) ([]Hold, error) {
 		out = append(out, h)
 	}
 	return out, rows.Err()
+}
+
+// AcceptedDivergence returns the highest offset up to which an operator
+// accepted p's divergence (the AckedOffset of its acknowledged diverged
+// holds), or -1: offsets acknowledged before, up to it, are not compared
+// again.
+func (s *Store) AcceptedDivergence(ctx context.Context, p Partition) (int64, error) {
+	var v pgtype.Int8
+	err := s.pool.QueryRow(ctx, `SELECT max(acked_offset) FROM `+quote(s.schema)+`.partition_holds
+		WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND kind = 'diverged' AND resolved_at IS NOT NULL`,
+		p.Group, p.Topic, p.Partition).Scan(&v)
+	return offsetOf(v), err
 }
 
 // OpenHoldNeedingAck returns p's open hold if it waits for an operator;
@@ -192,8 +212,14 @@ func (s *Store) AcknowledgeHold(ctx context.Context, p Partition, by string, log
 			to = min(f.NextOffset, highWatermark)
 		}
 		h.Resolution = fmt.Sprintf("next offset %d kept", f.NextOffset)
-		if h.Kind == HoldHandlerBug {
+		switch h.Kind {
+		case HoldHandlerBug:
 			h.Resolution = fmt.Sprintf("resumed: processing goes on at offset %d", f.NextOffset)
+		case HoldDiverged:
+			h.Resolution = fmt.Sprintf("the database's next offset %d accepted", f.NextOffset)
+			if h.AckedOffset > f.NextOffset {
+				h.Resolution += fmt.Sprintf(": jobs %d to %d, acknowledged before, are processed again", f.NextOffset, h.AckedOffset-1)
+			}
 		}
 		if to != f.NextOffset || h.Kind == HoldTopicRecreated {
 			if _, err := tx.Exec(ctx, `UPDATE `+q+`.fences SET next_offset = $4, topic_id = coalesce($5, topic_id)
@@ -223,17 +249,18 @@ func (s *Store) AcknowledgeHold(ctx context.Context, p Partition, by string, log
 func holdSelect(schema string) string {
 	return `SELECT id, consumer_group, topic, partition, kind, reason, next_offset, log_start, high_watermark, topic_id,
 	from_offset, to_offset, coalesce(first_job, ''), coalesce(last_job, ''), coalesce(incarnation, 0), coalesce(epoch, 0),
-	owner, since, resolved_at, coalesce(resolved_by, ''), coalesce(resolution, '') FROM ` + quote(schema) + `.partition_holds`
+	acked_offset, owner, since, resolved_at, coalesce(resolved_by, ''), coalesce(resolution, '') FROM ` + quote(schema) + `.partition_holds`
 }
 
 func scanHold(r pgx.Row) (Hold, error) {
 	var h Hold
 	var kind string
-	var next, start, hwm, from, to pgtype.Int8
+	var next, start, hwm, from, to, acked pgtype.Int8
 	var id pgtype.UUID
 	err := r.Scan(&h.ID, &h.Partition.Group, &h.Partition.Topic, &h.Partition.Partition, &kind, &h.Reason, &next, &start, &hwm, &id,
 		&from, &to, &h.FirstJob, &h.LastJob, &h.Token.Incarnation, &h.Token.Epoch,
-		&h.Owner, &h.Since, &h.ResolvedAt, &h.ResolvedBy, &h.Resolution)
+		&acked, &h.Owner, &h.Since, &h.ResolvedAt, &h.ResolvedBy, &h.Resolution)
+	h.AckedOffset = offsetOf(acked)
 	h.Kind = HoldKind(kind)
 	h.NextOffset, h.LogStart, h.HighWatermark = offsetOf(next), offsetOf(start), offsetOf(hwm)
 	h.From, h.To = offsetOf(from), offsetOf(to)

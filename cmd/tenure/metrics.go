@@ -64,6 +64,7 @@ func writeMetrics(w http.ResponseWriter, s consumer.Stats) {
 		{"tenure_lanes_stalled", "Partitions whose claim or commit was rejected although this member holds them; recovering by themselves.", "gauge", s.Stalled},
 		{"tenure_lane_recoveries_total", "Partitions claimed again by their lane after a rejection, without a rebalance.", "counter", s.Recoveries},
 		{"tenure_stale_sessions_ended_total", "Sessions of an older owner of a partition (frozen in its transaction) that held locks a batch waited for, ended by this worker.", "counter", s.StaleSessionsEnded},
+		{"tenure_divergences_total", "Partitions found with a stored offset below one this group had acknowledged (the database lost commits: a failover to a standby that was behind, a restore); each is held.", "counter", s.Divergences},
 		{"tenure_jobs_lost_total", "Jobs deleted from the log (retention, DeleteRecords) before they were processed, found below the log start.", "counter", s.JobsLost},
 		{"tenure_fence_log_pruned_total", "Fence log entries pruned by this worker (--fence-log-max-age, --fence-log-max-entries).", "counter", s.FenceLogPruned},
 		{"tenure_batch_retries_total", "Batch attempts after a failure.", "counter", s.Retries},

@@ -25,7 +25,7 @@ func init() {
 func runWorker(ctx context.Context, e *env, args []string) error {
 	f := newFlagSet(e, "worker", "--brokers HOST:PORT[,..] --group G --topic T[,T2] --database-url URL --handler export|ledger|noop\n"+
 		"    [--schema S] [--name NAME] [--protocol classic|consumer] [--session-timeout D] [--rebalance-timeout D]\n"+
-		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--no-migrate]\n"+
+		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--no-migrate] [--require-sync-standby]\n"+
 		"    [--fence-log-max-age D] [--fence-log-max-entries N]\n"+
 		"    [--metrics-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults]")
 	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
@@ -45,6 +45,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	handlerTimeout := f.Duration("handler-timeout", 60*time.Second, "bound on one handler call (a batch); a job that keeps timing out is dead-lettered")
 	injectFaults := f.Bool("inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout")
 	noMigrate := f.Bool("no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
+	requireSync := f.Bool("require-sync-standby", false, "refuse to start unless the database acknowledges commits only once a synchronous standby has them (see docs/fencing.md, \"Running on highly available Postgres\")")
 	name := f.String("name", defaultWorkerName(), "this replica's name, recorded with what it writes")
 	hold := f.String("hold-once", "", "demos and tests: the `point` (before-claim, before-batch or before-commit; before-claim:P for partition P only) at which to log \"holding\" once and wait for SIGCONT")
 	metricsAddr := f.String("metrics-addr", "", "serve /metrics (Prometheus text) and /healthz on this address, e.g. 127.0.0.1:9100")
@@ -117,6 +118,20 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	store, err := sink.NewStore(pool, *schema)
 	if err != nil {
 		return err
+	}
+	if repl, err := sink.ReplicationOf(ctx, pool); err != nil {
+		log.Warn("cannot tell how the database acknowledges commits", zap.Error(err))
+		if *requireSync {
+			return fmt.Errorf("--require-sync-standby: cannot tell whether the database has a synchronous standby: %v", err)
+		}
+	} else if !repl.Synchronous() {
+		if *requireSync {
+			return fmt.Errorf("--require-sync-standby: %s", repl.Describe())
+		}
+		log.Warn("no synchronous standby: "+repl.Describe(), zap.String("synchronous_standby_names", repl.SynchronousStandbyNames),
+			zap.String("synchronous_commit", repl.SynchronousCommit), zap.Int("standbys", repl.Standbys), zap.Int("sync_standbys", repl.SyncStandbys))
+	} else {
+		log.Info("replication: "+repl.Describe(), zap.Int("sync_standbys", repl.SyncStandbys))
 	}
 
 	brokerList, topics := splitList(*brokers), splitList(*topic)

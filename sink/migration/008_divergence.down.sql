@@ -1,0 +1,1 @@
+ALTER TABLE {{schema}}.partition_holds DROP COLUMN acked_offset;
