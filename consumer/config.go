@@ -55,6 +55,27 @@ type Config struct {
 
 	// BatchMax is the most records handed to one Handle call (default 500).
 	BatchMax int
+	// BatchMaxBytes bounds a batch's size (keys, values and headers; a
+	// record larger than it makes a batch of its own). Default 4 MiB.
+	BatchMaxBytes int64
+	// BatchLinger is how long a lane with fewer than BatchMax records
+	// buffered waits for more before handing them over (default 0: at
+	// once). A small linger makes fewer, larger batches under moderate
+	// load, at that much latency.
+	BatchLinger time.Duration
+	// PartitionBufferBytes bounds the records one partition's lane holds
+	// ahead of its handler (default 4 MiB): fetching the partition pauses
+	// there and resumes below half. WorkerBufferBytes bounds them for all
+	// lanes together (default 64 MiB): past it, partitions that receive
+	// records pause until the lanes have drained half. With kgo's own fetch
+	// buffer (a quarter of WorkerBufferBytes per fetch), memory stays
+	// bounded whatever the backlog.
+	PartitionBufferBytes, WorkerBufferBytes int64
+	// FetchMaxWait is how long the broker may hold a fetch open waiting for
+	// records (default 100ms). A partition resumed while a fetch is open is
+	// fetched when it returns, so this bounds how long a drained lane can
+	// wait for records that are there.
+	FetchMaxWait time.Duration
 	// MaxAttempts is how many times a job that makes the handler fail is
 	// tried before it is dead-lettered (default 5). A failing batch is retried
 	// once, then split in halves until the failing job is alone; the other
@@ -195,6 +216,18 @@ func (c *Config) setDefaults() {
 	if c.BatchMax == 0 {
 		c.BatchMax = 500
 	}
+	if c.BatchMaxBytes == 0 {
+		c.BatchMaxBytes = 4 << 20
+	}
+	if c.PartitionBufferBytes == 0 {
+		c.PartitionBufferBytes = 4 << 20
+	}
+	if c.WorkerBufferBytes == 0 {
+		c.WorkerBufferBytes = 64 << 20
+	}
+	if c.FetchMaxWait == 0 {
+		c.FetchMaxWait = 100 * time.Millisecond
+	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 5
 	}
@@ -283,6 +316,12 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Sprintf("IdleInTxTimeout %s must be longer than HandlerTimeout %s: Postgres would end the session of a job that is still within its time (zero derives it: %s)",
 				c.IdleInTxTimeout, c.HandlerTimeout, DefaultIdleInTxTimeout(c.HandlerTimeout)))
 		}
+	}
+	if c.BatchMaxBytes < 0 || c.PartitionBufferBytes < 0 || c.WorkerBufferBytes < 0 {
+		errs = append(errs, "BatchMaxBytes, PartitionBufferBytes and WorkerBufferBytes must not be negative")
+	}
+	if c.BatchLinger < 0 || c.FetchMaxWait < 0 {
+		errs = append(errs, "BatchLinger and FetchMaxWait must not be negative")
 	}
 	if c.BatchMax < 0 {
 		errs = append(errs, "BatchMax must be positive")

@@ -41,6 +41,10 @@ type Consumer struct {
 
 	running chan struct{} // closed when Run starts
 
+	// buffered is the size of the records all lanes buffer
+	// (Config.WorkerBufferBytes).
+	buffered atomic.Int64
+
 	// lockWatchOff turns the lock watch (handoff.go) off for good once
 	// ending a session was refused for want of privilege.
 	lockWatchOff atomic.Bool
@@ -117,9 +121,12 @@ func New(cfg Config) (*Consumer, error) {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.WithLogger(kzap{cfg.Logger.Named("kgo")}),
 		kgo.RebalanceTimeout(cfg.RebalanceTimeout),
-		// A fetch in flight holds back a partition assigned meanwhile; a
-		// short wait keeps a hand-off from idling for kgo's default 5s.
-		kgo.FetchMaxWait(500 * time.Millisecond),
+		// A fetch in flight holds back a partition resumed or assigned
+		// meanwhile: the wait bounds that (kgo's default is 5s).
+		kgo.FetchMaxWait(cfg.FetchMaxWait),
+		// One fetch response at most a quarter of the worker's buffer
+		// budget (kgo's default is 50 MiB).
+		kgo.FetchMaxBytes(int32(min(cfg.WorkerBufferBytes/4, 1<<30))),
 	}
 	if cfg.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout))
@@ -318,9 +325,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.pollWake = wake
 		c.pollMu.Unlock()
 		c.applySeeks(cl)
-		// PollRecords bounds a poll so that callbacks are never blocked by a
-		// huge hand-off.
-		fetches := cl.PollRecords(pctx, 10_000)
+		// The whole fetch is handed to the lanes: a partition's records left
+		// in kgo's buffer would be dropped when the lane pauses it, and
+		// fetched and decoded again. Handing out is cheap (appends), and
+		// fetches are bounded (FetchMaxBytes, the lanes' buffers).
+		fetches := cl.PollFetches(pctx)
 		wake()
 		if fetches.IsClientClosed() {
 			return errors.New("consumer: kafka client closed")
@@ -473,6 +482,28 @@ func (e *errorLog) log(log *zap.Logger, topic string, partition int32, err error
 	e.mu.Unlock()
 	log.Warn("fetch error", zap.String("topic", topic), zap.Int32("partition", partition), zap.Error(err),
 		zap.Int("repeats_not_logged", suppressed))
+}
+
+// resumeDrained resumes the partitions paused because the worker's buffers
+// were full, once they hold less than half of Config.WorkerBufferBytes.
+func (c *Consumer) resumeDrained() {
+	if c.buffered.Load() >= c.cfg.WorkerBufferBytes/2 {
+		return
+	}
+	c.mu.Lock()
+	lanes := make([]*lane, 0, len(c.lanes))
+	for _, l := range c.lanes {
+		lanes = append(lanes, l)
+	}
+	c.mu.Unlock()
+	for _, l := range lanes {
+		l.mu.Lock()
+		if l.pausedForWorker && l.paused && !l.ended && !l.removed && l.drained() {
+			l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+			l.paused, l.pausedForWorker = false, false
+		}
+		l.mu.Unlock()
+	}
 }
 
 // wakePoll ends the poll loop's current wait, so that it applies the

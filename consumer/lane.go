@@ -80,9 +80,13 @@ type lane struct {
 	acked    atomic.Int64
 	mirrored int64
 
-	mu      sync.Mutex
-	queue   []*kgo.Record
+	mu         sync.Mutex
+	queue      []*kgo.Record
+	queueBytes int64 // the buffered records' size (recordSize)
 	paused  bool // fetching of the partition is paused (backpressure or ended)
+	// pausedForWorker: paused because the worker's buffers as a whole were
+	// full (Config.WorkerBufferBytes); resumed by Consumer.resumeDrained.
+	pausedForWorker bool
 	ended   bool // the lane no longer accepts records
 	removed bool // the lane left the consumer's map: it must not touch the partition's fetch state
 
@@ -185,9 +189,35 @@ func (l *lane) sleep(d time.Duration) bool {
 	}
 }
 
-// highWater is the buffered record count at which fetching pauses; it
-// resumes below half of it.
-func (l *lane) highWater() int { return 4 * l.c.cfg.BatchMax }
+// full reports whether the lane's buffer has reached its bounds
+// (Config.PartitionBufferBytes, and a record count that keeps the buffer's
+// slice in proportion): fetching the partition pauses there, and resumes
+// below half (drained), so that a resumed partition still has work
+// buffered while its next fetch is on the way.
+func (l *lane) full() bool {
+	return l.queueBytes >= l.c.cfg.PartitionBufferBytes || len(l.queue) >= 8*l.c.cfg.BatchMax
+}
+
+func (l *lane) drained() bool {
+	return l.queueBytes < l.c.cfg.PartitionBufferBytes/2 && len(l.queue) < 4*l.c.cfg.BatchMax
+}
+
+// recordSize is what a buffered record costs: its key, value and headers,
+// and the record itself.
+func recordSize(r *kgo.Record) int64 {
+	n := int64(len(r.Key) + len(r.Value) + 96)
+	for _, h := range r.Headers {
+		n += int64(len(h.Key) + len(h.Value) + 32)
+	}
+	return n
+}
+
+// setQueueLocked replaces the buffer, keeping the lane's and the worker's
+// byte counts right.
+func (l *lane) setQueueLocked(q []*kgo.Record, bytes int64) {
+	l.c.buffered.Add(bytes - l.queueBytes)
+	l.queue, l.queueBytes = q, bytes
+}
 
 func (l *lane) pauseLocked() {
 	if !l.paused && !l.removed {
@@ -202,9 +232,18 @@ func (l *lane) push(recs []*kgo.Record) {
 	if l.ended {
 		return
 	}
-	l.queue = append(l.queue, recs...)
-	if len(l.queue) >= l.highWater() {
+	var n int64
+	for _, r := range recs {
+		n += recordSize(r)
+	}
+	l.setQueueLocked(append(l.queue, recs...), l.queueBytes+n)
+	if l.full() {
 		l.pauseLocked()
+	} else if l.c.buffered.Load() >= l.c.cfg.WorkerBufferBytes {
+		// The worker as a whole holds enough: this partition waits until
+		// the lanes have drained half of it (Consumer.resumeDrained).
+		l.pauseLocked()
+		l.pausedForWorker = true
 	}
 	select {
 	case l.wake <- struct{}{}:
@@ -218,7 +257,7 @@ func (l *lane) end() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.ended = true
-	l.queue = nil
+	l.setQueueLocked(nil, 0)
 	l.pauseLocked()
 }
 
@@ -232,7 +271,7 @@ func (l *lane) release() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.ended = true
-	l.queue = nil
+	l.setQueueLocked(nil, 0)
 	if l.paused && !l.removed {
 		l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 	}
@@ -243,6 +282,8 @@ func (l *lane) release() {
 // take waits for records and returns the next batch, or nil when the lane
 // must stop.
 func (l *lane) take() *Batch {
+	lingered := false
+	var lingerUntil time.Time
 	for {
 		if l.stopping() || l.layoutHold.Load() != 0 {
 			return nil
@@ -251,29 +292,65 @@ func (l *lane) take() *Batch {
 		// Records below the next offset were committed already (a refetch,
 		// or commits made before this lane's claim).
 		i := 0
+		var skipped int64
 		for i < len(l.queue) && l.queue[i].Offset < l.next {
+			skipped += recordSize(l.queue[i])
 			i++
 		}
-		l.queue = l.queue[i:]
-		if n := min(len(l.queue), l.c.cfg.BatchMax); n > 0 {
+		if i > 0 {
+			l.setQueueLocked(l.queue[i:], l.queueBytes-skipped)
+		}
+		// A batch closes on BatchMax records or BatchMaxBytes bytes (one
+		// record at least), or, when fewer are buffered, once BatchLinger
+		// has passed since the lane started waiting for them.
+		n, size := 0, int64(0)
+		for n < len(l.queue) && n < l.c.cfg.BatchMax {
+			rs := recordSize(l.queue[n])
+			if n > 0 && size+rs > l.c.cfg.BatchMaxBytes {
+				break
+			}
+			size += rs
+			n++
+		}
+		full := n == l.c.cfg.BatchMax || (n < len(l.queue))
+		if n > 0 && (full || lingered || l.c.cfg.BatchLinger <= 0) {
 			recs := make([]*kgo.Record, n)
 			copy(recs, l.queue[:n])
-			l.queue = l.queue[n:]
-			if len(l.queue) == 0 {
-				l.queue = nil // let the backing array go
+			rest := l.queue[n:]
+			if len(rest) == 0 {
+				rest = nil // let the backing array go
 			}
-			if l.paused && !l.ended && !l.removed && len(l.queue) < l.highWater()/2 {
+			l.setQueueLocked(rest, l.queueBytes-size)
+			if l.paused && !l.ended && !l.removed && l.drained() && !l.heldForWorker() {
 				l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
-				l.paused = false
+				l.paused, l.pausedForWorker = false, false
 			}
 			l.mu.Unlock()
+			l.c.resumeDrained()
 			return l.batch(recs, l.next)
 		}
 		l.mu.Unlock()
+		var linger <-chan time.Time
+		var t *time.Timer
+		if n > 0 {
+			if lingerUntil.IsZero() {
+				lingerUntil = time.Now().Add(l.c.cfg.BatchLinger)
+			}
+			t = time.NewTimer(time.Until(lingerUntil))
+			linger = t.C
+		}
 		select {
 		case <-l.wake:
+		case <-linger:
+			lingered = true
 		case <-l.quit:
+			if t != nil {
+				t.Stop()
+			}
 			return nil
+		}
+		if t != nil {
+			t.Stop()
 		}
 	}
 }
@@ -349,13 +426,23 @@ func (l *lane) run() {
 // requeue puts records taken for a batch back at the front of the buffer
 // and pauses fetching; take drops what was committed meanwhile.
 func (l *lane) requeue(recs []*kgo.Record) {
+	var n int64
+	for _, r := range recs {
+		n += recordSize(r)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ended {
 		return
 	}
-	l.queue = append(append(make([]*kgo.Record, 0, len(recs)+len(l.queue)), recs...), l.queue...)
+	l.setQueueLocked(append(append(make([]*kgo.Record, 0, len(recs)+len(l.queue)), recs...), l.queue...), l.queueBytes+n)
 	l.pauseLocked()
+}
+
+// heldForWorker reports whether the worker's buffers as a whole are still
+// too full for a partition paused for that reason to resume.
+func (l *lane) heldForWorker() bool {
+	return l.pausedForWorker && l.c.buffered.Load() >= l.c.cfg.WorkerBufferBytes/2
 }
 
 // halt stops the partition after its handler ended its own transaction
@@ -743,59 +830,64 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 	opts := l.c.txOptions
 	// The claim id in application_name lets a newer owner that waits on
 	// this transaction's row locks recognise it as an older claimant's
-	// (sink.Store.EndStaleBlockers).
-	opts.BeginQuery += "; SET LOCAL tenure.tx = '" + marker + "'; SET LOCAL application_name = '" + sink.ApplicationName(l.claimID) + "'"
-	tx, err := l.c.store.Pool().BeginTx(ctx, opts)
+	// (sink.Store.EndStaleBlockers), and lets Resolve find the session.
+	appName := sink.ApplicationName(l.claimID)
+	opts.BeginQuery += "; SET LOCAL tenure.tx = '" + marker + "'; SET LOCAL application_name = '" + appName + "'"
+	// The connection is acquired here, not by the transaction, because the
+	// COMMIT travels with the fence (sink.Store.CommitBatch) rather than
+	// through tx.Commit: the connection goes back to the pool afterwards.
+	conn, err := l.c.store.Pool().Acquire(ctx)
 	if err != nil {
 		return infraError{fmt.Errorf("begin: %w", err)}
 	}
-	defer l.watchLocks(tx.Conn().PgConn().PID())()
-	committed := false
+	defer conn.Release() // a connection left in a transaction is closed, not pooled
+	tx, err := conn.BeginTx(ctx, opts)
+	if err != nil {
+		return infraError{fmt.Errorf("begin: %w", err)}
+	}
+	sess := sink.Session{PID: conn.Conn().PgConn().PID(), AppName: appName}
+	done := false
 	defer func() {
-		if !committed {
+		if !done {
 			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = tx.Rollback(rctx) // a failed rollback closes the connection: nothing survives
 		}
 	}()
-	if err := work(ctx, tx); err != nil {
+	stopWatch := l.watchLocks(sess.PID)
+	err = work(ctx, tx)
+	stopWatch()
+	if err != nil {
 		return err
 	}
 	// From here on, stopping the lane does not cancel: a commit in flight is
 	// settled by the fence.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.cfg.CommitTimeout)
 	defer cancel()
-	var got string
-	if err := tx.QueryRow(cctx, `SELECT coalesce(current_setting('tenure.tx', true), '')`).Scan(&got); err != nil {
-		return infraError{fmt.Errorf("checking the batch's transaction: %w", err)}
-	}
-	if got != marker {
-		return &HandlerBugError{FirstJob: JobID(b.Records[0]), LastJob: JobID(b.Records[len(b.Records)-1]), From: b.From, To: b.To}
-	}
 	req := sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To}
-	xid, err := l.c.store.CommitTracked(cctx, tx, req)
-	if err != nil {
-		if errors.Is(err, sink.ErrFenced) {
-			return err
-		}
-		return infraError{err}
-	}
-	err = tx.Commit(cctx)
-	committed = true // either way the transaction is over
-	if err == nil {
-		return nil
-	}
+	err = l.c.store.CommitBatch(cctx, tx, req, marker)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return infraError{fmt.Errorf("commit: %w", err)} // the server refused: not committed
+	switch {
+	case err == nil:
+		done = true
+		return nil
+	case errors.Is(err, sink.ErrTxEnded):
+		return &HandlerBugError{FirstJob: JobID(b.Records[0]), LastJob: JobID(b.Records[len(b.Records)-1]), From: b.From, To: b.To}
+	case errors.Is(err, sink.ErrFenced):
+		return err
+	case errors.As(err, &pgErr):
+		return infraError{err} // the server refused: nothing committed
 	}
-	// The connection broke during COMMIT (or the wait for its answer timed
-	// out): the outcome is unknown. Resolve finds it out exactly, waiting
-	// while the transaction is still in progress on the server.
-	return l.resolve(req, xid, err)
+	// The connection broke, or the answer did not come within the commit
+	// timeout: the outcome is unknown. The session is dropped (it may still
+	// be in its COMMIT), and Resolve finds the outcome out exactly, waiting
+	// while that session is still in the transaction.
+	done = true
+	_ = conn.Conn().Close(context.Background())
+	return l.resolve(req, sess, err)
 }
 
-func (l *lane) resolve(req sink.CommitRequest, xid int64, commitErr error) error {
+func (l *lane) resolve(req sink.CommitRequest, sess sink.Session, commitErr error) error {
 	// Ask until the database answers or the lane is stopped: giving up
 	// would leave the lane not knowing its own next offset. A stopped lane
 	// may leave it unknown, because the next claim of the partition reads
@@ -812,7 +904,7 @@ func (l *lane) resolve(req sink.CommitRequest, xid int64, commitErr error) error
 	var out sink.Outcome
 	err := l.c.retry(ctx, "resolving a commit of unknown outcome", l.log, func() error {
 		var err error
-		out, err = l.c.store.Resolve(ctx, req, xid)
+		out, err = l.c.store.ResolveSession(ctx, req, sess)
 		return err
 	})
 	if err != nil && !errors.Is(err, sink.ErrFenced) {

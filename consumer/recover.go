@@ -204,7 +204,7 @@ func (l *lane) applySeek(cl *kgo.Client) {
 		return
 	}
 	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{l.key.Topic: {l.key.Partition: {Epoch: -1, Offset: off}}})
-	l.queue = nil
+	l.setQueueLocked(nil, 0)
 	if l.paused {
 		cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = false
@@ -215,7 +215,7 @@ func (l *lane) applySeek(cl *kgo.Client) {
 // next is fetched again from the stored offset.
 func (l *lane) dropBuffer() {
 	l.mu.Lock()
-	l.queue = nil
+	l.setQueueLocked(nil, 0)
 	l.pauseLocked()
 	l.mu.Unlock()
 }

@@ -18,7 +18,7 @@ type Store struct {
 	pool   *pgxpool.Pool
 	schema string
 
-	claimSQL, commitSQL, getSQL, listSQL string
+	claimSQL, commitSQL, pipelinedSQL, getSQL, listSQL string
 }
 
 // NewStore returns a Store for schema ("" means DefaultSchema). It does not
@@ -86,6 +86,22 @@ SELECT next_offset, partition_count, topic_id FROM c`,
 	SELECT 'commit', $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM u
 )
 SELECT count(*), pg_current_xact_id()::text::bigint FROM u`,
+		// The same fence for CommitBatch: it fails instead of updating
+		// nothing (fence_check), and checks the batch's marker in the same
+		// statement, so that it can travel with COMMIT.
+		pipelinedSQL: `WITH u AS (
+	UPDATE ` + q + `.fences
+	SET next_offset = $8, committed_at = now()
+	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
+	  AND incarnation = $4 AND epoch = $5 AND owner = $6 AND claim_id = $9 AND next_offset = $7
+	  AND coalesce(current_setting('tenure.tx', true), '') = $10
+	RETURNING 1
+), l AS (
+	INSERT INTO ` + q + `.fence_log
+		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset, claim_id)
+	SELECT 'commit', $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM u
+)
+SELECT ` + q + `.fence_check(count(*), coalesce(current_setting('tenure.tx', true), '') = $10) FROM u`,
 		getSQL: `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
 	partition_count, created_at, claimed_at, committed_at, claim_id
 FROM ` + q + `.fences WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,

@@ -15,10 +15,22 @@ import (
 
 // openDB opens a pool and proves the database answers, turning the usual
 // failures into one sentence.
-func openDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
+// poolSize sizes a pool: the most connections and those opened up front
+// (zero values: pgxpool's defaults).
+type poolSize struct{ max, min int32 }
+
+func openDB(ctx context.Context, url string, size ...poolSize) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("the database URL is not valid: %s", pgxCause(err))
+	}
+	for _, s := range size {
+		if s.max > 0 {
+			cfg.MaxConns = s.max
+		}
+		if s.min > 0 {
+			cfg.MinConns = min(s.min, cfg.MaxConns)
+		}
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second

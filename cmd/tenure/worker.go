@@ -25,7 +25,7 @@ func init() {
 func runWorker(ctx context.Context, e *env, args []string) error {
 	f := newFlagSet(e, "worker", "--brokers HOST:PORT[,..] --group G --topic T[,T2] --database-url URL --handler export|ledger|noop\n"+
 		"    [--schema S] [--name NAME] [--protocol classic|consumer] [--session-timeout D] [--rebalance-timeout D]\n"+
-		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--no-migrate] [--require-sync-standby]\n"+
+		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--no-migrate] [--require-sync-standby] [--db-max-conns N]\n"+
 		"    [--fence-log-max-age D] [--fence-log-max-entries N]\n"+
 		"    [--metrics-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults]")
 	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
@@ -45,6 +45,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	handlerTimeout := f.Duration("handler-timeout", 60*time.Second, "bound on one handler call (a batch); a job that keeps timing out is dead-lettered")
 	injectFaults := f.Bool("inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout")
 	noMigrate := f.Bool("no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
+	dbMaxConns := f.Int("db-max-conns", 32, "the most database connections this worker opens: one per partition whose batch runs, plus a few")
 	requireSync := f.Bool("require-sync-standby", false, "refuse to start unless the database acknowledges commits only once a synchronous standby has them (see docs/fencing.md, \"Running on highly available Postgres\")")
 	name := f.String("name", defaultWorkerName(), "this replica's name, recorded with what it writes")
 	hold := f.String("hold-once", "", "demos and tests: the `point` (before-claim, before-batch or before-commit; before-claim:P for partition P only) at which to log \"holding\" once and wait for SIGCONT")
@@ -67,6 +68,9 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	}
 	if *protocol != string(consumer.Classic) && *protocol != string(consumer.NextGen) {
 		return usagef("--protocol %q is not classic or consumer", *protocol)
+	}
+	if *dbMaxConns < 2 || *dbMaxConns > 10000 {
+		return usagef("--db-max-conns %d is not between 2 and 10000", *dbMaxConns)
 	}
 	if *batchMax < 1 || *batchMax > maxBatch {
 		return usagef("--batch-max must be from 1 to %d", maxBatch)
@@ -101,7 +105,10 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	defer func() { _ = log.Sync() }()
 	log = log.With(zap.String("worker", *name))
 
-	pool, err := openDB(ctx, *dbURL)
+	// Every lane holds a connection while its batch runs: size the pool
+	// for the partitions a worker may hold, and open a few up front (a
+	// lazy pool adds tens of milliseconds at start and after a hand-off).
+	pool, err := openDB(ctx, *dbURL, poolSize{max: int32(*dbMaxConns), min: int32(min(*dbMaxConns, 4))})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,8 @@
 // Package pgproxy is a TCP proxy for tests that sits between PostgreSQL
 // clients and a server and can break one connection at its COMMIT, so that
-// a test can make a commit's outcome unknown to the client on purpose:
+// a test can make a commit's outcome unknown to the client on purpose (a
+// COMMIT sent by the simple protocol, as pgx's tx.Commit does, or by the
+// extended protocol, as in a pipeline or batch):
 //
 //   - BeforeCommit drops the connection when the client sends COMMIT,
 //     without forwarding it: the transaction does not commit.
@@ -285,6 +287,10 @@ type conn struct {
 	// held is set when a COMMIT was forwarded under AfterCommit: from then
 	// on, nothing goes back to the client.
 	held atomic.Pointer[arm]
+	// commitStmts are the names of the statements the client prepared
+	// with the text COMMIT (extended protocol); only clientToServer reads
+	// and writes it.
+	commitStmts map[string]bool
 }
 
 func (c *conn) close() {
@@ -341,7 +347,7 @@ func (c *conn) clientToServer() {
 			hold.once.Do(func() { close(hold.held) })
 			<-hold.release // the client may give up meanwhile: the message still goes out
 		}
-		if isCommit(msg) {
+		if c.isCommit(msg) {
 			if a := c.p.takeArm(c); a != nil {
 				if a.cut == BeforeCommit {
 					c.cutDone(a, Report{Cut: BeforeCommit})
@@ -426,20 +432,39 @@ func readMessage(r *bufio.Reader, typed bool) ([]byte, error) {
 	return msg, nil
 }
 
-// isCommit reports whether msg is a Query message ('Q') whose text is
-// COMMIT, in any case, with optional surrounding blanks and semicolon.
-func isCommit(msg []byte) bool {
-	if msg[0] != 'Q' {
-		return false
+// isCommit reports whether msg runs a COMMIT: a Query message ('Q') whose
+// text is COMMIT (in any case, with optional blanks and semicolon), or a
+// Bind ('B') of a statement the client prepared (Parse, 'P') with that
+// text.
+func (c *conn) isCommit(msg []byte) bool {
+	switch msg[0] {
+	case 'Q':
+		return isCommitText(strings.TrimRight(string(msg[5:]), "\x00"))
+	case 'P': // Parse: statement name, query, ...
+		name, rest, _ := strings.Cut(string(msg[5:]), "\x00")
+		query, _, _ := strings.Cut(rest, "\x00")
+		if c.commitStmts == nil {
+			c.commitStmts = map[string]bool{}
+		}
+		c.commitStmts[name] = isCommitText(query)
+	case 'B': // Bind: portal name, statement name, ...
+		_, rest, _ := strings.Cut(string(msg[5:]), "\x00")
+		stmt, _, _ := strings.Cut(rest, "\x00")
+		return c.commitStmts[stmt]
 	}
-	text := strings.TrimRight(string(msg[5:]), "\x00")
+	return false
+}
+
+func isCommitText(text string) bool {
 	text = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(text), ";"))
 	return strings.EqualFold(text, "commit")
 }
 
-// commandTag finds the answer in the server's messages: the first
-// CommandComplete's tag, or "error" for an ErrorResponse. ok is false while
-// the buffer holds no complete answer yet.
+// commandTag finds the answer to the COMMIT in the server's messages: the
+// CommandComplete of COMMIT (or ROLLBACK, for a transaction that had
+// failed), or "error" for an ErrorResponse. Other statements' results that
+// come first (a pipeline's) are skipped. ok is false while the buffer holds
+// no complete answer yet.
 func commandTag(b []byte) (tag string, ok bool) {
 	for len(b) >= 5 {
 		n := int(binary.BigEndian.Uint32(b[1:5]))
@@ -449,11 +474,13 @@ func commandTag(b []byte) (tag string, ok bool) {
 		body := b[5 : 1+n]
 		switch b[0] {
 		case 'C':
-			return strings.TrimRight(string(body), "\x00"), true
+			if t := strings.TrimRight(string(body), "\x00"); t == "COMMIT" || t == "ROLLBACK" {
+				return t, true
+			}
 		case 'E':
 			return "error", true
 		}
-		b = b[1+n:] // a notice or parameter status: skip it
+		b = b[1+n:] // another statement's result, a notice, a parameter status: skip it
 	}
 	return "", false
 }

@@ -1,0 +1,1 @@
+DROP FUNCTION {{schema}}.fence_check(bigint, boolean);

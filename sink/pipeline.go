@@ -1,0 +1,106 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrTxEnded is returned by CommitBatch when the transaction was no longer
+// the batch's when the fence ran: something ended it before (a handler that
+// ran COMMIT or ROLLBACK itself). Nothing was fenced or committed by the
+// fence statement.
+var ErrTxEnded = errors.New("the batch's transaction was ended before the fence")
+
+// Session identifies a batch transaction's database session for Resolve:
+// the backend's PID, and the application_name the transaction set
+// (ApplicationName). While a session with both is there, the transaction
+// is not over.
+type Session struct {
+	PID     uint32
+	AppName string
+}
+
+// CommitBatch sends the fence statement and COMMIT together, in one round
+// trip, and reports whether tx committed. marker is the value the batch's
+// BEGIN set as tenure.tx: a transaction without it was ended by its handler
+// (ErrTxEnded).
+//
+// The fence statement fails when it does not pass (fence_check, migration
+// 009), so the COMMIT behind it finds the transaction aborted and commits
+// nothing. A nil error means committed. A *FencedError (matching ErrFenced)
+// or ErrTxEnded means nothing was committed; the caller rolls tx back. A
+// *pgconn.PgError means the server refused and nothing was committed.
+// Anything else (the connection broke, the context ended) leaves the outcome
+// unknown: find it out with Resolve.
+func (s *Store) CommitBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, marker string) error {
+	if req.To <= req.From {
+		return fmt.Errorf("sink: commit of %s must advance: from %d to %d", req.Partition, req.From, req.To)
+	}
+	p := req.Partition
+	b := &pgx.Batch{}
+	b.Queue(s.pipelinedSQL, p.Group, p.Topic, p.Partition,
+		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID, marker)
+	b.Queue("COMMIT")
+	br := tx.SendBatch(ctx, b)
+	var n int64
+	ferr := br.QueryRow().Scan(&n)
+	_, cerr := br.Exec()
+	closeErr := br.Close()
+	var pgErr *pgconn.PgError
+	switch {
+	case ferr == nil && cerr == nil && closeErr == nil:
+		return nil
+	case errors.As(ferr, &pgErr) && pgErr.Code == "TF002":
+		return ErrTxEnded
+	case errors.As(ferr, &pgErr) && (pgErr.Code == "TF001" || pgErr.Code == "40001"):
+		// Report what won, read on another connection (bounded by fenced).
+		return withClaim(s.fenced(context.WithoutCancel(ctx), "commit", p, req.Token, req.Owner, req.From), req.ClaimID)
+	case ferr != nil:
+		return fmt.Errorf("commit of %s: %w", p, ferr)
+	case cerr != nil:
+		return fmt.Errorf("commit of %s: %w", p, cerr)
+	}
+	return fmt.Errorf("commit of %s: %w", p, closeErr)
+}
+
+// ResolveSession is Resolve for a transaction known by its session rather
+// than its id (CommitBatch does not learn the id before COMMIT): it waits
+// while a session with that PID and application_name is still in the
+// transaction (ending it if it sits idle in it: its COMMIT never came),
+// then answers from the fence log and the row, exactly as Resolve does.
+func (s *Store) ResolveSession(ctx context.Context, req CommitRequest, sess Session) (Outcome, error) {
+	if err := s.awaitSession(ctx, sess); err != nil {
+		return 0, err
+	}
+	return s.Resolve(ctx, req, 0)
+}
+
+func (s *Store) awaitSession(ctx context.Context, sess Session) error {
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		var state *string
+		err := s.pool.QueryRow(ctx, `SELECT state FROM pg_stat_activity WHERE pid = $1 AND application_name = $2`,
+			int32(sess.PID), sess.AppName).Scan(&state)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil // gone, or its transaction is over (SET LOCAL ended with it)
+		case err != nil:
+			return err
+		}
+		if state != nil && (*state == "idle in transaction" || *state == "idle in transaction (aborted)") {
+			_, _ = s.pool.Exec(ctx, `SELECT pg_terminate_backend($1) FROM pg_stat_activity
+				WHERE pid = $1 AND application_name = $2 AND state LIKE 'idle in transaction%'`, int32(sess.PID), sess.AppName)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("the transaction of session %d is still in progress: %w", sess.PID, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
