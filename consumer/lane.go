@@ -83,12 +83,12 @@ type lane struct {
 	mu         sync.Mutex
 	queue      []*kgo.Record
 	queueBytes int64 // the buffered records' size (recordSize)
-	paused  bool // fetching of the partition is paused (backpressure or ended)
+	paused     bool  // fetching of the partition is paused (backpressure or ended)
 	// pausedForWorker: paused because the worker's buffers as a whole were
 	// full (Config.WorkerBufferBytes); resumed by Consumer.resumeDrained.
 	pausedForWorker bool
-	ended   bool // the lane no longer accepts records
-	removed bool // the lane left the consumer's map: it must not touch the partition's fetch state
+	ended           bool // the lane no longer accepts records
+	removed         bool // the lane left the consumer's map: it must not touch the partition's fetch state
 
 	wake     chan struct{} // cap 1: records arrived
 	quit     chan struct{} // soft stop: finish the current batch, start no other
