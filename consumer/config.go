@@ -165,6 +165,12 @@ type Config struct {
 	KgoOpts []kgo.Opt
 	// Hooks observe a batch's life; nil hooks are skipped.
 	Hooks Hooks
+
+	// UnsafeNoFence commits batches without the fence statement: no token
+	// check, no offset compare-and-set, nothing in Postgres tells a stale
+	// owner apart. It exists so that `tenure bench` can show what the fence
+	// itself costs; the guarantee is gone with it. Never set it elsewhere.
+	UnsafeNoFence bool
 }
 
 // Hooks are called on a partition's lane. They exist for instrumentation,

@@ -46,6 +46,7 @@ type command struct {
 	name    string
 	summary string
 	run     func(ctx context.Context, env *env, args []string) error
+	hidden  bool // internal (a process another command starts): not listed
 }
 
 // env is what a command talks to: its streams and environment, so that tests
@@ -181,7 +182,9 @@ func printUsage(w io.Writer) {
 	fmt.Fprintln(w, "usage: tenure <command> [flags]")
 	fmt.Fprintln(w)
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+		if !c.hidden {
+			fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+		}
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Flags also read TENURE_* environment variables (flags win). 'tenure <command> --help' for a command's flags.")

@@ -27,7 +27,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		"    [--schema S] [--name NAME] [--protocol classic|consumer] [--session-timeout D] [--rebalance-timeout D]\n"+
 		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--no-migrate] [--require-sync-standby] [--db-max-conns N]\n"+
 		"    [--fence-log-max-age D] [--fence-log-max-entries N]\n"+
-		"    [--metrics-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults]")
+		"    [--metrics-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults] [--unsafe-no-fence]")
 	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
 	group := f.String("group", "", "consumer group shared by the replicas")
 	topic := f.String("topic", "", "topics to consume, comma separated")
@@ -46,6 +46,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	injectFaults := f.Bool("inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout")
 	noMigrate := f.Bool("no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
 	dbMaxConns := f.Int("db-max-conns", 32, "the most database connections this worker opens: one per partition whose batch runs, plus a few")
+	unsafeNoFence := f.Bool("unsafe-no-fence", false, "benchmarks only (tenure bench): commit batches WITHOUT the fence; the guarantee is gone")
 	requireSync := f.Bool("require-sync-standby", false, "refuse to start unless the database acknowledges commits only once a synchronous standby has them (see docs/fencing.md, \"Running on highly available Postgres\")")
 	name := f.String("name", defaultWorkerName(), "this replica's name, recorded with what it writes")
 	hold := f.String("hold-once", "", "demos and tests: the `point` (before-claim, before-batch or before-commit; before-claim:P for partition P only) at which to log \"holding\" once and wait for SIGCONT")
@@ -167,6 +168,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		ClientID:          "tenure-" + *name,
 		Logger:            log,
 		Hooks:             hooks(log),
+		UnsafeNoFence:     *unsafeNoFence,
 	})
 	if err != nil {
 		return err
@@ -175,6 +177,9 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		if err := serveMetrics(ctx, *metricsAddr, c, log); err != nil {
 			return err
 		}
+	}
+	if *unsafeNoFence {
+		log.Warn("--unsafe-no-fence: batches commit WITHOUT the fence; a stale owner's writes land; for benchmarks only")
 	}
 	log.Info("worker starting", zap.Strings("topics", topics), zap.String("group", *group),
 		zap.String("handler", *handler), zap.String("protocol", *protocol), zap.Int("pid", os.Getpid()))

@@ -1,0 +1,683 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tenure-dev/tenure/internal/devbroker"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// tenure bench measures, in one run on the same broker, database and jobs,
+// tenure beside what a user would write instead, so that the figures compare
+// side by side on whatever machine it runs on (ratios, not absolute numbers,
+// are the point on a shared machine). See README, "Throughput".
+func init() {
+	register(command{name: "bench", summary: "throughput side by side: tenure fenced and unfenced, an at-least-once program, a naive one, the COPY ceiling", run: runBench})
+}
+
+type benchResult struct {
+	Name        string  `json:"name"`
+	What        string  `json:"what"`
+	Jobs        int64   `json:"jobs"`
+	JobsPerSec  float64 `json:"jobs_per_sec"`
+	WallSeconds float64 `json:"wall_seconds"`
+	CPUPerMJobs float64 `json:"cpu_seconds_per_million_jobs"`
+	PeakRSSMB   float64 `json:"peak_rss_mb"`
+	Note        string  `json:"note,omitempty"`
+}
+
+type benchReport struct {
+	Machine   map[string]string  `json:"machine"`
+	Settings  map[string]any     `json:"settings"`
+	Results   []benchResult      `json:"results"`
+	Latency   map[string]float64 `json:"latency_ms,omitempty"`
+	Scaling   []benchResult      `json:"scaling,omitempty"`
+	Targets   []benchTarget      `json:"targets"`
+	StartedAt time.Time          `json:"started_at"`
+}
+
+type benchTarget struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Want  string  `json:"want"`
+	Met   bool    `json:"met"`
+}
+
+type bench struct {
+	e          *env
+	brokers    []string
+	dbURL      string
+	pool       *pgxpool.Pool
+	cl         *kgo.Client
+	id         string
+	jobs       int
+	partitions int
+	valueBytes int
+	keys       int
+	schemas    []string
+	topics     []string
+	progress   io.Writer
+}
+
+func runBench(ctx context.Context, e *env, args []string) error {
+	f := newFlagSet(e, "bench", "[--brokers B] [--database-url URL] [--jobs N] [--partitions P] [--value-bytes N] [--keys N] [--naive-jobs N]\n"+
+		"    [--latency-seconds N] [--scaling-jobs N] [--skip-scaling] [--json FILE]")
+	brokers := f.String("brokers", "", "Kafka seed brokers (default: a development broker in this process)")
+	dbURL := f.String("database-url", demoDefaultDatabaseURL, "PostgreSQL URL; bench creates and drops its own schemas")
+	jobs := f.Int("jobs", 1_000_000, "jobs pre-produced for each throughput run")
+	partitions := f.Int("partitions", 12, "partitions of the topics")
+	valueBytes := f.Int("value-bytes", 100, "size of a job's value")
+	keys := f.Int("keys", 10_000, "distinct keys, spread evenly")
+	naiveJobs := f.Int("naive-jobs", 20_000, "jobs the naive program (one INSERT per job) runs, its rate measured on them")
+	latencySeconds := f.Int("latency-seconds", 15, "how long jobs are produced at half of tenure's rate, for the end-to-end latency")
+	scalingJobs := f.Int("scaling-jobs", 200_000, "jobs of each scaling run (1, 2, 3 workers; 1, 12, 48 partitions)")
+	skipScaling := f.Bool("skip-scaling", false, "skip the scaling runs")
+	jsonOut := f.String("json", "", "also write the report as JSON to this file")
+	if err := f.parse(args, 0); err != nil {
+		return err
+	}
+	if *jobs < 1000 || *partitions < 1 || *partitions > 1000 || *valueBytes < 16 || *keys < 1 {
+		return usagef("--jobs must be at least 1000, --partitions from 1 to 1000, --value-bytes at least 16, --keys at least 1")
+	}
+	b := &bench{e: e, dbURL: *dbURL, jobs: *jobs, partitions: *partitions, valueBytes: *valueBytes, keys: *keys, progress: e.stderr}
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	b.id = hex.EncodeToString(rnd[:])
+	if *brokers == "" {
+		c, err := devbroker.Start(devbroker.Config{Listen: "127.0.0.1:0"})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		b.brokers = c.ListenAddrs()
+	} else {
+		b.brokers = splitList(*brokers)
+	}
+	var err error
+	if b.pool, err = openDB(ctx, b.dbURL); err != nil {
+		return err
+	}
+	defer b.pool.Close()
+	if b.cl, err = kafkaClient(b.brokers, kgo.ProducerLinger(5*time.Millisecond), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil))); err != nil {
+		return err
+	}
+	defer b.cl.Close()
+	defer b.cleanup()
+
+	rep := &benchReport{Machine: machineInfo(ctx, b.pool), StartedAt: time.Now().UTC(),
+		Settings: map[string]any{"jobs": b.jobs, "partitions": b.partitions, "value_bytes": b.valueBytes, "keys": b.keys, "naive_jobs": *naiveJobs}}
+
+	topic, err := b.topicWithJobs(ctx, "main", b.partitions, b.jobs)
+	if err != nil {
+		return err
+	}
+	run := func(name, what string, fn func() (benchResult, error)) error {
+		b.say("running %s", name)
+		r, err := fn()
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		r.Name, r.What = name, what
+		rep.Results = append(rep.Results, r)
+		b.say("%s: %.0f jobs/s", name, r.JobsPerSec)
+		return nil
+	}
+	steps := []struct {
+		name, what string
+		fn         func() (benchResult, error)
+	}{
+		{"tenure", "tenure worker, ledger handler, fenced, default settings", func() (benchResult, error) {
+			return b.runWorkers(ctx, "tenure", topic, b.jobs, 1, nil)
+		}},
+		{"tenure-unfenced", "the same without the fence statement (--unsafe-no-fence)", func() (benchResult, error) {
+			return b.runWorkers(ctx, "unfenced", topic, b.jobs, 1, []string{"--unsafe-no-fence"})
+		}},
+		{"at-least-once", "franz-go + pgx: each polled batch by COPY, Kafka offsets committed after it, no fencing", func() (benchResult, error) {
+			return b.runChild(ctx, "alo", topic, b.jobs, "alo")
+		}},
+		{"naive", fmt.Sprintf("one autocommitted INSERT per job (measured on %d jobs)", min(*naiveJobs, b.jobs)), func() (benchResult, error) {
+			return b.runChild(ctx, "naive", topic, min(*naiveJobs, b.jobs), "naive")
+		}},
+		{"copy-ceiling", "the same rows by parallel COPY into the same table, no Kafka", func() (benchResult, error) {
+			return b.runCopy(ctx, "ledger")
+		}},
+		{"copy-plain", "the same rows by parallel COPY into a plain table of the same columns", func() (benchResult, error) {
+			return b.runCopy(ctx, "plain")
+		}},
+	}
+	for _, s := range steps {
+		if err := run(s.name, s.what, s.fn); err != nil {
+			return err
+		}
+	}
+	tenureRate := rep.Results[0].JobsPerSec
+	b.say("measuring end-to-end latency at half of tenure's rate (%.0f jobs/s) for %ds", tenureRate/2, *latencySeconds)
+	if rep.Latency, err = b.latency(ctx, tenureRate/2, time.Duration(*latencySeconds)*time.Second); err != nil {
+		return fmt.Errorf("latency: %w", err)
+	}
+	if !*skipScaling {
+		for _, s := range []struct {
+			name           string
+			workers, parts int
+		}{{"1 worker, 12 partitions", 1, 12}, {"2 workers, 12 partitions", 2, 12}, {"3 workers, 12 partitions", 3, 12},
+			{"1 worker, 1 partition", 1, 1}, {"1 worker, 48 partitions", 1, 48}} {
+			b.say("scaling: %s", s.name)
+			t, err := b.topicWithJobs(ctx, fmt.Sprintf("scale%dw%dp", s.workers, s.parts), s.parts, *scalingJobs)
+			if err != nil {
+				return err
+			}
+			r, err := b.runWorkers(ctx, fmt.Sprintf("scale%dw%dp", s.workers, s.parts), t, *scalingJobs, s.workers, nil)
+			if err != nil {
+				return fmt.Errorf("scaling %s: %w", s.name, err)
+			}
+			r.Name = s.name
+			rep.Scaling = append(rep.Scaling, r)
+		}
+	}
+	rep.Targets = targets(rep)
+	printBench(e.stdout, rep)
+	if *jsonOut != "" {
+		data, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*jsonOut, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *bench) say(format string, args ...any) {
+	fmt.Fprintf(b.progress, "bench: "+format+"\n", args...)
+}
+
+// topicWithJobs creates a topic and produces n jobs to it, keys spread
+// evenly (key i % keys), values of valueBytes bytes.
+func (b *bench) topicWithJobs(ctx context.Context, name string, partitions, n int) (string, error) {
+	topic := "bench-" + b.id + "-" + name
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(b.cl).CreateTopic(cctx, int32(partitions), 1, nil, topic); err != nil {
+		return "", fmt.Errorf("creating topic %s: %w", topic, err)
+	}
+	b.topics = append(b.topics, topic)
+	pad := strings.Repeat("x", max(0, b.valueBytes-24))
+	var failed atomic.Pointer[error]
+	var wg sync.WaitGroup
+	start := time.Now()
+	last := start
+	for i := range n {
+		v := fmt.Sprintf(`{"i":%012d,"p":"%s"}`, i, pad)
+		wg.Add(1)
+		b.cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("key-" + strconv.Itoa(i%b.keys)), Value: []byte(v[:min(len(v), b.valueBytes)])},
+			func(_ *kgo.Record, err error) {
+				if err != nil {
+					failed.CompareAndSwap(nil, &err)
+				}
+				wg.Done()
+			})
+		if time.Since(last) > 2*time.Second {
+			last = time.Now()
+			b.say("produced %d/%d jobs to %s", i, n, topic)
+		}
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		return "", fmt.Errorf("producing to %s: %w", topic, *err)
+	}
+	b.say("produced %d jobs to %s in %s", n, topic, time.Since(start).Round(time.Millisecond))
+	return topic, nil
+}
+
+// schema creates a migrated schema for one run; the plain table too.
+func (b *bench) schema(ctx context.Context, name string) (string, error) {
+	s := "bench_" + b.id + "_" + name
+	if _, err := sink.Migrate(ctx, b.pool, s); err != nil {
+		return "", err
+	}
+	b.schemas = append(b.schemas, s)
+	q := pgx.Identifier{s}.Sanitize()
+	// A plain table of the ledger's columns: no identity, no index, no
+	// generated column (what the ledger's design costs shows beside it).
+	_, err := b.pool.Exec(ctx, `CREATE TABLE `+q+`.plain (topic text, partition integer, job_offset bigint, job_key text,
+		job_key_bytes bytea, incarnation bigint, epoch integer, worker text, committed_at timestamptz DEFAULT clock_timestamp())`)
+	return s, err
+}
+
+// runWorkers runs n tenure worker processes on topic until they have
+// committed jobs jobs.
+func (b *bench) runWorkers(ctx context.Context, name, topic string, jobs, workers int, extra []string) (benchResult, error) {
+	s, err := b.schema(ctx, name)
+	if err != nil {
+		return benchResult{}, err
+	}
+	group := "bench-" + b.id + "-" + name
+	var procs []*benchProc
+	start := time.Now()
+	for i := range workers {
+		args := append([]string{"worker", "--brokers", strings.Join(b.brokers, ","), "--group", group, "--topic", topic,
+			"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error",
+			"--name", fmt.Sprintf("bench-%d", i)}, extra...)
+		p, err := startBenchProc(args...)
+		if err != nil {
+			return benchResult{}, err
+		}
+		procs = append(procs, p)
+	}
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	if err := b.waitRows(ctx, s, "ledger", int64(jobs), procs); err != nil {
+		return benchResult{}, err
+	}
+	return b.result(ctx, s, "ledger", start, procs)
+}
+
+// runChild runs one bench-child program until it has written jobs rows.
+func (b *bench) runChild(ctx context.Context, name, topic string, jobs int, kind string) (benchResult, error) {
+	s, err := b.schema(ctx, name)
+	if err != nil {
+		return benchResult{}, err
+	}
+	start := time.Now()
+	p, err := startBenchProc("bench-child", kind, "--brokers", strings.Join(b.brokers, ","), "--group", "bench-"+b.id+"-"+name,
+		"--topic", topic, "--database-url", b.dbURL, "--schema", s, "--jobs", strconv.Itoa(jobs))
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer p.stop()
+	if err := b.waitRows(ctx, s, "ledger", int64(jobs), []*benchProc{p}); err != nil {
+		return benchResult{}, err
+	}
+	return b.result(ctx, s, "ledger", start, []*benchProc{p})
+}
+
+func (b *bench) runCopy(ctx context.Context, table string) (benchResult, error) {
+	s, err := b.schema(ctx, "copy"+table)
+	if err != nil {
+		return benchResult{}, err
+	}
+	start := time.Now()
+	p, err := startBenchProc("bench-child", "copy", "--database-url", b.dbURL, "--schema", s, "--table", table,
+		"--jobs", strconv.Itoa(b.jobs), "--partitions", strconv.Itoa(b.partitions))
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer p.stop()
+	if err := b.waitRows(ctx, s, table, int64(b.jobs), []*benchProc{p}); err != nil {
+		return benchResult{}, err
+	}
+	return b.result(ctx, s, table, start, []*benchProc{p})
+}
+
+// waitRows waits until table holds want rows, saying how far it is.
+func (b *bench) waitRows(ctx context.Context, schema, table string, want int64, procs []*benchProc) error {
+	q := pgx.Identifier{schema, table}.Sanitize()
+	last := time.Now()
+	for {
+		for _, p := range procs {
+			if p.exited() && want > 0 {
+				var n int64
+				_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+q).Scan(&n)
+				if n >= want {
+					return nil
+				}
+				return fmt.Errorf("the measured process exited after %d of %d jobs: %s", n, want, p.lastOutput())
+			}
+		}
+		var n int64
+		// The table's size from the statistics: cheap, a second late at
+		// most; the exact count is read once it says done.
+		if err := b.pool.QueryRow(ctx, `SELECT coalesce(n_tup_ins, 0) FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`, schema, table).Scan(&n); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if n >= want {
+			if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+q).Scan(&n); err != nil {
+				return err
+			}
+			if n >= want {
+				return nil
+			}
+		}
+		if time.Since(last) > 2*time.Second {
+			last = time.Now()
+			b.say("  %d/%d jobs", n, want)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// result measures a finished run: the rate from the first row's commit to
+// the last (start-up, the same for everyone, left out), the processes' CPU
+// time and peak memory.
+func (b *bench) result(ctx context.Context, schema, table string, start time.Time, procs []*benchProc) (benchResult, error) {
+	var r benchResult
+	var cpu float64
+	for _, p := range procs {
+		c, rss := p.usage()
+		cpu += c
+		r.PeakRSSMB = max(r.PeakRSSMB, rss)
+	}
+	var first, lastAt time.Time
+	q := pgx.Identifier{schema, table}.Sanitize()
+	if err := b.pool.QueryRow(ctx, `SELECT count(*), min(committed_at), max(committed_at) FROM `+q).Scan(&r.Jobs, &first, &lastAt); err != nil {
+		return r, err
+	}
+	span := lastAt.Sub(first).Seconds()
+	if span <= 0 {
+		span = 1e-3
+	}
+	r.JobsPerSec = float64(r.Jobs) / span
+	r.WallSeconds = time.Since(start).Seconds()
+	r.CPUPerMJobs = cpu / float64(r.Jobs) * 1e6
+	return r, nil
+}
+
+// latency runs one tenure worker while jobs are produced at rate jobs/s
+// for d, and returns the end-to-end latency percentiles (produce to the
+// job's row being written in its fenced batch) in milliseconds.
+func (b *bench) latency(ctx context.Context, rate float64, d time.Duration) (map[string]float64, error) {
+	if rate < 1 {
+		rate = 1
+	}
+	topic := "bench-" + b.id + "-latency"
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(b.cl).CreateTopic(cctx, int32(b.partitions), 1, nil, topic); err != nil {
+		return nil, err
+	}
+	b.topics = append(b.topics, topic)
+	s, err := b.schema(ctx, "latency")
+	if err != nil {
+		return nil, err
+	}
+	p, err := startBenchProc("worker", "--brokers", strings.Join(b.brokers, ","), "--group", "bench-"+b.id+"-latency", "--topic", topic,
+		"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error", "--name", "bench-latency")
+	if err != nil {
+		return nil, err
+	}
+	defer p.stop()
+	time.Sleep(3 * time.Second) // joined and claimed
+	type pos struct {
+		p   int32
+		off int64
+	}
+	var mu sync.Mutex
+	sent := map[pos]time.Time{}
+	var wg sync.WaitGroup
+	interval := time.Duration(float64(time.Second) / rate)
+	end := time.Now().Add(d)
+	next := time.Now()
+	i := 0
+	for time.Now().Before(end) {
+		if wait := time.Until(next); wait > 0 {
+			time.Sleep(wait)
+		}
+		next = next.Add(interval)
+		at := time.Now()
+		wg.Add(1)
+		b.cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("key-" + strconv.Itoa(i%b.keys)), Value: []byte(strings.Repeat("x", b.valueBytes))},
+			func(r *kgo.Record, err error) {
+				if err == nil {
+					mu.Lock()
+					sent[pos{r.Partition, r.Offset}] = at
+					mu.Unlock()
+				}
+				wg.Done()
+			})
+		i++
+	}
+	wg.Wait()
+	if err := b.waitRows(ctx, s, "ledger", int64(len(sent)), []*benchProc{p}); err != nil {
+		return nil, err
+	}
+	rows, err := b.pool.Query(ctx, `SELECT partition, job_offset, committed_at FROM `+pgx.Identifier{s, "ledger"}.Sanitize())
+	if err != nil {
+		return nil, err
+	}
+	var lat []float64
+	var pp int32
+	var off int64
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&pp, &off, &at}, func() error {
+		if t, ok := sent[pos{pp, off}]; ok {
+			lat = append(lat, float64(at.Sub(t).Microseconds())/1000)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if len(lat) == 0 {
+		return nil, errors.New("no job was measured")
+	}
+	sort.Float64s(lat)
+	pct := func(q float64) float64 { return lat[min(len(lat)-1, int(q*float64(len(lat))))] }
+	return map[string]float64{"rate_jobs_per_sec": rate, "jobs": float64(len(lat)), "p50": pct(0.50), "p99": pct(0.99), "max": lat[len(lat)-1]}, nil
+}
+
+func targets(rep *benchReport) []benchTarget {
+	by := map[string]benchResult{}
+	for _, r := range rep.Results {
+		by[r.Name] = r
+	}
+	ratio := func(a, b string) float64 {
+		if by[b].JobsPerSec == 0 {
+			return 0
+		}
+		return by[a].JobsPerSec / by[b].JobsPerSec
+	}
+	t := []benchTarget{
+		{Name: "fenced / unfenced", Value: ratio("tenure", "tenure-unfenced"), Want: ">= 0.95"},
+		{Name: "tenure / at-least-once", Value: ratio("tenure", "at-least-once"), Want: ">= 1.0"},
+		{Name: "tenure / naive", Value: ratio("tenure", "naive"), Want: ">= 100"},
+		{Name: "tenure / COPY ceiling (same table)", Value: ratio("tenure", "copy-ceiling"), Want: ">= 0.75"},
+		{Name: "tenure peak RSS (MB)", Value: by["tenure"].PeakRSSMB, Want: "<= 150"},
+	}
+	if p99, ok := rep.Latency["p99"]; ok {
+		t = append(t, benchTarget{Name: "p99 end-to-end latency at half load (ms)", Value: p99, Want: "<= 50"})
+	}
+	for i := range t {
+		want, _ := strconv.ParseFloat(strings.TrimSpace(t[i].Want[2:]), 64)
+		if strings.HasPrefix(t[i].Want, ">=") {
+			t[i].Met = t[i].Value >= want
+		} else {
+			t[i].Met = t[i].Value <= want
+		}
+	}
+	return t
+}
+
+func printBench(w io.Writer, rep *benchReport) {
+	fmt.Fprintf(w, "tenure bench: %v jobs of %v bytes over %v partitions, %v keys; %s, %s cores, %s\n\n",
+		rep.Settings["jobs"], rep.Settings["value_bytes"], rep.Settings["partitions"], rep.Settings["keys"],
+		rep.Machine["cpu"], rep.Machine["cores"], rep.Machine["postgres"])
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tJOBS/S\tCPU S/1M JOBS\tPEAK RSS MB\tWHAT")
+	for _, r := range rep.Results {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.0f\t%s\n", r.Name, r.JobsPerSec, r.CPUPerMJobs, r.PeakRSSMB, r.What)
+	}
+	_ = tw.Flush()
+	if l := rep.Latency; l != nil {
+		fmt.Fprintf(w, "\nend-to-end latency at %.0f jobs/s (half of tenure's rate), %v jobs: p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+			l["rate_jobs_per_sec"], l["jobs"], l["p50"], l["p99"], l["max"])
+	}
+	if len(rep.Scaling) > 0 {
+		fmt.Fprintln(w, "\nscaling (tenure, ledger):")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  RUN\tJOBS/S\tCPU S/1M JOBS\tPEAK RSS MB (per worker)")
+		for _, r := range rep.Scaling {
+			fmt.Fprintf(tw, "  %s\t%.0f\t%.1f\t%.0f\n", r.Name, r.JobsPerSec, r.CPUPerMJobs, r.PeakRSSMB)
+		}
+		_ = tw.Flush()
+	}
+	fmt.Fprintln(w, "\ntargets:")
+	for _, t := range rep.Targets {
+		mark := "met"
+		if !t.Met {
+			mark = "NOT met"
+		}
+		fmt.Fprintf(w, "  %-42s %8.2f  (want %s) %s\n", t.Name, t.Value, t.Want, mark)
+	}
+}
+
+func machineInfo(ctx context.Context, pool *pgxpool.Pool) map[string]string {
+	m := map[string]string{"cores": strconv.Itoa(runtime.NumCPU()), "go": runtime.Version(), "os": runtime.GOOS + "/" + runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				m["cpu"] = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	var v string
+	if err := pool.QueryRow(ctx, `SHOW server_version`).Scan(&v); err == nil {
+		m["postgres"] = "PostgreSQL " + v
+	}
+	return m
+}
+
+func (b *bench) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, s := range b.schemas {
+		_, _ = b.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{s}.Sanitize()+` CASCADE`)
+	}
+	if len(b.topics) > 0 {
+		_, _ = kadm.NewClient(b.cl).DeleteTopics(ctx, b.topics...)
+	}
+}
+
+// benchProc is a measured process: the running binary with args.
+type benchProc struct {
+	cmd  *exec.Cmd
+	out  *strings.Builder
+	mu   sync.Mutex
+	done chan struct{}
+	cpu  float64 // seconds, read before it is stopped
+	rss  float64 // MB, VmHWM
+}
+
+func startBenchProc(args ...string) (*benchProc, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	p := &benchProc{cmd: exec.Command(exe, args...), out: &strings.Builder{}, done: make(chan struct{})}
+	p.cmd.Stderr = lockedWriter{p}
+	p.cmd.Stdout = io.Discard
+	p.cmd.SysProcAttr = demoSysProcAttr()
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+type lockedWriter struct{ p *benchProc }
+
+func (w lockedWriter) Write(b []byte) (int, error) {
+	w.p.mu.Lock()
+	defer w.p.mu.Unlock()
+	if w.p.out.Len() < 1<<20 {
+		w.p.out.Write(b)
+	}
+	return len(b), nil
+}
+
+func (p *benchProc) lastOutput() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := strings.TrimSpace(p.out.String())
+	if i := strings.LastIndex(s, "\n"); i >= 0 {
+		s = s[i+1:]
+	}
+	return s
+}
+
+func (p *benchProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// usage reads the process's CPU time (user + system) and peak resident
+// memory from /proc while it runs.
+func (p *benchProc) usage() (cpuSeconds, peakMB float64) {
+	if p.exited() {
+		// It ended by itself (the programs that stop at their count):
+		// what wait(2) reported for it.
+		if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+			return cpu.Seconds(), float64(ru.Maxrss) / 1024
+		}
+		return 0, 0
+	}
+	pid := p.cmd.Process.Pid
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 {
+			f := strings.Fields(s[i+2:])
+			if len(f) > 13 {
+				ut, _ := strconv.ParseFloat(f[11], 64)
+				st, _ := strconv.ParseFloat(f[12], 64)
+				cpuSeconds = (ut + st) / 100 // USER_HZ
+			}
+		}
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+				peakMB = kb / 1024
+			}
+		}
+	}
+	return cpuSeconds, peakMB
+}
+
+// stop ends the process we started, by its PID: SIGTERM, then SIGKILL.
+func (p *benchProc) stop() {
+	if p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// The programs `tenure bench` compares tenure with, each run as a process of
+// its own (its CPU time and peak memory are measured): what a user would
+// write instead. They are internal: `tenure bench-child KIND`.
+func init() {
+	register(command{name: "bench-child", hidden: true,
+		summary: "internal: a program tenure bench measures (alo, naive, copy)", run: runBenchChild})
+}
+
+// ledgerColumns are the columns the programs write: the ledger's.
+var ledgerColumns = []string{"topic", "partition", "job_offset", "job_key", "job_key_bytes", "incarnation", "epoch", "worker"}
+
+func runBenchChild(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 {
+		return usagef("a kind is required: alo, naive or copy")
+	}
+	kind := args[0]
+	f := newFlagSet(e, "bench-child "+kind, "--brokers B --group G --topic T --database-url URL --schema S [--table T] [--jobs N] [--partitions P]")
+	brokers := f.String("brokers", "", "Kafka seed brokers")
+	group := f.String("group", "", "consumer group")
+	topic := f.String("topic", "", "topic")
+	dbURL := f.String("database-url", "", "PostgreSQL URL")
+	schema := f.String("schema", "", "schema of the ledger table")
+	table := f.String("table", "ledger", "copy: the table to copy into")
+	jobs := f.Int("jobs", 0, "copy: rows to write; naive: stop after this many")
+	partitions := f.Int("partitions", 12, "copy: parallel writers (one per partition)")
+	if err := f.parse(args[1:], 0); err != nil {
+		return err
+	}
+	pool, err := openDB(ctx, *dbURL, poolSize{max: 32, min: 4})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	switch kind {
+	case "alo", "naive":
+		return benchConsume(ctx, pool, kind, splitList(*brokers), *group, *topic, *schema, *jobs)
+	case "copy":
+		return benchCopy(ctx, pool, *schema, *table, *jobs, *partitions)
+	}
+	return usagef("unknown kind %q: alo, naive or copy", kind)
+}
+
+// benchConsume is the at-least-once program (alo: every polled batch of a
+// partition written by COPY, in parallel across partitions, then the Kafka
+// offsets committed: no fencing, a crash between the two repeats the batch)
+// or the naive one (one autocommitted INSERT per job, then the offsets).
+// It stops after jobs jobs (0: when ctx ends).
+func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers []string, group, topic, schema string, jobs int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
+		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	tbl := pgx.Identifier{schema, "ledger"}
+	insert := `INSERT INTO ` + tbl.Sanitize() + ` (` + strings.Join(ledgerColumns, ", ") + `) VALUES ($1, $2, $3, $4, $5, 0, 0, 'bench')`
+	done := 0
+	for jobs == 0 || done < jobs {
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil || fetches.IsClientClosed() {
+			return nil
+		}
+		var g errgroup.Group
+		var mu sync.Mutex
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			recs := p.Records
+			g.Go(func() error {
+				var n int
+				if kind == "naive" {
+					for _, r := range recs {
+						if _, err := pool.Exec(ctx, insert, r.Topic, r.Partition, r.Offset, string(r.Key), r.Key); err != nil {
+							return err
+						}
+						n++
+						if jobs > 0 && done+n >= jobs {
+							break
+						}
+					}
+				} else {
+					rows := make([][]any, len(recs))
+					for i, r := range recs {
+						rows[i] = []any{r.Topic, r.Partition, r.Offset, string(r.Key), r.Key, int64(0), int32(0), "bench"}
+					}
+					if _, err := pool.CopyFrom(ctx, tbl, ledgerColumns, pgx.CopyFromRows(rows)); err != nil {
+						return err
+					}
+					n = len(recs)
+				}
+				mu.Lock()
+				done += n
+				mu.Unlock()
+				return nil
+			})
+		})
+		if err := g.Wait(); err != nil {
+			cl.AllowRebalance()
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		}
+		// After the rows: a crash before this line repeats the batch.
+		if err := cl.CommitUncommittedOffsets(ctx); err != nil && ctx.Err() == nil {
+			cl.AllowRebalance()
+			return err
+		}
+		cl.AllowRebalance()
+	}
+	return nil
+}
+
+// benchCopy writes jobs rows, the same the ledger gets, by parallel COPY
+// (partitions writers), with no Kafka: the ceiling of what Postgres ingests
+// into the table.
+func benchCopy(ctx context.Context, pool *pgxpool.Pool, schema, table string, jobs, partitions int) error {
+	if err := sink.ValidateSchema(table); err != nil {
+		return fmt.Errorf("table name: %w", err)
+	}
+	tbl := pgx.Identifier{schema, table}
+	per := (jobs + partitions - 1) / partitions
+	const chunk = 10_000
+	var g errgroup.Group
+	for p := range partitions {
+		g.Go(func() error {
+			for off := 0; off < per && p*per+off < jobs; off += chunk {
+				n := min(chunk, per-off, jobs-p*per-off)
+				rows := make([][]any, n)
+				for i := range rows {
+					key := fmt.Sprintf("key-%d", (p*per+off+i)%10_000)
+					rows[i] = []any{"bench", int32(p), int64(off + i), key, []byte(key), int64(0), int32(0), "bench"}
+				}
+				if _, err := pool.CopyFrom(ctx, tbl, ledgerColumns, pgx.CopyFromRows(rows)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
