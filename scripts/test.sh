@@ -4,7 +4,8 @@
 #
 #   1. tools: a C compiler for -race and spin for the model check (installed
 #      with apt-get if missing, as root)
-#   2. PostgreSQL at TENURE_TEST_DATABASE_URL or the local default (scripts/ensure-postgres.sh)
+#   2. PostgreSQL at TENURE_TEST_DATABASE_URL or the local default (scripts/ensure-postgres.sh),
+#      and pg_auto_failover for the failover tests (apt-get, as root, if missing)
 #   3. go vet and a gofmt check
 #   4. the model check of the ownership protocol (scripts/model-check.sh)
 #   5. all tests (integration and the short chaos run included), then -race on
@@ -32,6 +33,26 @@ if ((${#missing[@]})); then
 fi
 
 bash scripts/ensure-postgres.sh
+
+# pg_auto_failover for the failover tests (internal/pgha, integration's
+# TestFailover*): Debian's postgresql-N-auto-failover for the newest
+# PostgreSQL server installed, N derived from /usr/lib/postgresql/N.
+pg_major=$(ls -d /usr/lib/postgresql/*/bin/postgres 2>/dev/null | sed -E 's#^/usr/lib/postgresql/([0-9]+)/.*#\1#' | sort -n | tail -n 1 || true)
+if [[ -z $pg_major ]]; then
+	echo "test: no PostgreSQL server under /usr/lib/postgresql after ensure-postgres.sh" >&2
+	exit 1
+fi
+if ! command -v pg_autoctl >/dev/null || [[ ! -e /usr/lib/postgresql/$pg_major/lib/pgautofailover.so ]]; then
+	if [[ $EUID -ne 0 ]]; then
+		echo "test: needs postgresql-$pg_major-auto-failover (pg_auto_failover, for the failover tests); install it with apt-get or run as root" >&2
+		exit 1
+	fi
+	echo "test: installing postgresql-$pg_major-auto-failover"
+	timeout 600 apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends "postgresql-$pg_major-auto-failover" >/dev/null
+fi
+# Installed: the failover tests must run, not skip.
+export TENURE_TEST_REQUIRE_PGHA=1
 
 echo "== go vet"
 go vet ./...
