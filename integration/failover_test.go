@@ -214,11 +214,16 @@ type failoverRun struct {
 // backlog and a steady 200 jobs/s, lets them commit, optionally freezes
 // replication for a while (the standby falls behind; only sound with an
 // asynchronous standby), kills the primary in the middle of their batches
-// and waits until the formation takes writes again.
-func runFailover(t *testing.T, f *pgha.Formation, freeze time.Duration) *failoverRun {
+// and waits until the formation takes writes again. With a synchronous
+// standby, one worker runs with --require-sync-standby (and so would not
+// start without one); with an asynchronous one, both must warn at start.
+func runFailover(t *testing.T, f *pgha.Formation, sync bool, freeze time.Duration) *failoverRun {
 	t.Helper()
 	e := newFailoverEnv(t, f)
 	common := []string{"--handler", "ledger", "--max-attempts", "1", "--fence-log-max-age", "0", "--fence-log-max-entries", "0"}
+	if sync {
+		common = append(common, "--require-sync-standby")
+	}
 	// One worker commits every job on its own (the most commits in flight
 	// when the primary dies), the other in batches.
 	w1 := e.startWorker("H1", append([]string{"--batch-max", "1"}, common...)...)
@@ -226,6 +231,13 @@ func runFailover(t *testing.T, f *pgha.Formation, freeze time.Duration) *failove
 	r := &failoverRun{e: e, f: f, ws: []*worker{w1, w2}}
 	for _, w := range r.ws {
 		w.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+		warning := w.findLogPrefix("no synchronous standby:")
+		switch {
+		case sync && warning != nil:
+			t.Errorf("%s warned that the formation has no synchronous standby: %v", w.name, warning)
+		case !sync && warning == nil:
+			t.Errorf("%s did not warn, at start, that the formation's standby is asynchronous", w.name)
+		}
 	}
 	waitForMembers(t, e, 2)
 	// A backlog keeps every lane busy: the kill lands in the middle of
@@ -272,6 +284,19 @@ func runFailover(t *testing.T, f *pgha.Formation, freeze time.Duration) *failove
 	}
 	requireWorkersRunning(t, r.ws...)
 	return r
+}
+
+// findLogPrefix is the first line w logged whose message starts with
+// prefix.
+func (w *worker) findLogPrefix(prefix string) map[string]any {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, m := range w.logs {
+		if msg, _ := m["msg"].(string); strings.HasPrefix(msg, prefix) {
+			return m
+		}
+	}
+	return nil
 }
 
 // firstOnNewPrimary is the first fence log entry (claim or commit) whose
@@ -349,7 +374,7 @@ func TestFailoverSynchronous(t *testing.T) {
 	if names, err := f.SyncStandbyNames(ctx); err != nil || names == "" {
 		t.Fatalf("the primary's synchronous_standby_names is %q (%v): the standby is not synchronous", names, err)
 	}
-	r := runFailover(t, f, 0)
+	r := runFailover(t, f, true, 0)
 	e := r.e
 
 	// The workers commit again, on the new primary, by themselves.
@@ -428,7 +453,7 @@ func TestFailoverAsynchronousLosesAcknowledgedCommits(t *testing.T) {
 	if names, err := f.SyncStandbyNames(ctx); err != nil || names != "" {
 		t.Fatalf("the primary's synchronous_standby_names is %q (%v): the standby is not asynchronous", names, err)
 	}
-	r := runFailover(t, f, 3*time.Second)
+	r := runFailover(t, f, false, 3*time.Second)
 	e := r.e
 
 	// What the promoted standby has, right after the failover.
@@ -519,7 +544,7 @@ func TestFailoverAsynchronousLosesAcknowledgedCommits(t *testing.T) {
 	r.prod.stop()
 	end := e.highWatermarks()
 	_, violations := checkLedgerHistory(t, e, end)
-	t.Logf("history checker on the promoted standby (jobs still held or unprocessed count as missing): %d violations", len(violations))
+	t.Logf("history checker on the promoted standby: %d violations (it cannot see the loss: the database is consistent with itself)", len(violations))
 	for _, w := range r.ws {
 		w.stop(30 * time.Second)
 	}
