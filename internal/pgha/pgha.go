@@ -992,7 +992,7 @@ func (f *Formation) waitConnect(ctx context.Context, url string) error {
 	}
 }
 
-// LogTail is the end of each node's pg_autoctl log (n lines).
+// logTails is the end of each node's pg_autoctl log (n lines each).
 func (f *Formation) logTails(n int) string {
 	var b strings.Builder
 	for _, node := range append([]*Node{f.Monitor}, f.Nodes...) {
