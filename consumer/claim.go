@@ -527,7 +527,7 @@ func (c *Consumer) retry(ctx context.Context, what string, log *zap.Logger, fn f
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
 		}
-		d := c.backoff(attempt)
+		d := c.retryDelay(attempt, err)
 		log.Warn(what+" failed, retrying", zap.Error(err), zap.Int("attempt", attempt), zap.Duration("backoff", d))
 		t := time.NewTimer(d)
 		select {
@@ -547,4 +547,20 @@ func (c *Consumer) backoff(attempt int) time.Duration {
 		d *= 2
 	}
 	return min(d, c.cfg.RetryBackoffMax)
+}
+
+// reconnectBackoffMax caps the backoff while the database cannot be reached
+// at all. Asking again costs one connection attempt, and the moment it is
+// back (a failover: a standby promoted after seconds) is when every lane
+// should be at work; a database that answers with errors keeps the longer
+// backoff (RetryBackoffMax), which spares it.
+const reconnectBackoffMax = time.Second
+
+// retryDelay is backoff for a failure with error err.
+func (c *Consumer) retryDelay(attempt int, err error) time.Duration {
+	d := c.backoff(attempt)
+	if databaseAway(err) {
+		d = min(d, reconnectBackoffMax)
+	}
+	return d
 }

@@ -3,6 +3,8 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -196,3 +198,28 @@ func (e *HandlerBugError) Error() string {
 
 // Is makes errors.Is(err, ErrHandlerEndedTx) true.
 func (e *HandlerBugError) Is(target error) bool { return target == ErrHandlerEndedTx }
+
+// databaseAway reports whether err says the database could not be reached or
+// the session went away (rather than the database answering with an
+// error): a refused or failed connection, a broken one, a server shutting
+// down or starting, a standby not yet promoted (read-only).
+func databaseAway(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &ce), errors.As(err, &ne), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return true
+	case errors.As(err, &pgErr):
+		switch c := pgErr.Code; {
+		case len(c) == 5 && c[:2] == "08", // connection exception
+			c == "57P01", c == "57P02", c == "57P03", // shutting down, crash shutdown, cannot connect now
+			c == "25006": // read-only transaction: a standby, or one being promoted
+			return true
+		}
+	}
+	return false
+}

@@ -489,7 +489,7 @@ func (l *lane) recordHold(h sink.Hold) bool {
 		if err == nil {
 			return true
 		}
-		d := l.c.backoff(attempt)
+		d := l.c.retryDelay(attempt, err)
 		l.log.Warn("recording the partition's hold failed, retrying", zap.Duration("backoff", d), zap.Error(err))
 		if !l.sleep(d) {
 			return false
@@ -519,7 +519,7 @@ func (l *lane) awaitOperator(starting bool) bool {
 		wait := holdRecheck
 		switch {
 		case err != nil:
-			wait = l.c.backoff(attempt)
+			wait = l.c.retryDelay(attempt, err)
 			l.log.Warn("reading whether the partition is held failed, retrying", zap.Duration("backoff", wait), zap.Error(err))
 		case !held:
 			if !counted && starting {
@@ -628,7 +628,7 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 		}
 		if class != failJob && class != failPermanent {
 			stalls++
-			d := l.c.backoff(stalls)
+			d := l.c.retryDelay(stalls, err)
 			if sqlState(err) == "55P03" {
 				// A lock wait: lock_timeout already bounded it, and the
 				// lock watch ends an older owner's session; try again at
@@ -657,7 +657,7 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 			// The handler failed while the database is away: not the job's
 			// fault, whatever the error says.
 			stalls++
-			if !l.sleep(l.c.backoff(stalls)) {
+			if !l.sleep(min(l.c.backoff(stalls), reconnectBackoffMax)) {
 				return from, errStopped
 			}
 			continue
@@ -774,7 +774,7 @@ func (l *lane) deadLetter(b *Batch, cause error, attempts int) (int64, error) {
 		case l.stopping():
 			return b.From, fmt.Errorf("%w: %v", errStopped, err)
 		}
-		dl := l.c.backoff(attempt)
+		dl := l.c.retryDelay(attempt, err)
 		l.log.Warn("dead-lettering failed, retrying", zap.String("job", JobID(r)), zap.Duration("backoff", dl), zap.Error(err))
 		if !l.sleep(dl) {
 			return b.From, errStopped

@@ -28,11 +28,7 @@ func init() {
 var ledgerColumns = []string{"topic", "partition", "job_offset", "job_key", "job_key_bytes", "incarnation", "epoch", "worker"}
 
 func runBenchChild(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		return usagef("a kind is required: alo, naive or copy")
-	}
-	kind := args[0]
-	f := newFlagSet(e, "bench-child "+kind, "--brokers B --group G --topic T --database-url URL --schema S [--table T] [--jobs N] [--partitions P]")
+	f := newFlagSet(e, "bench-child", "alo|naive|copy --brokers B --group G --topic T --database-url URL --schema S [--table T] [--jobs N] [--partitions P]")
 	brokers := f.String("brokers", "", "Kafka seed brokers")
 	group := f.String("group", "", "consumer group")
 	topic := f.String("topic", "", "topic")
@@ -41,9 +37,13 @@ func runBenchChild(ctx context.Context, e *env, args []string) error {
 	table := f.String("table", "ledger", "copy: the table to copy into")
 	jobs := f.Int("jobs", 0, "copy: rows to write; naive: stop after this many")
 	partitions := f.Int("partitions", 12, "copy: parallel writers (one per partition)")
-	if err := f.parse(args[1:], 0); err != nil {
+	if err := f.parse(args, 1); err != nil {
 		return err
 	}
+	if len(f.positional) != 1 {
+		return usagef("a kind is required: alo, naive or copy")
+	}
+	kind := f.positional[0]
 	pool, err := openDB(ctx, *dbURL, poolSize{max: 32, min: 4})
 	if err != nil {
 		return err
