@@ -16,6 +16,7 @@ import (
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/jobs"
 	"github.com/tenure-dev/tenure/sink"
+	"github.com/tenure-dev/tenure/sink/export"
 )
 
 func init() {
@@ -26,7 +27,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	f := newFlagSet(e, "worker", "--brokers HOST:PORT[,..] --group G --topic T[,T2] --database-url URL --handler export|ledger|noop\n"+
 		"    [--schema S] [--name NAME] [--protocol classic|consumer] [--session-timeout D] [--rebalance-timeout D]\n"+
 		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--no-migrate] [--require-sync-standby] [--db-max-conns N]\n"+
-		"    [--fence-log-max-age D] [--fence-log-max-entries N]\n"+
+		"    [--fence-log-max-age D] [--fence-log-max-entries N] [--export-store URL [--job-id-header H]]\n"+
 		"    [--metrics-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults] [--unsafe-no-fence]")
 	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
 	group := f.String("group", "", "consumer group shared by the replicas")
@@ -50,6 +51,8 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	requireSync := f.Bool("require-sync-standby", false, "refuse to start unless the database acknowledges commits only once a synchronous standby has them (see docs/fencing.md, \"Running on highly available Postgres\")")
 	name := f.String("name", defaultWorkerName(), "this replica's name, recorded with what it writes")
 	hold := f.String("hold-once", "", "demos and tests: the `point` (before-claim, before-batch or before-commit; before-claim:P for partition P only) at which to log \"holding\" once and wait for SIGCONT")
+	exportStore := f.String("export-store", "", "export handler: publish to this object store (file:///path or s3://bucket/prefix?endpoint=URL&region=R) through staged immutable objects and a fenced pointer, instead of the exports table; see docs/export.md")
+	jobIDHeader := f.String("job-id-header", "", "export handler with --export-store: skip a job whose key and value of this header (a producer-supplied job id) were already processed, recording the skip")
 	metricsAddr := f.String("metrics-addr", "", "serve /metrics (Prometheus text) and /healthz on this address, e.g. 127.0.0.1:9100")
 	logger := logFlags(f)
 	if err := f.parse(args, 0); err != nil {
@@ -88,7 +91,21 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	if err := sink.ValidateSchema(*schema); err != nil {
 		return usageError{msg: err.Error()}
 	}
-	h, err := jobs.New(*handler, *schema, *name)
+	if *exportStore != "" && *handler != "export" {
+		return usagef("--export-store is for --handler export, not %s", *handler)
+	}
+	if *jobIDHeader != "" && *exportStore == "" {
+		return usagef("--job-id-header needs --export-store")
+	}
+	var opts jobs.Options
+	if *exportStore != "" {
+		st, err := export.Open(ctx, *exportStore)
+		if err != nil {
+			return usageError{msg: err.Error()}
+		}
+		opts.ExportStore, opts.JobIDHeader = st, *jobIDHeader
+	}
+	h, err := jobs.NewWith(*handler, *schema, *name, opts)
 	if err != nil {
 		return usageError{msg: err.Error()}
 	}
@@ -182,7 +199,8 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		log.Warn("--unsafe-no-fence: batches commit WITHOUT the fence; a stale owner's writes land; for benchmarks only")
 	}
 	log.Info("worker starting", zap.Strings("topics", topics), zap.String("group", *group),
-		zap.String("handler", *handler), zap.String("protocol", *protocol), zap.Int("pid", os.Getpid()))
+		zap.String("handler", *handler), zap.String("protocol", *protocol), zap.Int("pid", os.Getpid()),
+		zap.String("export_store", exportStoreName(opts.ExportStore)))
 	go func() {
 		<-ctx.Done()
 		if sig := stopSignal(ctx); sig != "" {
@@ -309,4 +327,11 @@ func holdHooks(point string) (func(*zap.Logger) consumer.Hooks, error) {
 		}
 		return h
 	}, nil
+}
+
+func exportStoreName(s export.ObjectStore) string {
+	if s == nil {
+		return ""
+	}
+	return s.String()
 }

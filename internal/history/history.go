@@ -91,6 +91,10 @@ type History struct {
 	DeadLetters []Write
 	// Cuts are the partitions whose fence log was pruned, and where.
 	Cuts []sink.FenceLogCut
+	// Publications and Pointers are the object-store export sink's records
+	// (LoadObjectExports; empty otherwise).
+	Publications []Publication
+	Pointers     []ExportPointer
 }
 
 // CheckLog verifies, per partition: commits cover consecutive offset ranges
@@ -475,5 +479,9 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 // the assignments run it as well.
 func (h *History) Check(produced map[TopicPartition][]int64) []Violation {
 	out := append(CheckLog(h.Log, h.Fences, h.Cuts...), CheckWrites(h.Writes, h.DeadLetters, h.Fences, produced)...)
-	return append(out, CheckWriteTokens(h.Log, h.Writes, h.DeadLetters, h.Cuts...)...)
+	out = append(out, CheckWriteTokens(h.Log, h.Writes, h.DeadLetters, h.Cuts...)...)
+	if len(h.Publications) > 0 || len(h.Pointers) > 0 {
+		out = append(out, CheckPointers(h.Publications, h.Pointers)...)
+	}
+	return out
 }

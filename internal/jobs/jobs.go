@@ -6,6 +6,10 @@
 //     appends a row to export_versions. The write is deliberately naive, a
 //     plain overwrite: the fence in the same transaction is what keeps a
 //     paused, superseded worker from moving a key's export backwards.
+//     With an object store (Options.ExportStore, `--export-store URL`) it is
+//     the seeds' full protocol instead (package sink/export): the job's
+//     exact value bytes are staged under an immutable name, and the key's
+//     pointer moves, only forward, in the fenced transaction.
 //   - ledger: one row per job, with no unique constraint on the job's position,
 //     so a job committed twice would show as two rows. Use it to verify tenure.
 //   - noop: commits progress and nothing else (benchmarks, smoke tests).
@@ -29,6 +33,7 @@ import (
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/sink"
+	"github.com/tenure-dev/tenure/sink/export"
 )
 
 // Names lists the built-in handlers.
@@ -41,12 +46,33 @@ func Names() []string {
 // New returns the built-in handler called name, writing to schema. worker is
 // recorded with every row it writes (a name for this replica).
 func New(name, schema, worker string) (consumer.Handler, error) {
+	return NewWith(name, schema, worker, Options{})
+}
+
+// Options are the settings some built-in handlers take.
+type Options struct {
+	// ExportStore, for the export handler: publish through the object
+	// store sink (sink/export) instead of the exports table.
+	ExportStore export.ObjectStore
+	// JobIDHeader, for the export handler with a store: skip repeats of a
+	// producer-supplied job id (sink/effect.Dedup).
+	JobIDHeader string
+}
+
+// NewWith is New with options.
+func NewWith(name, schema, worker string, o Options) (consumer.Handler, error) {
 	if err := sink.ValidateSchema(schema); err != nil {
 		return nil, err
+	}
+	if o.ExportStore != nil && name != "export" {
+		return nil, fmt.Errorf("an export store is for the export handler, not %q", name)
 	}
 	q := pgx.Identifier{schema}.Sanitize()
 	switch name {
 	case "export":
+		if o.ExportStore != nil {
+			return export.NewHandler(export.Config{Store: o.ExportStore, Schema: schema, Worker: worker, JobIDHeader: o.JobIDHeader})
+		}
 		return &Export{schema: q, worker: worker}, nil
 	case "ledger":
 		return &Ledger{schema: schema, worker: worker}, nil

@@ -1,0 +1,2 @@
+DROP TABLE {{schema}}.export_publications;
+DROP TABLE {{schema}}.export_pointers;
