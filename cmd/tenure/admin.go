@@ -36,7 +36,7 @@ type adminCommand struct {
 }
 
 func adminCommands() []adminCommand {
-	return []adminCommand{
+	return append([]adminCommand{
 		{"topic create", "--brokers HOST:PORT[,..] --topic T --partitions N [--replication-factor R]",
 			"create a topic", runTopicCreate},
 		{"topic describe", "--brokers HOST:PORT[,..] --topic T [--output table|json]",
@@ -67,11 +67,11 @@ func adminCommands() []adminCommand {
 			"re-produce dead letters to their topic (same key, value and headers) and record it", runDLQReplay},
 		{"dlq discard", "ID [ID...] --database-url URL [--schema S] [--actor A]",
 			"mark dead letters as dealt with, without replaying them, and record it", runDLQDiscard},
-	}
+	}, exportCommands()...)
 }
 
 // printAdminUsage lists the admin subcommands whose names start with
-// prefix ("" for all, "topic " or "dlq " for a group).
+// prefix ("" for all, "topic ", "dlq " or "exports " for a group).
 func printAdminUsage(w io.Writer, prefix string) {
 	fmt.Fprintf(w, "usage: tenure admin %s<subcommand> [flags]\n\n", prefix)
 	for _, c := range adminCommands() {
@@ -84,7 +84,7 @@ func printAdminUsage(w io.Writer, prefix string) {
 }
 
 // adminGroups are the first words of two-word subcommands.
-var adminGroups = []string{"topic", "dlq", "group"}
+var adminGroups = []string{"topic", "dlq", "group", "exports"}
 
 func runAdmin(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
