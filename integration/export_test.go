@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/tenure-dev/tenure/internal/history"
+	"github.com/tenure-dev/tenure/sink/effect"
 	"github.com/tenure-dev/tenure/sink/export"
 )
 
@@ -21,6 +24,7 @@ type exportWorld struct {
 	store    export.ObjectStore
 
 	stop    chan struct{}
+	gcStop  chan struct{}
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	obs     []history.Observation
@@ -33,7 +37,7 @@ type exportWorld struct {
 func newExportWorld(t *testing.T, partitions int32) *exportWorld {
 	t.Helper()
 	e := newEnv(t, partitions)
-	w := &exportWorld{env: e, storeURL: "file://" + t.TempDir(), stop: make(chan struct{}), deleted: map[string]string{}}
+	w := &exportWorld{env: e, storeURL: "file://" + t.TempDir(), stop: make(chan struct{}), gcStop: make(chan struct{}), deleted: map[string]string{}}
 	st, err := export.Open(context.Background(), w.storeURL)
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +96,8 @@ func (w *exportWorld) collect() {
 			select {
 			case <-w.stop:
 				return
+			case <-w.gcStop:
+				return
 			case <-time.After(30 * time.Millisecond):
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -108,6 +114,15 @@ func (w *exportWorld) collect() {
 			w.mu.Unlock()
 		}
 	})
+}
+
+// haltGC stops the collector loop (the reader goes on).
+func (w *exportWorld) haltGC() {
+	select {
+	case <-w.gcStop:
+	default:
+		close(w.gcStop)
+	}
 }
 
 func (w *exportWorld) halt() {
@@ -236,8 +251,9 @@ func TestExportPausedWorker(t *testing.T) {
 			waitCommitted(t, w.env, 0, w.highWatermark(0), "B")
 
 			// GC stops deleting A's objects from here on, so that they can be
-			// seen: staged, never published.
-			w.halt()
+			// seen: staged, never published. The reader goes on.
+			w.haltGC()
+			time.Sleep(100 * time.Millisecond)
 			a.resume()
 			a.waitLogAny(30*time.Second, rejected, batchCommitted)
 			if a.findLog(rejected) == nil {
@@ -370,4 +386,97 @@ func TestExportGCUnderLiveWriters(t *testing.T) {
 	a.stop(30 * time.Second)
 	w.check(0, 1, 2, 3)
 
+}
+
+// Job-id deduplication (--job-id-header) across a SIGKILL: worker 1 commits
+// jobs with ids and is killed; repeats of two ids arrive (and a known id
+// under another key, which is not a repeat: ids are per key), with new
+// ones; worker 2 stages that batch and is killed inside its transaction
+// (its ids die with it); worker 3 does the batch again. Exactly the two
+// repeats are skipped, each recorded once, and every other job is
+// published once.
+func TestExportDedupAfterKill(t *testing.T) {
+	t.Parallel()
+	w := newExportWorld(t, 1)
+	produce := func(jobs ...[3]string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		var recs []*kgo.Record
+		for _, j := range jobs {
+			recs = append(recs, &kgo.Record{Topic: w.topic, Key: []byte(j[0]), Value: []byte(j[2]),
+				Headers: []kgo.RecordHeader{{Key: effect.DefaultJobIDHeader, Value: []byte(j[1])}}})
+		}
+		if err := w.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		produce([3]string{keys[i%2], fmt.Sprintf("id-%d", i), fmt.Sprintf(`{"seq":%d}`, i)})
+	}
+	flags := []string{"--job-id-header", effect.DefaultJobIDHeader}
+	w1 := w.worker("W1", flags...)
+	waitCommitted(t, w.env, 0, 10, "")
+	w1.kill()
+
+	produce([3]string{keys[0], "id-2", `{"seq":"repeat of 2"}`}, [3]string{keys[1], "id-5", `{"seq":"repeat of 5"}`},
+		[3]string{keys[1], "id-2", `{"seq":"id-2 under another key"}`}, [3]string{keys[0], "id-10", `{"seq":10}`}, [3]string{keys[1], "id-11", `{"seq":11}`})
+	w2 := w.worker("W2", append(flags, "--hold-once", "before-commit")...)
+	w2.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "before-commit"})
+	w2.kill()
+	w3 := w.worker("W3", flags...)
+	waitCommitted(t, w.env, 0, 15, "")
+	w3.stop(30 * time.Second)
+
+	rec, _ := effect.NewRecorder(nil, w.schema)
+	dups, err := rec.Duplicates(context.Background(), w.pool, w.group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, d := range dups {
+		got = append(got, fmt.Sprintf("%s@%d(first %d)", d.JobID, d.Offset, d.FirstOffset))
+	}
+	if want := "[id-2@10(first 2) id-5@11(first 5)]"; fmt.Sprint(got) != want {
+		t.Errorf("duplicates skipped: %v, want %s", got, want)
+	}
+	w.check(0) // every job once: published, or skipped as a duplicate
+}
+
+// GC racing a paused writer: A stages its batch and is frozen (SIGSTOP)
+// inside its transaction. While A still holds the partition the collector
+// keeps A's objects (A may yet publish them); once B has claimed the
+// partition they can never be published, and the collector deletes them.
+// A, resumed, is fenced; nothing visible is lost.
+func TestExportGCPausedWriter(t *testing.T) {
+	t.Parallel()
+	w := newExportWorld(t, 1)
+	w.produce(jobsFor(keys, 0, 20)...)
+	w.read(keys)
+	a := w.worker("A", "--hold-once", "before-commit")
+	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "before-commit"})
+	aToken := fmt.Sprint(held["token"])
+	b := w.worker("B")
+	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+	waitForMembers(t, w.env, 2)
+	a.pause()
+	staged := w.objectsOf(aToken)
+	if len(staged) == 0 {
+		t.Fatal("A staged nothing before its commit")
+	}
+	w.collect()
+	time.Sleep(300 * time.Millisecond)
+	if left := w.objectsOf(aToken); len(left) != len(staged) {
+		t.Fatalf("GC deleted objects of A, frozen while it still holds the partition: %d of %d left", len(left), len(staged))
+	}
+	b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	waitFor(t, 30*time.Second, "GC to delete A's objects after B's claim", func() bool { return len(w.objectsOf(aToken)) == 0 })
+	waitCommitted(t, w.env, 0, w.highWatermark(0), "B")
+	a.resume()
+	a.waitLogAny(30*time.Second, rejected, batchCommitted, abandoned)
+	if a.findLog(batchCommitted) != nil {
+		t.Errorf("A's batch committed after it lost the partition")
+	}
+	b.stop(30 * time.Second)
+	a.stop(30 * time.Second)
+	w.check(0)
 }

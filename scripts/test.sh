@@ -8,7 +8,10 @@
 #      and pg_auto_failover for the failover tests (apt-get, as root, if missing)
 #   3. go vet and a gofmt check
 #   4. the model check of the ownership protocol (scripts/model-check.sh)
-#   5. all tests (integration and the short chaos run included), then -race on
+#   5. SeaweedFS's `weed` for the S3 export test: built once per machine
+#      (scripts/build-weed.sh, 10-15 minutes the first time, cached in
+#      ~/.cache/tenure) and passed to the tests as TENURE_TEST_WEED
+#   6. all tests (integration and the short chaos run included), then -race on
 #      the core packages
 #
 # Kafka needs nothing: tests start franz-go's kfake on loopback ports, or use
@@ -66,6 +69,14 @@ fi
 
 echo "== model check"
 bash scripts/model-check.sh
+
+echo "== SeaweedFS for the S3 export test"
+if weed=$(bash scripts/build-weed.sh); then
+	export TENURE_TEST_WEED=$weed
+	echo "using $weed"
+else
+	echo "test: could not build SeaweedFS (scripts/build-weed.sh); the S3 export test will fail (TENURE_TEST_S3_SKIP=1 skips it)" >&2
+fi
 
 echo "== go test (every package but the chaos run)"
 go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)
