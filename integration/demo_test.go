@@ -39,7 +39,11 @@ func TestDemo(t *testing.T) {
 		"SIGCONT worker A — it wakes up believing it still owns partition 0",
 		"Postgres rejects A's commit: commit of ",
 		"Ownership in Postgres (fences):",
-		"Exports (one row per key: the visible version):",
+		"Export pointers (one per key: the visible object):",
+		"A's staged objects stay unpublished",
+		"objects staged, none published",
+		"$ tenure admin exports get ",
+		"\"sha256\": ",
 		"verdict: PASS",
 	} {
 		if !strings.Contains(stdout, want) {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/sink"
+	"github.com/tenure-dev/tenure/sink/export"
 )
 
 func init() {
@@ -45,13 +47,18 @@ const (
 	demoTopic = "jobs"
 )
 
-const demoUsage = `[--database-url URL] [--schema S] [--keys K1,K2,..] [--jobs N] [--session-timeout D]
+const demoUsage = `[--database-url URL] [--schema S] [--export-store URL] [--keys K1,K2,..] [--jobs N] [--session-timeout D]
     [--protocol classic|consumer] [--verbose] [--log-format console|json] [--log-level L]
 
 Replays the story tenure exists for, live, with real processes: worker A takes
 a batch of jobs and is frozen (SIGSTOP) before it writes them; the group hands
-its partition to worker B, which writes newer exports; A is resumed (SIGCONT)
-and tries to write its old batch. Postgres must reject it.
+its partition to worker B, which publishes newer exports; A is resumed
+(SIGCONT) and tries to publish its old batch. Postgres must reject it.
+
+The workers export to an object store (--export-store; default a new
+directory under the system's temporary directory, kept afterwards): each
+job's bytes are staged under an immutable name, and the key's pointer moves
+in the fenced transaction. A's objects get staged; they are never published.
 
 It starts a development broker (kfake) in-process, two 'tenure worker'
 processes, and uses PostgreSQL at --database-url (default: the local server,
@@ -67,6 +74,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	// Deliberately not TENURE_SCHEMA: that variable names the workers' real
 	// schema, and this one is dropped.
 	schema := f.FlagSet.String("schema", demoDefaultSchema, "Postgres schema for the demo, dropped and re-created at start (not read from TENURE_SCHEMA)")
+	storeURL := f.FlagSet.String("export-store", "", "object store the workers export to (default: file:// a new directory under the system's temporary directory)")
 	keyList := f.String("keys", "acme,globex,initech,umbrella,hooli", "job keys (customers), comma separated")
 	jobs := f.Int("jobs", 20, "jobs produced at start (worker A takes the first batch of them); half as many again arrive while A is frozen")
 	session := f.Duration("session-timeout", 3*time.Second, "group session timeout: how long a frozen worker keeps its partition")
@@ -105,7 +113,19 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	}
 	defer func() { _ = log.Sync() }()
 
+	if *storeURL == "" {
+		dir, err := os.MkdirTemp("", "tenure-demo-exports-")
+		if err != nil {
+			return err
+		}
+		*storeURL = "file://" + dir
+	}
+	st, err := export.Open(ctx, *storeURL)
+	if err != nil {
+		return usageError{msg: err.Error()}
+	}
 	d := &demo{
+		storeURL: *storeURL, objects: st,
 		e: e, log: log, start: time.Now(), dbURL: *dbURL, schema: *schema, keys: keys, jobs: *jobs,
 		session: *session, protocol: *protocol, topic: demoTopic, group: "tenure-demo-" + demoRandom(),
 	}
@@ -134,10 +154,13 @@ type demo struct {
 	jobs                                  int
 	session                               time.Duration
 
-	pool    *pgxpool.Pool
-	store   *sink.Store
-	brokers []string
-	cl      *kgo.Client
+	pool  *pgxpool.Pool
+	store *sink.Store
+	// storeURL and objects are the object store the workers export to.
+	storeURL string
+	objects  export.ObjectStore
+	brokers  []string
+	cl       *kgo.Client
 
 	keyAt    map[int64]string // offset -> job key, as produced
 	produced int64            // high watermark of what was produced
@@ -187,8 +210,9 @@ func (d *demo) run(ctx context.Context) error {
 	d.printf("tenure demo: a paused worker must not overwrite newer output.\n")
 	d.printf("  broker  kfake (in-process) on %s, topic %q with 1 partition, group %s, %s protocol, session timeout %s\n",
 		strings.Join(d.brokers, ","), d.topic, d.group, d.protocol, d.session)
-	d.printf("  sink    PostgreSQL at %s:%d, schema %s (dropped and re-created for this run)\n\n",
+	d.printf("  sink    PostgreSQL at %s:%d, schema %s (dropped and re-created for this run)\n",
 		cfg.ConnConfig.Host, cfg.ConnConfig.Port, d.schema)
+	d.printf("  store   %s (exports: staged immutable objects, a pointer per key moved in the fenced transaction)\n\n", d.storeURL)
 
 	return d.story(ctx)
 }
@@ -292,14 +316,14 @@ func (d *demo) story(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.say("worker B writes exports for jobs %s in %s (newer output)", demoSpan(bFrom, bTo), demoPlural(bTx, "fenced transaction"))
+	d.say("worker B stages objects for jobs %s and moves the keys' pointers in %s (newer output)", demoSpan(bFrom, bTo), demoPlural(bTx, "fenced transaction"))
 
 	// Wake A: it goes on with the batch it took before it was frozen.
 	since := a.count()
 	if err := a.signal(syscall.SIGCONT); err != nil {
 		return err
 	}
-	d.say("SIGCONT worker A — it wakes up believing it still owns partition 0 and writes its old batch")
+	d.say("SIGCONT worker A — it wakes up believing it still owns partition 0, stages its old batch's objects and tries to publish them")
 	outcome, err := a.waitLog(ctx, demoWait, since, "worker A's old batch to be committed or rejected", demoAnyOf(
 		demoLogMsg("batch rejected*", "fenced", "true"), demoLogMsg("batch committed"), demoLogMsg("batch abandoned*")))
 	if err != nil {
@@ -310,7 +334,10 @@ func (d *demo) story(ctx context.Context) error {
 	case strings.HasPrefix(msg, "batch rejected"):
 		rejected = true
 		d.sayAt(outcome.at, "Postgres rejects A's commit: %s", demoStr(outcome.fields, "error"))
-		d.printf("%s A's transaction rolled back: none of its %s is visible.\n", demoIndent, demoPlural(int(aTo-aFrom), "export write"))
+		d.printf("%s A's transaction rolled back: its %s moved no pointer.\n", demoIndent, demoPlural(int(aTo-aFrom), "publication"))
+		if staged := d.objectsOf(ctx, aToken); len(staged) > 0 {
+			d.printf("%s A's staged objects stay unpublished (garbage for `tenure admin exports gc`): %s, e.g. %s\n", demoIndent, demoPlural(len(staged), "object"), staged[0])
+		}
 		if moves := d.wouldHaveRegressed(ctx, aFrom, aTo); moves != "" {
 			d.printf("%s Had it landed, %s\n", demoIndent, moves)
 		}
@@ -358,27 +385,71 @@ func (d *demo) report(ctx context.Context, rejected bool) error {
 	}
 	_ = tw.Flush()
 
-	fmt.Fprintln(out, "\nExports (one row per key: the visible version):")
-	rows, err := d.pool.Query(ctx, `SELECT job_key, version, job_offset, incarnation, epoch, worker FROM `+
-		pgx.Identifier{d.schema}.Sanitize()+`.exports ORDER BY job_key`)
+	if err := h.LoadObjectExports(ctx, d.pool, d.schema, d.group); err != nil {
+		return d.dbErr(ctx, "reading the export records", err)
+	}
+	fmt.Fprintln(out, "\nExport pointers (one per key: the visible object):")
+	ptrs, err := export.List(ctx, d.pool, d.schema, export.ListFilter{Group: d.group})
 	if err != nil {
-		return d.dbErr(ctx, "reading the exports", err)
+		return d.dbErr(ctx, "reading the export pointers", err)
 	}
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  KEY\tVERSION\tJOB_OFFSET\tTOKEN\tWORKER")
-	var (
-		key, worker string
-		version     int64
-		off         int64
-		tok         sink.Token
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&key, &version, &off, &tok.Incarnation, &tok.Epoch, &worker}, func() error {
-		fmt.Fprintf(tw, "  %s\t%d\t%d\t%s\t%s\n", key, version, off, tok, worker)
-		return nil
-	}); err != nil {
-		return d.dbErr(ctx, "reading the exports", err)
+	fmt.Fprintln(tw, "  KEY\tVERSION\tJOB_OFFSET\tTOKEN\tWORKER\tOBJECT")
+	visible := map[string]bool{}
+	for _, p := range ptrs {
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%s\t%s\t%s\n", p.Key, p.Version, p.Offset, p.Token, p.Worker, p.Object)
+		visible[p.Object] = true
 	}
 	_ = tw.Flush()
+
+	fmt.Fprintf(out, "\nObjects in %s, by the token they were staged under:\n", d.storeURL)
+	byToken := map[string][2]int{} // token -> objects, visible
+	var tokens []string
+	_ = d.objects.List(ctx, func(o export.ObjectInfo) error {
+		n, err := export.ParseName(o.Name)
+		if err != nil {
+			return nil
+		}
+		t := n.Token.String()
+		if _, ok := byToken[t]; !ok {
+			tokens = append(tokens, t)
+		}
+		c := byToken[t]
+		c[0]++
+		if visible[o.Name] {
+			c[1]++
+		}
+		byToken[t] = c
+		return nil
+	})
+	sort.Strings(tokens)
+	for _, t := range tokens {
+		c := byToken[t]
+		who := "?"
+		for _, en := range h.Log {
+			if en.Kind == "claim" && en.Token.String() == t {
+				who = "worker " + d.workerOf(en.Owner)
+			}
+		}
+		switch {
+		case c[1] == 0:
+			fmt.Fprintf(out, "  token %s (%s): %s staged, none published\n", t, who, demoPlural(c[0], "object"))
+		case c[1] == c[0]:
+			fmt.Fprintf(out, "  token %s (%s): %s staged, all visible\n", t, who, demoPlural(c[0], "object"))
+		default:
+			fmt.Fprintf(out, "  token %s (%s): %s staged, %d visible, the rest superseded\n", t, who, demoPlural(c[0], "object"), c[1])
+		}
+	}
+
+	if len(ptrs) > 0 {
+		key := ptrs[0].Key
+		fmt.Fprintf(out, "\n$ tenure admin exports get %s\n", key)
+		fmt.Fprintln(out, d.admin(ctx, "exports", "get", key))
+		fmt.Fprintf(out, "$ tenure admin exports get %s --output json\n", key)
+		fmt.Fprint(out, d.admin(ctx, "exports", "get", key, "--output", "json"))
+		fmt.Fprintln(out, "$ tenure admin exports gc --dry-run --keep 0")
+		fmt.Fprint(out, d.admin(ctx, "exports", "gc", "--export-store", d.storeURL, "--dry-run", "--keep", "0"))
+	}
 
 	offs := make([]int64, d.produced)
 	for i := range offs {
@@ -396,12 +467,12 @@ func (d *demo) report(ctx context.Context, rejected bool) error {
 		problems = append(problems, fmt.Sprintf("partition 0's next offset is %d, but %d jobs were produced", next, d.produced))
 	}
 	if int64(len(h.Writes)) != d.produced {
-		problems = append(problems, fmt.Sprintf("%d jobs were produced but %d export writes were committed", d.produced, len(h.Writes)))
+		problems = append(problems, fmt.Sprintf("%d jobs were produced but %d publications were committed", d.produced, len(h.Writes)))
 	}
 	fmt.Fprintln(out)
 	if len(problems) == 0 {
-		fmt.Fprintf(out, "verdict: PASS — Postgres rejected A's stale batch; jobs %s were each exported exactly once, in offset order, "+
-			"and no key's export ever went backwards (history checked: G1 contiguous offsets, G2/G3 fencing, export versions).\n", demoSpan(0, d.produced))
+		fmt.Fprintf(out, "verdict: PASS — Postgres rejected A's stale batch; jobs %s were each published exactly once, in offset order, "+
+			"and no key's pointer ever moved backwards (history checked: G1 contiguous offsets, G2/G3 fencing, pointer moves).\n", demoSpan(0, d.produced))
 		return nil
 	}
 	fmt.Fprintln(out, "verdict: FAIL")
@@ -485,7 +556,7 @@ func (d *demo) startWorker(name string, extra ...string) (*demoChild, error) {
 	}
 	args := append([]string{"worker",
 		"--brokers", strings.Join(d.brokers, ","), "--group", d.group, "--topic", d.topic,
-		"--schema", d.schema, "--handler", "export", "--name", name,
+		"--schema", d.schema, "--handler", "export", "--export-store", d.storeURL, "--name", name,
 		"--protocol", d.protocol, "--session-timeout", d.session.String(),
 		"--log-format", "json", "--log-level", "debug",
 	}, extra...)
@@ -627,7 +698,7 @@ func (d *demo) wouldHaveRegressed(ctx context.Context, from, to int64) string {
 			last[k] = off
 		}
 	}
-	rows, err := d.pool.Query(ctx, `SELECT job_key, job_offset FROM `+pgx.Identifier{d.schema}.Sanitize()+`.exports`)
+	rows, err := d.pool.Query(ctx, `SELECT export_key, job_offset FROM `+pgx.Identifier{d.schema}.Sanitize()+`.export_pointers`)
 	if err != nil {
 		return ""
 	}
@@ -651,6 +722,37 @@ func (d *demo) wouldHaveRegressed(ctx context.Context, from, to int64) string {
 		moves = append(moves[:3], fmt.Sprintf("and %d more", n-3))
 	}
 	return fmt.Sprintf("%s would have gone backwards: %s.", demoPlural(n, "key's export"), strings.Join(moves, ", "))
+}
+
+// objectsOf lists the objects staged under token (its string form).
+func (d *demo) objectsOf(ctx context.Context, token string) []string {
+	var out []string
+	_ = d.objects.List(ctx, func(o export.ObjectInfo) error {
+		if n, err := export.ParseName(o.Name); err == nil && n.Token.String() == token {
+			out = append(out, o.Name)
+		}
+		return nil
+	})
+	sort.Strings(out)
+	return out
+}
+
+// admin runs `tenure admin ARGS` (this binary) against the demo's schema
+// and returns what it printed.
+func (d *demo) admin(ctx context.Context, args ...string) string {
+	exe, err := os.Executable()
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe, append(append([]string{"admin"}, args...), "--schema", d.schema)...)
+	cmd.Env = append(os.Environ(), "TENURE_DATABASE_URL="+d.dbURL)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("%s(exit: %v)\n", b, err)
+	}
+	return string(b)
 }
 
 // owner renders a member id with the worker it belongs to.
