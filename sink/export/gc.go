@@ -62,10 +62,12 @@ type Deletion struct {
 // ever commit (the claim fenced it: G2/G3), so the object is garbage unless
 // step 2 found a pointer on it (the pointer could have moved to it only
 // before step 1). If the row held t itself, the owner that staged it may
-// still be working: its transaction covers o only if it starts at or below
-// o, and the commit requires the row's next offset to equal that start; so
-// if the next offset was already above o at step 1, that transaction can
-// never commit either. Everything else is kept: a token above the row's
+// still be working on o: but if the row's next offset was already above o
+// at step 1, that owner had committed past o, and a lane runs one attempt
+// of one batch at a time (an attempt whose COMMIT outcome was lost is
+// resolved before the next), so the attempt that staged the object has
+// ended without publishing it; another claimant at the same token cannot
+// commit (claim ids). Everything else is kept: a token above the row's
 // (a claim made after step 1), a row that did not exist at step 1, an
 // offset at or above the next offset (the current owner's work in flight),
 // and names of groups without fencing rows in schema or not made by this
