@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strings"
@@ -9,9 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/internal/history"
+	"github.com/tenure-dev/tenure/internal/weedtest"
 	"github.com/tenure-dev/tenure/sink/effect"
 	"github.com/tenure-dev/tenure/sink/export"
 )
@@ -36,8 +41,14 @@ type exportWorld struct {
 
 func newExportWorld(t *testing.T, partitions int32) *exportWorld {
 	t.Helper()
+	return newExportWorldAt(t, partitions, "file://"+t.TempDir())
+}
+
+// newExportWorldAt is newExportWorld with the store at storeURL.
+func newExportWorldAt(t *testing.T, partitions int32, storeURL string) *exportWorld {
+	t.Helper()
 	e := newEnv(t, partitions)
-	w := &exportWorld{env: e, storeURL: "file://" + t.TempDir(), stop: make(chan struct{}), gcStop: make(chan struct{}), deleted: map[string]string{}}
+	w := &exportWorld{env: e, storeURL: storeURL, stop: make(chan struct{}), gcStop: make(chan struct{}), deleted: map[string]string{}}
 	st, err := export.Open(context.Background(), w.storeURL)
 	if err != nil {
 		t.Fatal(err)
@@ -230,74 +241,114 @@ func TestExportPausedWorker(t *testing.T) {
 			if proto == "consumer" && w.real {
 				t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
 			}
-			w.produce(jobsFor(keys, 0, 20)...)
-			w.read(keys)
-			w.collect()
-
-			a := w.worker("A", "--protocol", proto, "--hold-once", "before-batch")
-			held := a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
-			aToken := fmt.Sprint(held["token"])
-			b := w.worker("B", "--protocol", proto)
-			b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
-			waitForMembers(t, w.env, 2)
-			a.pause()
-
-			claimed := b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
-			if !tokenLess(t, aToken, fmt.Sprint(claimed["token"])) {
-				t.Fatalf("B claimed with token %v, not above A's %v", claimed["token"], aToken)
-			}
-			waitCommitted(t, w.env, 0, w.highWatermark(0), "B")
-			w.produce(jobsFor(keys, 20, 10)...)
-			waitCommitted(t, w.env, 0, w.highWatermark(0), "B")
-
-			// GC stops deleting A's objects from here on, so that they can be
-			// seen: staged, never published. The reader goes on.
-			w.haltGC()
-			time.Sleep(100 * time.Millisecond)
-			a.resume()
-			a.waitLogAny(30*time.Second, rejected, batchCommitted)
-			if a.findLog(rejected) == nil {
-				t.Errorf("A's late batch was not rejected")
-			}
-			staged := w.objectsOf(aToken)
-			if len(staged) == 0 {
-				t.Errorf("A staged no object for its late batch (token %s)", aToken)
-			}
-			b.stop(30 * time.Second)
-			a.stop(30 * time.Second)
-			h := w.check(0)
-			named := map[string]bool{}
-			for _, p := range h.Publications {
-				named[p.Object] = true
-			}
-			for _, o := range staged {
-				if named[o] {
-					t.Errorf("A's object %s was published", o)
-				}
-			}
-			for _, p := range h.Publications {
-				if p.Token.String() == aToken && p.Outcome == "moved" && p.Offset >= int64(held["from"].(float64)) {
-					t.Errorf("a publication of A's late batch: %+v", p)
-				}
-			}
-			t.Logf("A (token %s) staged %d objects for its late batch, none published", aToken, len(staged))
-			// A last collection deletes them, and nothing visible.
-			rep, err := export.GC(context.Background(), w.pool, w.schema, w.store, export.GCOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if left := w.objectsOf(aToken); len(left) > 0 && len(staged) > 0 {
-				for _, o := range left {
-					for _, s := range staged {
-						if o == s {
-							t.Errorf("GC kept A's unpublishable object %s (%+v)", o, rep)
-						}
-					}
-				}
-			}
-			w.check(0)
+			testExportPausedWorker(t, w, proto)
 		})
 	}
+}
+
+// The same story with the workers exporting to a real S3-compatible server
+// (SeaweedFS, started here): objects staged with If-None-Match: *, the
+// pointer in Postgres, gc and a reader running throughout.
+func TestExportPausedWorkerS3(t *testing.T) {
+	// Not parallel: the workers take their S3 credentials from the
+	// environment (t.Setenv).
+	endpoint := weedtest.Start(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", weedtest.Key)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", weedtest.Secret)
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	url := "s3://tenure-it/pause?endpoint=" + endpoint + "&region=us-east-1"
+	st, err := export.Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s3st := st.(*export.S3Store)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	warm := "objects/warmup/x/0/00000000000000000000-0.0-0000000000000000-0000000000000000"
+	for {
+		_, err := s3st.Client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String("tenure-it")})
+		if err == nil || strings.Contains(err.Error(), "BucketAlreadyOwnedByYou") || strings.Contains(err.Error(), "BucketAlreadyExists") {
+			if err = st.Put(ctx, warm, bytes.NewReader([]byte("w")), 1, sha256.Sum256([]byte("w"))); err == nil {
+				_ = st.Delete(ctx, warm)
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the S3 server never accepted a bucket and a put: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	w := newExportWorldAt(t, 1, url)
+	testExportPausedWorker(t, w, "classic")
+}
+
+func testExportPausedWorker(t *testing.T, w *exportWorld, proto string) {
+	w.produce(jobsFor(keys, 0, 20)...)
+	w.read(keys)
+	w.collect()
+
+	a := w.worker("A", "--protocol", proto, "--hold-once", "before-batch")
+	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
+	aToken := fmt.Sprint(held["token"])
+	b := w.worker("B", "--protocol", proto)
+	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+	waitForMembers(t, w.env, 2)
+	a.pause()
+
+	claimed := b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	if !tokenLess(t, aToken, fmt.Sprint(claimed["token"])) {
+		t.Fatalf("B claimed with token %v, not above A's %v", claimed["token"], aToken)
+	}
+	waitCommitted(t, w.env, 0, w.highWatermark(0), "B")
+	w.produce(jobsFor(keys, 20, 10)...)
+	waitCommitted(t, w.env, 0, w.highWatermark(0), "B")
+
+	// GC stops deleting A's objects from here on, so that they can be
+	// seen: staged, never published. The reader goes on.
+	w.haltGC()
+	time.Sleep(100 * time.Millisecond)
+	a.resume()
+	a.waitLogAny(30*time.Second, rejected, batchCommitted)
+	if a.findLog(rejected) == nil {
+		t.Errorf("A's late batch was not rejected")
+	}
+	staged := w.objectsOf(aToken)
+	if len(staged) == 0 {
+		t.Errorf("A staged no object for its late batch (token %s)", aToken)
+	}
+	b.stop(30 * time.Second)
+	a.stop(30 * time.Second)
+	h := w.check(0)
+	named := map[string]bool{}
+	for _, p := range h.Publications {
+		named[p.Object] = true
+	}
+	for _, o := range staged {
+		if named[o] {
+			t.Errorf("A's object %s was published", o)
+		}
+	}
+	for _, p := range h.Publications {
+		if p.Token.String() == aToken && p.Outcome == "moved" && p.Offset >= int64(held["from"].(float64)) {
+			t.Errorf("a publication of A's late batch: %+v", p)
+		}
+	}
+	t.Logf("A (token %s) staged %d objects for its late batch, none published", aToken, len(staged))
+	// A last collection deletes them, and nothing visible.
+	rep, err := export.GC(context.Background(), w.pool, w.schema, w.store, export.GCOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := w.objectsOf(aToken); len(left) > 0 && len(staged) > 0 {
+		for _, o := range left {
+			for _, s := range staged {
+				if o == s {
+					t.Errorf("GC kept A's unpublishable object %s (%+v)", o, rep)
+				}
+			}
+		}
+	}
+	w.check(0)
 }
 
 // G3 on the export sink: B has claimed the partition and not published
