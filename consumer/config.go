@@ -67,9 +67,10 @@ type Config struct {
 	// ahead of its handler (default 4 MiB): fetching the partition pauses
 	// there and resumes below half. WorkerBufferBytes bounds them for all
 	// lanes together (default 64 MiB): past it, partitions that receive
-	// records pause until the lanes have drained half. With kgo's own fetch
-	// buffer (a quarter of WorkerBufferBytes per fetch), memory stays
-	// bounded whatever the backlog.
+	// records pause until the lanes have drained half. Fetches are sized
+	// from them too (a response at most WorkerBufferBytes/16 on the wire, a
+	// partition's share PartitionBufferBytes/32: compressed bytes, decoded
+	// several times larger), so memory stays bounded whatever the backlog.
 	PartitionBufferBytes, WorkerBufferBytes int64
 	// FetchMaxWait is how long the broker may hold a fetch open waiting for
 	// records (default 100ms). A partition resumed while a fetch is open is

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -73,28 +73,26 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 	defer cl.Close()
 	tbl := pgx.Identifier{schema, "ledger"}
 	insert := `INSERT INTO ` + tbl.Sanitize() + ` (` + strings.Join(ledgerColumns, ", ") + `) VALUES ($1, $2, $3, $4, $5, 0, 0, 'bench')`
-	done := 0
-	for jobs == 0 || done < jobs {
+	var done atomic.Int64 // rows written, by all partitions' goroutines
+	for jobs == 0 || done.Load() < int64(jobs) {
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil || fetches.IsClientClosed() {
 			return nil
 		}
 		var g errgroup.Group
-		var mu sync.Mutex
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 			if len(p.Records) == 0 {
 				return
 			}
 			recs := p.Records
 			g.Go(func() error {
-				var n int
 				if kind == "naive" {
 					for _, r := range recs {
 						if _, err := pool.Exec(ctx, insert, r.Topic, r.Partition, r.Offset, string(r.Key), r.Key); err != nil {
 							return err
 						}
-						n++
-						if jobs > 0 && done+n >= jobs {
+						// Stops within a job per partition of the count.
+						if n := done.Add(1); jobs > 0 && n >= int64(jobs) {
 							break
 						}
 					}
@@ -106,11 +104,8 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 					if _, err := pool.CopyFrom(ctx, tbl, ledgerColumns, pgx.CopyFromRows(rows)); err != nil {
 						return err
 					}
-					n = len(recs)
+					done.Add(int64(len(recs)))
 				}
-				mu.Lock()
-				done += n
-				mu.Unlock()
 				return nil
 			})
 		})
