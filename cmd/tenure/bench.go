@@ -49,6 +49,7 @@ type benchResult struct {
 }
 
 type benchReport struct {
+	ID        string             `json:"id"` // in the names of the run's topics, schemas and groups
 	Machine   map[string]string  `json:"machine"`
 	Settings  map[string]any     `json:"settings"`
 	Results   []benchResult      `json:"results"`
@@ -78,6 +79,7 @@ type bench struct {
 	keys       int
 	schemas    []string
 	topics     []string
+	groups     []string
 	progress   io.Writer
 }
 
@@ -126,7 +128,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	defer b.cl.Close()
 	defer b.cleanup()
 
-	rep := &benchReport{Machine: machineInfo(ctx, b.pool), StartedAt: time.Now().UTC(),
+	rep := &benchReport{ID: b.id, Machine: machineInfo(ctx, b.pool), StartedAt: time.Now().UTC(),
 		Settings: map[string]any{"jobs": b.jobs, "partitions": b.partitions, "value_bytes": b.valueBytes, "keys": b.keys, "naive_jobs": *naiveJobs}}
 
 	topic, err := b.topicWithJobs(ctx, "main", b.partitions, b.jobs)
@@ -210,6 +212,13 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
+// group names a run's consumer group, remembered for the clean-up.
+func (b *bench) group(name string) string {
+	g := "bench-" + b.id + "-" + name
+	b.groups = append(b.groups, g)
+	return g
+}
+
 func (b *bench) say(format string, args ...any) {
 	fmt.Fprintf(b.progress, "bench: "+format+"\n", args...)
 }
@@ -274,7 +283,7 @@ func (b *bench) runWorkers(ctx context.Context, name, topic string, jobs, worker
 	if err != nil {
 		return benchResult{}, err
 	}
-	group := "bench-" + b.id + "-" + name
+	group := b.group(name)
 	var procs []*benchProc
 	start := time.Now()
 	for i := range workers {
@@ -305,7 +314,7 @@ func (b *bench) runChild(ctx context.Context, name, topic string, jobs int, kind
 		return benchResult{}, err
 	}
 	start := time.Now()
-	p, err := startBenchProc("bench-child", kind, "--brokers", strings.Join(b.brokers, ","), "--group", "bench-"+b.id+"-"+name,
+	p, err := startBenchProc("bench-child", kind, "--brokers", strings.Join(b.brokers, ","), "--group", b.group(name),
 		"--topic", topic, "--database-url", b.dbURL, "--schema", s, "--jobs", strconv.Itoa(jobs))
 	if err != nil {
 		return benchResult{}, err
@@ -397,7 +406,7 @@ func (b *bench) result(ctx context.Context, schema, table string, start time.Tim
 		span = 1e-3
 	}
 	r.JobsPerSec = float64(r.Jobs) / span
-	r.WallSeconds = time.Since(start).Seconds()
+	r.WallSeconds = lastAt.Sub(start).Seconds() // process start to the last row: start-up included
 	r.CPUPerMJobs = cpu / float64(r.Jobs) * 1e6
 	return r, nil
 }
@@ -420,24 +429,27 @@ func (b *bench) latency(ctx context.Context, rate float64, d time.Duration) (map
 	if err != nil {
 		return nil, err
 	}
-	p, err := startBenchProc("worker", "--brokers", strings.Join(b.brokers, ","), "--group", "bench-"+b.id+"-latency", "--topic", topic,
-		"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error", "--name", "bench-latency")
+	p, err := startBenchProc("worker", "--brokers", strings.Join(b.brokers, ","), "--group", b.group("latency"), "--topic", topic,
+		"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error", "--name", "bench-latency",
+		"--fence-log-max-age", "0", "--fence-log-max-entries", "0") // the latencies are read from the fence log
 	if err != nil {
 		return nil, err
 	}
 	defer p.stop()
 	time.Sleep(3 * time.Second) // joined and claimed
-	type pos struct {
-		p   int32
+	// Each job's produce time by its position; the commit that covers it
+	// is found in the fence log afterwards.
+	type sentAt struct {
 		off int64
+		at  time.Time
 	}
 	var mu sync.Mutex
-	sent := map[pos]time.Time{}
+	sent := map[int32][]sentAt{}
 	var wg sync.WaitGroup
 	interval := time.Duration(float64(time.Second) / rate)
 	end := time.Now().Add(d)
 	next := time.Now()
-	i := 0
+	i, total := 0, 0
 	for time.Now().Before(end) {
 		if wait := time.Until(next); wait > 0 {
 			time.Sleep(wait)
@@ -449,7 +461,8 @@ func (b *bench) latency(ctx context.Context, rate float64, d time.Duration) (map
 			func(r *kgo.Record, err error) {
 				if err == nil {
 					mu.Lock()
-					sent[pos{r.Partition, r.Offset}] = at
+					sent[r.Partition] = append(sent[r.Partition], sentAt{r.Offset, at})
+					total++
 					mu.Unlock()
 				}
 				wg.Done()
@@ -457,24 +470,40 @@ func (b *bench) latency(ctx context.Context, rate float64, d time.Duration) (map
 		i++
 	}
 	wg.Wait()
-	if err := b.waitRows(ctx, s, "ledger", int64(len(sent)), []*benchProc{p}); err != nil {
+	if err := b.waitRows(ctx, s, "ledger", int64(total), []*benchProc{p}); err != nil {
 		return nil, err
 	}
-	rows, err := b.pool.Query(ctx, `SELECT partition, job_offset, committed_at FROM `+pgx.Identifier{s, "ledger"}.Sanitize())
+	// The fence log's commit entry is written by the fence statement,
+	// which travels with COMMIT: its time (clock_timestamp) is the commit's,
+	// to within the COMMIT's own flush.
+	rows, err := b.pool.Query(ctx, `SELECT partition, from_offset, to_offset, at FROM `+pgx.Identifier{s, "fence_log"}.Sanitize()+
+		` WHERE kind = 'commit' AND topic = $1 ORDER BY partition, from_offset`, topic)
 	if err != nil {
 		return nil, err
 	}
-	var lat []float64
+	type commit struct {
+		from, to int64
+		at       time.Time
+	}
+	commits := map[int32][]commit{}
 	var pp int32
-	var off int64
-	var at time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&pp, &off, &at}, func() error {
-		if t, ok := sent[pos{pp, off}]; ok {
-			lat = append(lat, float64(at.Sub(t).Microseconds())/1000)
-		}
+	var c commit
+	if _, err := pgx.ForEachRow(rows, []any{&pp, &c.from, &c.to, &c.at}, func() error {
+		commits[pp] = append(commits[pp], c)
 		return nil
 	}); err != nil {
 		return nil, err
+	}
+	var lat []float64
+	for part, jobs := range sent {
+		cs := commits[part]
+		for _, j := range jobs {
+			k := sort.Search(len(cs), func(k int) bool { return cs[k].to > j.off })
+			if k == len(cs) || cs[k].from > j.off {
+				return nil, fmt.Errorf("no commit in the fence log covers job %d of partition %d", j.off, part)
+			}
+			lat = append(lat, float64(cs[k].at.Sub(j.at).Microseconds())/1000)
+		}
 	}
 	if len(lat) == 0 {
 		return nil, errors.New("no job was measured")
@@ -521,9 +550,9 @@ func printBench(w io.Writer, rep *benchReport) {
 		rep.Settings["jobs"], rep.Settings["value_bytes"], rep.Settings["partitions"], rep.Settings["keys"],
 		rep.Machine["cpu"], rep.Machine["cores"], rep.Machine["postgres"])
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tJOBS/S\tCPU S/1M JOBS\tPEAK RSS MB\tWHAT")
+	fmt.Fprintln(tw, "RUN\tJOBS/S\tWALL S\tCPU S/1M JOBS\tPEAK RSS MB\tWHAT")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.0f\t%s\n", r.Name, r.JobsPerSec, r.CPUPerMJobs, r.PeakRSSMB, r.What)
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.0f\t%s\n", r.Name, r.JobsPerSec, r.WallSeconds, r.CPUPerMJobs, r.PeakRSSMB, r.What)
 	}
 	_ = tw.Flush()
 	if l := rep.Latency; l != nil {
@@ -533,9 +562,9 @@ func printBench(w io.Writer, rep *benchReport) {
 	if len(rep.Scaling) > 0 {
 		fmt.Fprintln(w, "\nscaling (tenure, ledger):")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  RUN\tJOBS/S\tCPU S/1M JOBS\tPEAK RSS MB (per worker)")
+		fmt.Fprintln(tw, "  RUN\tJOBS/S\tWALL S\tCPU S/1M JOBS\tPEAK RSS MB (per worker)")
 		for _, r := range rep.Scaling {
-			fmt.Fprintf(tw, "  %s\t%.0f\t%.1f\t%.0f\n", r.Name, r.JobsPerSec, r.CPUPerMJobs, r.PeakRSSMB)
+			fmt.Fprintf(tw, "  %s\t%.0f\t%.1f\t%.1f\t%.0f\n", r.Name, r.JobsPerSec, r.WallSeconds, r.CPUPerMJobs, r.PeakRSSMB)
 		}
 		_ = tw.Flush()
 	}
@@ -572,8 +601,12 @@ func (b *bench) cleanup() {
 	for _, s := range b.schemas {
 		_, _ = b.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{s}.Sanitize()+` CASCADE`)
 	}
+	adm := kadm.NewClient(b.cl)
+	if len(b.groups) > 0 {
+		_, _ = adm.DeleteGroups(ctx, b.groups...)
+	}
 	if len(b.topics) > 0 {
-		_, _ = kadm.NewClient(b.cl).DeleteTopics(ctx, b.topics...)
+		_, _ = adm.DeleteTopics(ctx, b.topics...)
 	}
 }
 
