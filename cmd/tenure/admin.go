@@ -217,7 +217,7 @@ func kafkaError(what string, brokers []string, err error) error {
 	if errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &ne) {
 		return fmt.Errorf("cannot reach the Kafka brokers %s (%s): %v", strings.Join(brokers, ","), what, err)
 	}
-	return fmt.Errorf("%s failed: %v", what, err)
+	return fmt.Errorf("%s failed: %v%s", what, err, securityHint(err))
 }
 
 // dbError turns a failed read of the fencing tables into one sentence.

@@ -469,7 +469,8 @@ func printDeadLetter(w io.Writer, d sink.DeadLetter, r deadLetterRow) error {
 }
 
 func runDLQReplay(ctx context.Context, e *env, f *flagSet, args []string) error {
-	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
+	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
+	brokers := kafka.brokers
 	db := addDBFlags(f)
 	actor := actorFlag(f)
 	ids, err := parseWithIDs(f, args)
@@ -509,7 +510,7 @@ func runDLQReplay(ctx context.Context, e *env, f *flagSet, args []string) error 
 			topics = append(topics, d.Partition.Topic)
 		}
 	}
-	cl, err := producerClient(brokerList, largest)
+	cl, err := producerClient(kafka, brokerList, largest)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,8 @@ import (
 )
 
 func runAssignments(ctx context.Context, e *env, f *flagSet, args []string) error {
-	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
+	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
+	brokers := kafka.brokers
 	group := f.String("group", "", "consumer group to describe")
 	db := addDBFlags(f)
 	topic := f.String("topic", "", "topics, comma separated (default: those the group's members consume plus those in its fencing rows)")
@@ -40,7 +41,7 @@ func runAssignments(ctx context.Context, e *env, f *flagSet, args []string) erro
 		return err
 	}
 	brokerList, topics := splitList(*brokers), splitList(*topic)
-	cl, err := kafkaClient(brokerList)
+	cl, err := kafka.client(brokerList)
 	if err != nil {
 		return err
 	}

@@ -21,7 +21,8 @@ import (
 func runGroupDelete(ctx context.Context, e *env, f *flagSet, args []string) error {
 	db := addDBFlags(f)
 	group := f.String("group", "", "consumer group to delete")
-	brokers := f.String("brokers", "", "Kafka seed brokers")
+	kafka := addKafkaFlags(f, "Kafka seed brokers")
+	brokers := kafka.brokers
 	actor := actorFlag(f)
 	if err := f.parse(args, 0); err != nil {
 		return err
@@ -41,7 +42,7 @@ func runGroupDelete(ctx context.Context, e *env, f *flagSet, args []string) erro
 		return err
 	}
 	brokerList := splitList(*brokers)
-	cl, err := kafkaClient(brokerList)
+	cl, err := kafka.client(brokerList)
 	if err != nil {
 		return err
 	}

@@ -126,7 +126,8 @@ func runHoldAcknowledge(ctx context.Context, e *env, f *flagSet, args []string) 
 	group := f.String("group", "", "the consumer group")
 	topic := f.String("topic", "", "the topic")
 	part := f.Int("partition", -1, "the partition")
-	brokers := f.String("brokers", "", "Kafka seed brokers: needed for holds about the log (where it now starts and ends)")
+	kafka := addKafkaFlags(f, "Kafka seed brokers: needed for holds about the log (where it now starts and ends)")
+	brokers := kafka.brokers
 	actor := actorFlag(f)
 	if err := f.parse(args, 0); err != nil {
 		return err
@@ -175,7 +176,7 @@ func runHoldAcknowledge(ctx context.Context, e *env, f *flagSet, args []string) 
 		if *brokers == "" {
 			return usagef("--brokers is required to acknowledge a %s hold: where the log now starts and ends decides the offset to go on from", open.Kind)
 		}
-		if logStart, hwm, topicID, err = logOf(ctx, splitList(*brokers), *topic, int32(*part)); err != nil {
+		if logStart, hwm, topicID, err = logOf(ctx, kafka, splitList(*brokers), *topic, int32(*part)); err != nil {
 			return err
 		}
 	}
@@ -196,8 +197,8 @@ func runHoldAcknowledge(ctx context.Context, e *env, f *flagSet, args []string) 
 }
 
 // logOf reads a partition's log start, end and topic id from the brokers.
-func logOf(ctx context.Context, brokers []string, topic string, p int32) (start, end int64, id [16]byte, err error) {
-	cl, err := kafkaClient(brokers)
+func logOf(ctx context.Context, kafka *kafkaFlags, brokers []string, topic string, p int32) (start, end int64, id [16]byte, err error) {
+	cl, err := kafka.client(brokers)
 	if err != nil {
 		return 0, 0, id, err
 	}

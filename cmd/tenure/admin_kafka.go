@@ -15,7 +15,8 @@ import (
 )
 
 func runTopicCreate(ctx context.Context, e *env, f *flagSet, args []string) error {
-	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
+	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
+	brokers := kafka.brokers
 	topic := f.String("topic", "", "topic to create")
 	partitions := f.Count("partitions", 0, "partition count, from 1 to 10000; it bounds the number of workers that can share the work")
 	rf := f.Int("replication-factor", 1, "replicas per partition; -1 means the broker's default (default.replication.factor)")
@@ -35,7 +36,7 @@ func runTopicCreate(ctx context.Context, e *env, f *flagSet, args []string) erro
 		return usagef("--replication-factor must be from 1 to 32767, or -1 for the broker's default")
 	}
 	brokerList := splitList(*brokers)
-	cl, err := kafkaClient(brokerList)
+	cl, err := kafka.client(brokerList)
 	if err != nil {
 		return err
 	}
@@ -89,7 +90,8 @@ type topicPartition struct {
 }
 
 func runTopicDescribe(ctx context.Context, e *env, f *flagSet, args []string) error {
-	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
+	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
+	brokers := kafka.brokers
 	topic := f.String("topic", "", "topic to describe")
 	output := outputFlag(f)
 	if err := f.parse(args, 0); err != nil {
@@ -106,7 +108,7 @@ func runTopicDescribe(ctx context.Context, e *env, f *flagSet, args []string) er
 		return err
 	}
 	brokerList := splitList(*brokers)
-	cl, err := kafkaClient(brokerList)
+	cl, err := kafka.client(brokerList)
 	if err != nil {
 		return err
 	}
@@ -191,7 +193,8 @@ type groupRow struct {
 }
 
 func runGroups(ctx context.Context, e *env, f *flagSet, args []string) error {
-	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
+	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
+	brokers := kafka.brokers
 	output := outputFlag(f)
 	if err := f.parse(args, 0); err != nil {
 		return err
@@ -204,7 +207,7 @@ func runGroups(ctx context.Context, e *env, f *flagSet, args []string) error {
 		return err
 	}
 	brokerList := splitList(*brokers)
-	cl, err := kafkaClient(brokerList)
+	cl, err := kafka.client(brokerList)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,8 @@ const orderingHazard = "ordering hazard: keys now hash to other partitions, so a
 // runAddPartitions grows a topic to --partitions partitions. The groups that
 // consume it notice and hold it until acknowledge-partitions.
 func runAddPartitions(ctx context.Context, e *env, f *flagSet, args []string) error {
-	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
+	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
+	brokers := kafka.brokers
 	topic := f.String("topic", "", "topic to grow")
 	partitions := f.Count("partitions", 0, "the topic's new partition count, in all (more than it has; Kafka cannot remove partitions)")
 	if err := f.parse(args, 0); err != nil {
@@ -36,7 +37,7 @@ func runAddPartitions(ctx context.Context, e *env, f *flagSet, args []string) er
 		return usagef("--partitions is required: the topic's new partition count, from 2 to 10000")
 	}
 	brokerList := splitList(*brokers)
-	cl, err := kafkaClient(brokerList)
+	cl, err := kafka.client(brokerList)
 	if err != nil {
 		return err
 	}
@@ -82,7 +83,8 @@ func runAcknowledgePartitions(ctx context.Context, e *env, f *flagSet, args []st
 	db := addDBFlags(f)
 	group := f.String("group", "", "consumer group whose workers hold the topic")
 	topic := f.String("topic", "", "topic whose partition count changed")
-	brokers := f.String("brokers", "", "Kafka seed brokers: the topic's partition count is read from Kafka")
+	kafka := addKafkaFlags(f, "Kafka seed brokers: the topic's partition count is read from Kafka")
+	brokers := kafka.brokers
 	partitions := f.Count("partitions", 0, "the count you expect; refused unless Kafka has exactly it (default: Kafka's count)")
 	actor := actorFlag(f)
 	if err := f.parse(args, 0); err != nil {
@@ -106,7 +108,7 @@ func runAcknowledgePartitions(ctx context.Context, e *env, f *flagSet, args []st
 		return err
 	}
 	brokerList := splitList(*brokers)
-	cl, err := kafkaClient(brokerList)
+	cl, err := kafka.client(brokerList)
 	if err != nil {
 		return err
 	}

@@ -56,7 +56,7 @@ func (f *flagSet) printUsage(w io.Writer) {
 		}
 		fmt.Fprintln(w, line)
 		if fl.DefValue != "" && fl.DefValue != "0" && fl.DefValue != "false" {
-			usage += " (default " + fl.DefValue + ")"
+			usage += " (default " + f.e.secrets.redact(fl.DefValue) + ")"
 		}
 		fmt.Fprintf(w, "      %s\n", usage)
 	})
@@ -180,6 +180,10 @@ func (f *flagSet) parse(args []string, maxPositional int) error {
 		args = rest[1:]
 	}
 	f.positional = pos
+	// A password in a database URL given as a flag is a secret too.
+	if fl := f.Lookup("database-url"); fl != nil {
+		f.e.secrets.addDatabaseURL(fl.Value.String())
+	}
 	if len(f.envErrs) > 0 {
 		return usageError{msg: strings.Join(f.envErrs, "; ")}
 	}
@@ -231,7 +235,7 @@ func splitList(s string) []string {
 func logFlags(f *flagSet) func() (*zap.Logger, error) {
 	format := f.String("log-format", "json", "log format: json or console")
 	level := f.String("log-level", "info", "log level: debug, info, warn, error")
-	return func() (*zap.Logger, error) { return newLogger(f.e.stderr, *format, *level) }
+	return func() (*zap.Logger, error) { return newLogger(f.e.secrets.writer(f.e.stderr), *format, *level) }
 }
 
 func newLogger(w io.Writer, format, level string) (*zap.Logger, error) {

@@ -37,6 +37,7 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -55,7 +56,15 @@ type env struct {
 	stdin          io.Reader // `produce --input -`
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// secrets are redacted from errors, logs and help (secrets.go); run
+	// sets it up.
+	secrets *secrets
+	// kafkaFailure is a sentence about the brokers refusing the command's
+	// credentials (authWatch), printed instead of the command's own error.
+	kafkaFailure atomic.Pointer[string]
 }
+
+func (e *env) setKafkaFailure(msg string) { e.kafkaFailure.CompareAndSwap(nil, &msg) }
 
 var commands []command
 
@@ -133,6 +142,14 @@ func isHelp(arg string) bool {
 
 func run(ctx context.Context, e *env, args []string) int {
 	sort.Slice(commands, func(i, j int) bool { return commands[i].name < commands[j].name })
+	if e.secrets == nil {
+		e.secrets = &secrets{}
+	}
+	// Passwords that come from the environment; those of flags are added
+	// when the flags are parsed.
+	e.secrets.add(e.getenv(envSASLPassword))
+	e.secrets.add(e.getenv("PGPASSWORD"))
+	e.secrets.addDatabaseURL(e.getenv("TENURE_DATABASE_URL"))
 	if len(args) == 0 {
 		printUsage(e.stderr)
 		return 2
@@ -159,7 +176,7 @@ func run(ctx context.Context, e *env, args []string) int {
 				if ue.cmd != "" {
 					name = ue.cmd
 				}
-				fmt.Fprintf(e.stderr, "tenure %s: %s\n", name, ue.msg)
+				fmt.Fprintf(e.stderr, "tenure %s: %s\n", name, e.secrets.redact(ue.msg))
 				fmt.Fprintf(e.stderr, "run 'tenure %s --help' for usage\n", name)
 				return 2
 			default:
@@ -168,7 +185,11 @@ func run(ctx context.Context, e *env, args []string) int {
 				if errors.As(err, &ce) {
 					name = ce.cmd
 				}
-				fmt.Fprintf(e.stderr, "tenure %s: %s\n", name, sentence(err))
+				msg := sentence(err)
+				if f := e.kafkaFailure.Load(); f != nil {
+					msg = *f
+				}
+				fmt.Fprintf(e.stderr, "tenure %s: %s\n", name, e.secrets.redact(msg))
 				return 1
 			}
 		}

@@ -47,7 +47,8 @@ const maxJobBytesLimit = 64 << 20
 
 func runProduce(ctx context.Context, e *env, args []string) error {
 	f := newFlagSet(e, "produce", "--brokers HOST:PORT[,..] --topic T (--key K --value V | --input FILE|- | --generate N [--key-count K]) [--max-bytes N]")
-	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
+	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
+	brokers := kafka.brokers
 	topic := f.String("topic", "", "topic to produce to; it must exist (tenure admin topic create)")
 	key := f.String("key", "", "the job's key: it decides the partition, so the owner")
 	value := f.String("value", "", "the job's value (with --key); may be empty")
@@ -119,7 +120,7 @@ func runProduce(ctx context.Context, e *env, args []string) error {
 	for _, j := range jobs {
 		largest = max(largest, len(j.key)+len(j.value))
 	}
-	cl, err := producerClient(brokerList, largest)
+	cl, err := producerClient(kafka, brokerList, largest)
 	if err != nil {
 		return err
 	}

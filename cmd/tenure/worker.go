@@ -29,7 +29,8 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--no-migrate] [--require-sync-standby] [--db-max-conns N]\n"+
 		"    [--fence-log-max-age D] [--fence-log-max-entries N] [--export-store URL [--job-id-header H]]\n"+
 		"    [--metrics-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults] [--unsafe-no-fence]")
-	brokers := f.String("brokers", "", "Kafka seed brokers, comma separated")
+	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
+	brokers := kafka.brokers
 	group := f.String("group", "", "consumer group shared by the replicas")
 	topic := f.String("topic", "", "topics to consume, comma separated")
 	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
@@ -122,6 +123,11 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	}
 	defer func() { _ = log.Sync() }()
 	log = log.With(zap.String("worker", *name))
+	// TLS and SASL, checked before anything connects.
+	kafkaOpts, err := kafka.kgoOpts(func(msg string) { log.Warn(msg) })
+	if err != nil {
+		return err
+	}
 
 	// Every lane holds a connection while its batch runs: size the pool
 	// for the partitions a worker may hold, and open a few up front (a
@@ -160,7 +166,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	}
 
 	brokerList, topics := splitList(*brokers), splitList(*topic)
-	cl, err := kafkaClient(brokerList)
+	cl, err := kafka.client(brokerList)
 	if err != nil {
 		return err
 	}
@@ -183,6 +189,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		// 0 on the command line is "no limit"; in Config it is "the default".
 		FenceLogRetention: sink.FenceLogRetention{MaxAge: noLimit(*logAge), MaxEntries: noLimit(*logEntries)},
 		ClientID:          "tenure-" + *name,
+		KgoOpts:           kafkaOpts,
 		Logger:            log,
 		Hooks:             hooks(log),
 		UnsafeNoFence:     *unsafeNoFence,

@@ -38,6 +38,9 @@ type Config struct {
 	// offsets.retention.check.interval.ms, to make empty groups expire
 	// quickly in tests).
 	BrokerConfigs map[string]string
+	// Extra are more kfake options, applied last (tests: SASL users with
+	// kfake.EnableSASL and kfake.User, a TLS listener with kfake.TLS).
+	Extra []kfake.Opt
 }
 
 // Start starts the broker. Close it with Cluster.Close.
@@ -97,6 +100,7 @@ func Start(cfg Config) (*kfake.Cluster, error) {
 	if len(cfg.Topics) > 0 {
 		opts = append(opts, kfake.SeedTopics(int32(cfg.Partitions), cfg.Topics...))
 	}
+	opts = append(opts, cfg.Extra...)
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("starting development broker on %s: %w", cfg.Listen, err)
