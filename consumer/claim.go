@@ -110,7 +110,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 			// The coordinator's side of the history: when this member was
 			// given the partition, and the lane (claim id) that claims it.
 			// internal/history's Assignment reads this line.
-			l.log.Info("claiming partition", zap.Int32("member_epoch", epoch))
+			l.log.Info("claiming partition", zap.Int32("member_epoch", epoch), zap.Int64("start_offset", start))
 			claimed, err := c.claimOne(ctx, cl, l, start, rd)
 			switch {
 			case errors.Is(err, sink.ErrFenced):
@@ -119,7 +119,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 				// partition away; if it does not, the lane finds out by
 				// itself and claims again (lane.recover).
 				c.stats.claimsRejected.Add(1)
-				log.Error("claim rejected: fenced", zap.Error(err), zap.Bool("fenced", true))
+				l.log.Error("claim rejected: fenced", append(rejectedFields(err), zap.Int64("start_offset", start), zap.Error(err), zap.Bool("fenced", true))...)
 				l.next = start
 				parts[p] = kgo.NewOffset().At(start).WithEpoch(-1)
 				l.startRecovering(err)
@@ -251,18 +251,21 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 			l.log = l.baseLog.With(zap.Stringer("token", token))
 			c.stats.claims.Add(1)
 			l.log.Info("partition claimed", zap.Int64("next_offset", claimed.NextOffset))
+			c.afterClaim(l.key, token, claimed.NextOffset, nil)
 			return claimed, nil
 		}
 		var fe *sink.FencedError
 		if !errors.As(err, &fe) {
 			return sink.Claimed{}, err
 		}
+		c.afterClaim(l.key, token, -1, err)
 		// Rejected. Another round finds out why: a newer incarnation (we
 		// register under it), a higher token (the coordinator no longer
 		// confirms us, or the epochs restarted), or a tie.
 		tie = fe.Tie()
 		last = err
-		l.log.Info("claim rejected; registering and confirming again", zap.Error(err), zap.Int("round", n+1))
+		l.log.Info("claim rejected; registering and confirming again", zap.Error(err), zap.Int("round", n+1),
+			zap.Stringer("claim_token", token), zap.Int64("start_offset", start))
 	}
 	return sink.Claimed{}, fmt.Errorf("claiming %s: no accepted claim after %d rounds of registering and confirming; the last rejection: %v",
 		l.key, maxClaimRounds, last)
@@ -298,7 +301,7 @@ func (c *Consumer) bump(ctx context.Context, l *lane, r *round, v int32, tie boo
 		log = l.log.Warn
 	}
 	log(IncarnationMovedOn, zap.String("why", why), zap.Int64("from", r.reg.Incarnation), zap.Int64("to", now),
-		zap.Bool("bumped_here", bumped), zap.String("reason", reason))
+		zap.Int32("epoch", v), zap.Int64("next_offset", l.next), zap.Bool("bumped_here", bumped), zap.String("reason", reason))
 	return nil
 }
 

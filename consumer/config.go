@@ -188,6 +188,11 @@ type Hooks struct {
 	// AfterBatch runs once a batch's fate is known: err is nil when it
 	// committed, matches sink.ErrFenced when it was rejected.
 	AfterBatch func(b *Batch, err error)
+	// AfterClaim runs after each claim statement of partition p with token
+	// t: err is nil when Postgres accepted it (next is then the stored next
+	// offset the partition goes on from), a *sink.FencedError when the
+	// fence rejected it (another round of the claim may follow).
+	AfterClaim func(p sink.Partition, t sink.Token, next int64, err error)
 }
 
 // ErrStaticMembership is returned for a configuration with a group instance

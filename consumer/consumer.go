@@ -556,6 +556,7 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 	}
 	c.mu.Unlock()
 	stopLanes(lanes, c.cfg.ShutdownTimeout)
+	logReleased(lanes, "partition released: worker stopping")
 	deadline := time.Now().Add(leaveTimeout)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
@@ -602,7 +603,9 @@ func (c *Consumer) revoked(_ context.Context, _ *kgo.Client, revoked map[string]
 		return
 	}
 	c.log.Info("partitions revoked", zap.Any("partitions", revoked))
-	stopLanes(c.takeLanes(revoked), c.cfg.RebalanceTimeout/2)
+	lanes := c.takeLanes(revoked)
+	stopLanes(lanes, c.cfg.RebalanceTimeout/2)
+	logReleased(lanes, "partition revoked")
 }
 
 // lost is kgo's OnPartitionsLost: the member was evicted or fenced by the
@@ -613,7 +616,9 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 		return
 	}
 	c.log.Warn("partitions lost", zap.Any("partitions", lost))
-	stopLanes(c.takeLanes(lost), lostGrace)
+	lanes := c.takeLanes(lost)
+	stopLanes(lanes, lostGrace)
+	logReleased(lanes, "partition lost")
 }
 
 func (c *Consumer) takeLanes(m map[string][]int32) []*lane {

@@ -74,7 +74,7 @@ func (l *lane) recover(cause error) bool {
 		}
 		if !stalled || !sameError(err, last) {
 			l.log.Warn("partition stalled: this member holds it but cannot claim it; trying again", zap.Error(err),
-				zap.NamedError("cause", cause), zap.Int("attempt", attempt), zap.Bool("stalled", true))
+				zap.NamedError("cause", cause), zap.Int("attempt", attempt), zap.Int64("next_offset", l.next), zap.Bool("stalled", true))
 			l.recordStall(err)
 			stalled = true
 		}
