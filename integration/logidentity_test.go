@@ -113,7 +113,7 @@ func TestTruncatedLogIsHeldAndCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	w2 := e.startWorker("W2", "--metrics-addr", "127.0.0.1:0")
+	w2 := e.startWorker("W2", "--http-addr", "127.0.0.1:0")
 	held := w2.waitLog(60*time.Second, map[string]any{"hold": "log-truncated", "held": true})
 	if !strings.Contains(held["reason"].(string), "5 jobs (offsets 10 to 14) were deleted") {
 		t.Errorf("the hold does not say which jobs were lost: %v", held["reason"])

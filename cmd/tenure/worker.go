@@ -11,10 +11,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kprom"
 	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/jobs"
+	"github.com/tenure-dev/tenure/metrics"
 	"github.com/tenure-dev/tenure/sink"
 	"github.com/tenure-dev/tenure/sink/export"
 )
@@ -28,7 +32,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		"    [--schema S] [--name NAME] [--protocol classic|consumer] [--session-timeout D] [--rebalance-timeout D]\n"+
 		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--no-migrate] [--require-sync-standby] [--db-max-conns N]\n"+
 		"    [--fence-log-max-age D] [--fence-log-max-entries N] [--export-store URL [--job-id-header H]]\n"+
-		"    [--metrics-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults] [--unsafe-no-fence]")
+		"    [--http-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults] [--unsafe-no-fence] [--metrics-addr ADDR (deprecated)]")
 	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
 	brokers := kafka.brokers
 	group := f.String("group", "", "consumer group shared by the replicas")
@@ -54,7 +58,8 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	hold := f.String("hold-once", "", "demos and tests: the `point` (before-claim, before-batch or before-commit; before-claim:P for partition P only) at which to log \"holding\" once and wait for SIGCONT")
 	exportStore := f.String("export-store", "", "export handler: publish to this object store (file:///path or s3://bucket/prefix?endpoint=URL&region=R) through staged immutable objects and a fenced pointer, instead of the exports table; see docs/export.md")
 	jobIDHeader := f.String("job-id-header", "", "export handler with --export-store: skip a job whose key and value of this header (a producer-supplied job id) were already processed, recording the skip")
-	metricsAddr := f.String("metrics-addr", "", "serve /metrics (Prometheus text) and /healthz on this address, e.g. 127.0.0.1:9100")
+	httpAddr := f.String("http-addr", "", "serve /healthz (alive, not wedged), /readyz (joined the group, database reachable, schema current) and /metrics (Prometheus) on this address, e.g. 0.0.0.0:8080")
+	metricsAddr := f.String("metrics-addr", "", "deprecated name of --http-addr (logged as a warning)")
 	logger := logFlags(f)
 	if err := f.parse(args, 0); err != nil {
 		return err
@@ -92,6 +97,13 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	if err := sink.ValidateSchema(*schema); err != nil {
 		return usageError{msg: err.Error()}
 	}
+	addr := *httpAddr
+	if *metricsAddr != "" {
+		if addr != "" && addr != *metricsAddr {
+			return usagef("--metrics-addr is the deprecated name of --http-addr: give one")
+		}
+		addr = *metricsAddr
+	}
 	if *exportStore != "" && *handler != "export" {
 		return usagef("--export-store is for --handler export, not %s", *handler)
 	}
@@ -123,6 +135,9 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	}
 	defer func() { _ = log.Sync() }()
 	log = log.With(zap.String("worker", *name))
+	if *metricsAddr != "" {
+		log.Warn("--metrics-addr (TENURE_METRICS_ADDR) is deprecated: use --http-addr (TENURE_HTTP_ADDR), which serves /readyz too")
+	}
 	// TLS and SASL, checked before anything connects.
 	kafkaOpts, err := kafka.kgoOpts(func(msg string) { log.Warn(msg) })
 	if err != nil {
@@ -176,7 +191,15 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 
-	c, err := consumer.New(consumer.Config{
+	m := metrics.New(metrics.Options{})
+	reg := prometheus.NewRegistry()
+	if addr != "" {
+		reg.MustRegister(m)
+		// kgo's own metrics: connections and connection errors per broker
+		// (TLS and SASL failures show there), bytes, buffered records.
+		kafkaOpts = append(kafkaOpts, kgo.WithHooks(kprom.NewMetrics("tenure_kafka", kprom.Registry(reg))))
+	}
+	c, err := consumer.New(m.Instrument(consumer.Config{
 		Brokers: brokerList, Group: *group, Topics: topics,
 		Store: store, Handler: h,
 		Protocol:         consumer.Protocol(*protocol),
@@ -193,12 +216,20 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		Logger:            log,
 		Hooks:             hooks(log),
 		UnsafeNoFence:     *unsafeNoFence,
-	})
+	}))
 	if err != nil {
 		return err
 	}
-	if *metricsAddr != "" {
-		if err := serveMetrics(ctx, *metricsAddr, c, log); err != nil {
+	m.Attach(c)
+	if addr != "" {
+		hp, err := healthPool(*dbURL)
+		if err != nil {
+			return err
+		}
+		defer hp.Close()
+		h := &health{c: c, m: m, db: hp, schema: *schema, wedged: wedgedAfter(*handlerTimeout),
+			stopped: func() bool { return ctx.Err() != nil }, log: log}
+		if err := serveHTTP(addr, reg, h); err != nil {
 			return err
 		}
 	}

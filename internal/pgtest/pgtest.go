@@ -125,6 +125,56 @@ func (c *Cluster) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
 }
 
+// WriteFile writes a file into the data directory, readable only by the
+// server's OS user (a TLS key must be), and returns its path.
+func (c *Cluster) WriteFile(name string, data []byte) (string, error) {
+	path := filepath.Join(c.Dir, name)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return "", err
+	}
+	if c.asPG {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return "", err
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(path, uid, gid); err != nil {
+			return "", err
+		}
+	}
+	return path, nil
+}
+
+// AppendConf appends lines to postgresql.conf (or to another file of the
+// data directory, e.g. pg_hba.conf, with AppendFile); they apply at the next
+// Start or Restart.
+func (c *Cluster) AppendConf(lines string) error { return c.AppendFile("postgresql.conf", lines) }
+
+// AppendFile appends lines to a file of the data directory.
+func (c *Cluster) AppendFile(name, lines string) error {
+	f, err := os.OpenFile(filepath.Join(c.Dir, name), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString("\n" + lines + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// PrependFile puts lines at the start of a file of the data directory
+// (pg_hba.conf: the first matching line wins).
+func (c *Cluster) PrependFile(name, lines string) error {
+	path := filepath.Join(c.Dir, name)
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append([]byte(lines+"\n"), old...), 0o600)
+}
+
 // Start starts the server and waits until it accepts connections.
 func (c *Cluster) Start(ctx context.Context) error {
 	if out, err := c.run(ctx, "pg_ctl", "-D", c.Dir, "-l", filepath.Join(c.Dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
