@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 
@@ -15,14 +16,37 @@ func init() {
 }
 
 func runMigrate(ctx context.Context, e *env, args []string) error {
-	f := newFlagSet(e, "migrate", "[up|down|status] --database-url URL [--schema S] [--force]\n\n"+
+	f := newFlagSet(e, "migrate", "[up|down|status] --database-url URL [--schema S] [--force]\n"+
+		"    | --print-roles [--schema S] [--worker-role R] [--admin-role R]\n\n"+
 		"up (the default) applies every pending migration, down reverts the newest one, status lists them;\n"+
 		"down refuses while the schema holds fencing state (workers use it), saying what would be lost, unless --force;\n"+
+		"--print-roles prints the SQL that creates least-privilege roles for the schema (connects nowhere);\n"+
 		"flags may come before or after the action.")
 	dbURL := f.String("database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)")
 	schema := f.String("schema", sink.DefaultSchema, "Postgres schema of tenure's tables")
 	force := f.Bool("force", false, "down: revert even while the schema holds fencing state, losing what the migration drops")
+	printRoles := f.Bool("print-roles", false, "print the SQL that creates a worker role (reads and writes the schema's rows, nothing else) and a read-only admin role; run it as the schema's owner after migrate up")
+	workerRole := f.String("worker-role", "tenure_worker", "--print-roles: the workers' role")
+	adminRole := f.String("admin-role", "tenure_admin", "--print-roles: the read-only role of the admin commands that only read")
 	if err := f.parse(args, 1); err != nil {
+		return err
+	}
+	if *printRoles {
+		if len(f.positional) > 0 {
+			return usagef("--print-roles takes no action (%s)", f.positional[0])
+		}
+		if err := sink.ValidateSchema(*schema); err != nil {
+			return usageError{msg: err.Error()}
+		}
+		for _, r := range []struct{ flag, name string }{{"worker-role", *workerRole}, {"admin-role", *adminRole}} {
+			if err := validRoleName(r.name); err != nil {
+				return usagef("--%s: %v", r.flag, err)
+			}
+		}
+		if *workerRole == *adminRole {
+			return usagef("--worker-role and --admin-role must differ")
+		}
+		_, err := io.WriteString(e.stdout, rolesSQL(*schema, *workerRole, *adminRole))
 		return err
 	}
 	action := "up"

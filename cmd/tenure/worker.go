@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -11,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
@@ -152,11 +154,18 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if *noMigrate {
-		if err := sink.CheckSchema(ctx, pool, *schema); err != nil {
-			return err
+	// A current schema is not migrated: a worker with a least-privilege
+	// role (tenure migrate --print-roles) may not run DDL, not even
+	// CREATE SCHEMA IF NOT EXISTS.
+	if behind := sink.CheckSchema(ctx, pool, *schema); behind == nil || *noMigrate {
+		if behind != nil {
+			return behind
 		}
 	} else if applied, err := sink.Migrate(ctx, pool, *schema); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+			return fmt.Errorf("%v; this worker's database role may not migrate it (%s): run `tenure migrate up --schema %s` as the schema's owner", behind, pgErr.Message, *schema)
+		}
 		return fmt.Errorf("migrating schema %q: %w", *schema, err)
 	} else if len(applied) > 0 {
 		log.Info("migrations applied", zap.Ints("versions", applied), zap.String("schema", *schema))
