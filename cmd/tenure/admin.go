@@ -37,7 +37,7 @@ type adminCommand struct {
 
 func adminCommands() []adminCommand {
 	return append([]adminCommand{
-		{"topic create", "--brokers HOST:PORT[,..] --topic T --partitions N [--replication-factor R]",
+		{"topic create", "--brokers HOST:PORT[,..] --topic T --partitions N [--replication-factor R] [--if-not-exists]",
 			"create a topic", runTopicCreate},
 		{"topic describe", "--brokers HOST:PORT[,..] --topic T [--output table|json]",
 			"a topic's partitions, leaders and high watermarks", runTopicDescribe},

@@ -20,6 +20,7 @@ func runTopicCreate(ctx context.Context, e *env, f *flagSet, args []string) erro
 	topic := f.String("topic", "", "topic to create")
 	partitions := f.Count("partitions", 0, "partition count, from 1 to 10000; it bounds the number of workers that can share the work")
 	rf := f.Int("replication-factor", 1, "replicas per partition; -1 means the broker's default (default.replication.factor)")
+	ifNotExists := f.Bool("if-not-exists", false, "succeed if the topic exists already with --partitions partitions (set-up steps that run more than once)")
 	if err := f.parse(args, 0); err != nil {
 		return err
 	}
@@ -50,6 +51,16 @@ func runTopicCreate(ctx context.Context, e *env, f *flagSet, args []string) erro
 	var ke *kerr.Error
 	switch {
 	case err == nil:
+	case errors.Is(err, kerr.TopicAlreadyExists) && *ifNotExists:
+		counts, err := checkTopics(ctx, cl, brokerList, []string{*topic})
+		if err != nil {
+			return err
+		}
+		if n := counts[*topic]; n != *partitions {
+			return fmt.Errorf("topic %q exists with %s, not %d: see `tenure admin topic add-partitions`", *topic, plural(int(n), "partition"), *partitions)
+		}
+		fmt.Fprintf(e.stdout, "topic %s exists already with %s\n", *topic, plural(int(*partitions), "partition"))
+		return nil
 	case errors.Is(err, kerr.TopicAlreadyExists):
 		return fmt.Errorf("topic %q already exists: see `tenure admin topic describe --brokers %s --topic %s`", *topic, strings.Join(brokerList, ","), *topic)
 	case errors.As(err, &ke):
