@@ -256,6 +256,30 @@ func (k *kafkaFlags) build(warn func(string)) ([]kgo.Opt, error) {
 	return append(opts, kgo.SASL(m)), nil
 }
 
+// args returns the TLS and SASL flags as given, for a command that starts
+// other tenure processes (tenure bench starts workers): they connect the
+// same way. The password is not among them: a child reads the same
+// --sasl-password-file, or inherits TENURE_SASL_PASSWORD.
+func (k *kafkaFlags) args() []string {
+	var out []string
+	for _, f := range []struct {
+		name string
+		v    *string
+	}{{"tls-ca-file", k.tlsCA}, {"tls-cert-file", k.tlsCert}, {"tls-key-file", k.tlsKey}, {"tls-server-name", k.tlsServerName},
+		{"sasl-mechanism", k.saslMechanism}, {"sasl-username", k.saslUsername}, {"sasl-password-file", k.saslPasswordFile}} {
+		if *f.v != "" {
+			out = append(out, "--"+f.name, *f.v)
+		}
+	}
+	if *k.tls {
+		out = append(out, "--tls")
+	}
+	if *k.tlsInsecure {
+		out = append(out, "--tls-insecure-skip-verify")
+	}
+	return out
+}
+
 // fileError words a failed file read without Go's "open " prefix.
 func fileError(err error) string {
 	var pe *fs.PathError
