@@ -80,13 +80,14 @@ type bench struct {
 	schemas    []string
 	topics     []string
 	groups     []string
+	kafkaArgs  []string // TLS and SASL flags, for the processes it starts
 	progress   io.Writer
 }
 
 func runBench(ctx context.Context, e *env, args []string) error {
 	f := newFlagSet(e, "bench", "[--brokers B] [--database-url URL] [--jobs N] [--partitions P] [--value-bytes N] [--keys N] [--naive-jobs N]\n"+
 		"    [--latency-seconds N] [--scaling-jobs N] [--skip-scaling] [--json FILE]")
-	brokers := f.String("brokers", "", "Kafka seed brokers (default: a development broker in this process)")
+	kf := addKafkaFlags(f, "Kafka seed brokers (default: a development broker in this process)")
 	dbURL := f.String("database-url", demoDefaultDatabaseURL, "PostgreSQL URL; bench creates and drops its own schemas")
 	jobs := f.Int("jobs", 1_000_000, "jobs pre-produced for each throughput run")
 	partitions := f.Int("partitions", 12, "partitions of the topics")
@@ -107,7 +108,14 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	b.id = hex.EncodeToString(rnd[:])
-	if *brokers == "" {
+	if _, err := kf.kgoOpts(nil); err != nil {
+		return err
+	}
+	b.kafkaArgs = kf.args()
+	if *kf.brokers == "" && len(b.kafkaArgs) > 0 {
+		return usagef("the TLS and SASL flags need --brokers: the development broker bench starts itself speaks plaintext")
+	}
+	if *kf.brokers == "" {
 		c, err := devbroker.Start(devbroker.Config{Listen: "127.0.0.1:0"})
 		if err != nil {
 			return err
@@ -115,14 +123,14 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		defer c.Close()
 		b.brokers = c.ListenAddrs()
 	} else {
-		b.brokers = splitList(*brokers)
+		b.brokers = splitList(*kf.brokers)
 	}
 	var err error
 	if b.pool, err = openDB(ctx, b.dbURL); err != nil {
 		return err
 	}
 	defer b.pool.Close()
-	if b.cl, err = kafkaClient(b.brokers, kgo.ProducerLinger(5*time.Millisecond), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil))); err != nil {
+	if b.cl, err = kf.client(b.brokers, kgo.ProducerLinger(5*time.Millisecond), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil))); err != nil {
 		return err
 	}
 	defer b.cl.Close()
@@ -289,7 +297,7 @@ func (b *bench) runWorkers(ctx context.Context, name, topic string, jobs, worker
 	for i := range workers {
 		args := append([]string{"worker", "--brokers", strings.Join(b.brokers, ","), "--group", group, "--topic", topic,
 			"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error",
-			"--name", fmt.Sprintf("bench-%d", i)}, extra...)
+			"--name", fmt.Sprintf("bench-%d", i)}, append(b.kafkaArgs, extra...)...)
 		p, err := startBenchProc(args...)
 		if err != nil {
 			return benchResult{}, err
@@ -314,8 +322,8 @@ func (b *bench) runChild(ctx context.Context, name, topic string, jobs int, kind
 		return benchResult{}, err
 	}
 	start := time.Now()
-	p, err := startBenchProc("bench-child", kind, "--brokers", strings.Join(b.brokers, ","), "--group", b.group(name),
-		"--topic", topic, "--database-url", b.dbURL, "--schema", s, "--jobs", strconv.Itoa(jobs))
+	p, err := startBenchProc(append([]string{"bench-child", kind, "--brokers", strings.Join(b.brokers, ","), "--group", b.group(name),
+		"--topic", topic, "--database-url", b.dbURL, "--schema", s, "--jobs", strconv.Itoa(jobs)}, b.kafkaArgs...)...)
 	if err != nil {
 		return benchResult{}, err
 	}
@@ -429,9 +437,9 @@ func (b *bench) latency(ctx context.Context, rate float64, d time.Duration) (map
 	if err != nil {
 		return nil, err
 	}
-	p, err := startBenchProc("worker", "--brokers", strings.Join(b.brokers, ","), "--group", b.group("latency"), "--topic", topic,
+	p, err := startBenchProc(append([]string{"worker", "--brokers", strings.Join(b.brokers, ","), "--group", b.group("latency"), "--topic", topic,
 		"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error", "--name", "bench-latency",
-		"--fence-log-max-age", "0", "--fence-log-max-entries", "0") // the latencies are read from the fence log
+		"--fence-log-max-age", "0", "--fence-log-max-entries", "0"}, b.kafkaArgs...)...) // the latencies are read from the fence log
 	if err != nil {
 		return nil, err
 	}

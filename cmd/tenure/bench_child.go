@@ -29,7 +29,7 @@ var ledgerColumns = []string{"topic", "partition", "job_offset", "job_key", "job
 
 func runBenchChild(ctx context.Context, e *env, args []string) error {
 	f := newFlagSet(e, "bench-child", "alo|naive|copy --brokers B --group G --topic T --database-url URL --schema S [--table T] [--jobs N] [--partitions P]")
-	brokers := f.String("brokers", "", "Kafka seed brokers")
+	kf := addKafkaFlags(f, "Kafka seed brokers")
 	group := f.String("group", "", "consumer group")
 	topic := f.String("topic", "", "topic")
 	dbURL := f.String("database-url", "", "PostgreSQL URL")
@@ -51,7 +51,11 @@ func runBenchChild(ctx context.Context, e *env, args []string) error {
 	defer pool.Close()
 	switch kind {
 	case "alo", "naive":
-		return benchConsume(ctx, pool, kind, splitList(*brokers), *group, *topic, *schema, *jobs)
+		sec, err := kf.kgoOpts(nil)
+		if err != nil {
+			return err
+		}
+		return benchConsume(ctx, pool, kind, splitList(*kf.brokers), *group, *topic, *schema, *jobs, sec)
 	case "copy":
 		return benchCopy(ctx, pool, *schema, *table, *jobs, *partitions)
 	}
@@ -63,10 +67,10 @@ func runBenchChild(ctx context.Context, e *env, args []string) error {
 // offsets committed: no fencing, a crash between the two repeats the batch)
 // or the naive one (one autocommitted INSERT per job, then the offsets).
 // It stops after jobs jobs (0: when ctx ends).
-func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers []string, group, topic, schema string, jobs int) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
-		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers []string, group, topic, schema string, jobs int, sec []kgo.Opt) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
+		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, sec...)...)
 	if err != nil {
 		return err
 	}

@@ -29,11 +29,6 @@ func TestEveryKafkaCommandHasSecurityFlags(t *testing.T) {
 		if !strings.Contains(help, "\n  --brokers ") {
 			continue
 		}
-		if name == "bench" || name == "bench-child" {
-			// Work in progress (issue 9): to take addKafkaFlags, and pass
-			// kafkaFlags.args() to the processes it starts.
-			continue
-		}
 		kafkaCommands++
 		for _, fl := range []string{"tls", "tls-ca-file", "tls-cert-file", "tls-key-file", "tls-server-name", "tls-insecure-skip-verify",
 			"sasl-mechanism", "sasl-username", "sasl-password-file"} {
