@@ -53,7 +53,11 @@ type Config struct {
 	// in-flight batch.
 	RebalanceTimeout time.Duration
 
-	// BatchMax is the most records handed to one Handle call (default 500).
+	// BatchMax is the most records handed to one Handle call (default
+	// DefaultBatchMax). A lane hands over what it has buffered, up to this:
+	// batches are small under light load and grow with a backlog, where
+	// each one's fixed cost (a transaction, the fence) is shared by more
+	// jobs.
 	BatchMax int
 	// BatchMaxBytes bounds a batch's size (keys, values and headers; a
 	// record larger than it makes a batch of its own). Default 4 MiB.
@@ -201,6 +205,18 @@ type Hooks struct {
 // cannot tell a zombie from its successor and cannot fence it.
 var ErrStaticMembership = errors.New("static group membership (group.instance.id) is not supported: a restarted member reuses its predecessor's epoch, so the epoch cannot fence the old process")
 
+// Batch and buffer defaults. Measured with tenure bench on a 1M-job backlog
+// (12 partitions, 2 cores): batches of up to 1000 jobs share a
+// transaction's and the fence's fixed cost (fenced and unfenced run at the
+// same rate, where 500 left the fence 30% of the cost), and the buffers keep
+// peak RSS near 120 MB.
+const (
+	DefaultBatchMax             = 1000
+	DefaultBatchMaxBytes        = 4 << 20
+	DefaultPartitionBufferBytes = 4 << 20
+	DefaultWorkerBufferBytes    = 64 << 20
+)
+
 // The fence log's default retention (Config.FenceLogRetention).
 const (
 	DefaultFenceLogMaxAge     = 7 * 24 * time.Hour
@@ -226,16 +242,16 @@ func (c *Config) setDefaults() {
 		c.RebalanceTimeout = 60 * time.Second
 	}
 	if c.BatchMax == 0 {
-		c.BatchMax = 500
+		c.BatchMax = DefaultBatchMax
 	}
 	if c.BatchMaxBytes == 0 {
-		c.BatchMaxBytes = 4 << 20
+		c.BatchMaxBytes = DefaultBatchMaxBytes
 	}
 	if c.PartitionBufferBytes == 0 {
-		c.PartitionBufferBytes = 4 << 20
+		c.PartitionBufferBytes = DefaultPartitionBufferBytes
 	}
 	if c.WorkerBufferBytes == 0 {
-		c.WorkerBufferBytes = 64 << 20
+		c.WorkerBufferBytes = DefaultWorkerBufferBytes
 	}
 	if c.FetchMaxWait == 0 {
 		c.FetchMaxWait = 100 * time.Millisecond

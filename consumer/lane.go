@@ -195,11 +195,11 @@ func (l *lane) sleep(d time.Duration) bool {
 // below half (drained), so that a resumed partition still has work
 // buffered while its next fetch is on the way.
 func (l *lane) full() bool {
-	return l.queueBytes >= l.c.cfg.PartitionBufferBytes || len(l.queue) >= 8*l.c.cfg.BatchMax
+	return l.queueBytes >= l.c.cfg.PartitionBufferBytes || len(l.queue) >= 4*l.c.cfg.BatchMax
 }
 
 func (l *lane) drained() bool {
-	return l.queueBytes < l.c.cfg.PartitionBufferBytes/2 && len(l.queue) < 4*l.c.cfg.BatchMax
+	return l.queueBytes < l.c.cfg.PartitionBufferBytes/2 && len(l.queue) < 2*l.c.cfg.BatchMax
 }
 
 // recordSize is what a buffered record costs: its key, value and headers,

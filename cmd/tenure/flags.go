@@ -69,6 +69,9 @@ func flagArg(fl *flag.Flag) (arg, usage string) {
 	if _, ok := fl.Value.(*countValue); ok && !strings.Contains(fl.Usage, "`") {
 		arg = "N"
 	}
+	if _, ok := fl.Value.(*bytesValue); ok && !strings.Contains(fl.Usage, "`") {
+		arg = "SIZE"
+	}
 	return arg, usage
 }
 
@@ -105,6 +108,51 @@ func (f *flagSet) Duration(name string, def time.Duration, usage string) *time.D
 		}
 	}
 	return f.FlagSet.Duration(name, def, usage+" ["+envName(name)+"]")
+}
+
+// Bytes is a size flag: a number of bytes, or one with a KiB, MiB or GiB
+// suffix ("4MiB").
+func (f *flagSet) Bytes(name string, def int64, usage string) *int64 {
+	v := bytesValue(def)
+	if s := f.e.getenv(envName(name)); s != "" {
+		if err := v.Set(s); err != nil {
+			f.envErrs = append(f.envErrs, fmt.Sprintf("%s=%q: %v", envName(name), s, err))
+		}
+	}
+	f.FlagSet.Var(&v, name, usage+" ["+envName(name)+"]")
+	return (*int64)(&v)
+}
+
+type bytesValue int64
+
+var byteUnits = []struct {
+	suffix string
+	n      int64
+}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+
+func (b *bytesValue) Set(s string) error {
+	num, unit := strings.TrimSpace(s), int64(1)
+	for _, u := range byteUnits {
+		if v, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, unit = strings.TrimSpace(v), u.n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > (1<<40)/unit {
+		return fmt.Errorf("not a size: a whole number of bytes, or with KiB, MiB or GiB (\"4MiB\")")
+	}
+	*b = bytesValue(n * unit)
+	return nil
+}
+
+func (b *bytesValue) String() string {
+	for _, u := range byteUnits {
+		if n := int64(*b); n != 0 && n%u.n == 0 {
+			return strconv.FormatInt(n/u.n, 10) + u.suffix
+		}
+	}
+	return "0"
 }
 
 func (f *flagSet) Bool(name string, def bool, usage string) *bool {

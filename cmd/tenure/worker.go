@@ -32,7 +32,7 @@ func init() {
 func runWorker(ctx context.Context, e *env, args []string) error {
 	f := newFlagSet(e, "worker", "--brokers HOST:PORT[,..] --group G --topic T[,T2] --database-url URL --handler export|ledger|noop\n"+
 		"    [--schema S] [--name NAME] [--protocol classic|consumer] [--session-timeout D] [--rebalance-timeout D]\n"+
-		"    [--batch-max N] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--shutdown-timeout D] [--no-migrate] [--require-sync-standby] [--db-max-conns N]\n"+
+		"    [--batch-max N] [--batch-max-bytes SIZE] [--batch-linger D] [--partition-buffer-bytes SIZE] [--worker-buffer-bytes SIZE] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--shutdown-timeout D] [--no-migrate] [--require-sync-standby] [--db-max-conns N]\n"+
 		"    [--fence-log-max-age D] [--fence-log-max-entries N] [--export-store URL [--job-id-header H]]\n"+
 		"    [--http-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults] [--unsafe-no-fence] [--metrics-addr ADDR (deprecated)]")
 	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
@@ -45,7 +45,11 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	protocol := f.String("protocol", "classic", "group protocol: classic (cooperative-sticky) or consumer (KIP-848)")
 	session := f.Duration("session-timeout", 45*time.Second, "classic protocol session timeout (KIP-848: set on the broker)")
 	rebalance := f.Duration("rebalance-timeout", 60*time.Second, "classic protocol rebalance timeout; revoked partitions get half of it to finish their batch")
-	batchMax := f.Int("batch-max", 500, "most jobs per transaction")
+	batchMax := f.Int("batch-max", consumer.DefaultBatchMax, "most jobs per transaction; a lane takes what it has buffered, up to this, so batches grow with the backlog")
+	batchMaxBytes := f.Bytes("batch-max-bytes", consumer.DefaultBatchMaxBytes, "most bytes (keys, values, headers) per transaction; a larger job makes a batch of its own")
+	batchLinger := f.Duration("batch-linger", 0, "how long a lane with less than a full batch waits for more (0: at once; a few ms makes fewer, larger batches at moderate load, at that much latency)")
+	partitionBuffer := f.Bytes("partition-buffer-bytes", consumer.DefaultPartitionBufferBytes, "the records one partition holds ahead of its handler: fetching it pauses there")
+	workerBuffer := f.Bytes("worker-buffer-bytes", consumer.DefaultWorkerBufferBytes, "the records all partitions together hold ahead of their handlers: past it, fetching pauses; with --partition-buffer-bytes it bounds the worker's memory whatever the backlog")
 	idleTx := f.Duration("idle-in-tx-timeout", 0, "Postgres idle_in_transaction_session_timeout for batch transactions: how long a worker frozen mid-transaction can hold row locks; it must be longer than --handler-timeout (default: --handler-timeout plus a quarter, at least 1s more)")
 	maxAttempts := f.Int("max-attempts", 5, "attempts of a failing job before it is dead-lettered")
 	logAge := f.Duration("fence-log-max-age", consumer.DefaultFenceLogMaxAge, "prune fence log entries older than this from the partitions this worker holds (0: no age limit)")
@@ -87,6 +91,12 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	}
 	if *batchMax < 1 || *batchMax > maxBatch {
 		return usagef("--batch-max must be from 1 to %d", maxBatch)
+	}
+	if *batchMaxBytes < 1<<10 || *partitionBuffer < 64<<10 || *workerBuffer < *partitionBuffer {
+		return usagef("--batch-max-bytes must be at least 1KiB, --partition-buffer-bytes at least 64KiB, and --worker-buffer-bytes at least --partition-buffer-bytes")
+	}
+	if *batchLinger < 0 || *batchLinger > time.Minute {
+		return usagef("--batch-linger %s is out of range: from 0 to 1m", *batchLinger)
 	}
 	if *maxAttempts < 1 {
 		return usagef("--max-attempts must be at least 1")
@@ -215,14 +225,18 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	c, err := consumer.New(m.Instrument(consumer.Config{
 		Brokers: brokerList, Group: *group, Topics: topics,
 		Store: store, Handler: h,
-		Protocol:         consumer.Protocol(*protocol),
-		SessionTimeout:   *session,
-		RebalanceTimeout: *rebalance,
-		BatchMax:         *batchMax,
-		MaxAttempts:      *maxAttempts,
-		HandlerTimeout:   *handlerTimeout,
-		IdleInTxTimeout:  *idleTx,
-		ShutdownTimeout:  *shutdown,
+		Protocol:             consumer.Protocol(*protocol),
+		SessionTimeout:       *session,
+		RebalanceTimeout:     *rebalance,
+		BatchMax:             *batchMax,
+		BatchMaxBytes:        *batchMaxBytes,
+		BatchLinger:          *batchLinger,
+		PartitionBufferBytes: *partitionBuffer,
+		WorkerBufferBytes:    *workerBuffer,
+		MaxAttempts:          *maxAttempts,
+		HandlerTimeout:       *handlerTimeout,
+		IdleInTxTimeout:      *idleTx,
+		ShutdownTimeout:      *shutdown,
 		// 0 on the command line is "no limit"; in Config it is "the default".
 		FenceLogRetention: sink.FenceLogRetention{MaxAge: noLimit(*logAge), MaxEntries: noLimit(*logEntries)},
 		ClientID:          "tenure-" + *name,
