@@ -63,10 +63,7 @@ func TestBenchSmall(t *testing.T) {
 		switch {
 		case !ok:
 			t.Errorf("unexpected run %q", res.Name)
-		case res.Name == "naive" && (res.Jobs < n || res.Jobs > n+4):
-			// It stops within one job per partition of its count.
-			t.Errorf("naive wrote %d rows, want %d to %d", res.Jobs, n, n+4)
-		case res.Name != "naive" && res.Jobs != n:
+		case res.Jobs != n:
 			t.Errorf("%s wrote %d rows, want exactly %d", res.Name, res.Jobs, n)
 		}
 		if res.JobsPerSec <= 0 || res.CPUPerMJobs <= 0 || res.PeakRSSMB <= 0 {

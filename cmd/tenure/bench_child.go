@@ -65,7 +65,8 @@ func runBenchChild(ctx context.Context, e *env, args []string) error {
 // benchConsume is the at-least-once program (alo: every polled batch of a
 // partition written by COPY, in parallel across partitions, then the Kafka
 // offsets committed: no fencing, a crash between the two repeats the batch)
-// or the naive one (one autocommitted INSERT per job, then the offsets).
+// or the naive one (one autocommitted INSERT per job, in the order polled,
+// then the offsets).
 // It stops after jobs jobs (0: when ctx ends).
 func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers []string, group, topic, schema string, jobs int, sec []kgo.Opt) error {
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
@@ -84,23 +85,26 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 			return nil
 		}
 		var g errgroup.Group
-		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) == 0 {
-				return
-			}
-			recs := p.Records
+		if kind == "naive" {
+			// In order, one statement (one transaction) per job.
 			g.Go(func() error {
-				if kind == "naive" {
-					for _, r := range recs {
-						if _, err := pool.Exec(ctx, insert, r.Topic, r.Partition, r.Offset, string(r.Key), r.Key); err != nil {
-							return err
-						}
-						// Stops within a job per partition of the count.
-						if n := done.Add(1); jobs > 0 && n >= int64(jobs) {
-							break
-						}
+				for _, r := range fetches.Records() {
+					if _, err := pool.Exec(ctx, insert, r.Topic, r.Partition, r.Offset, string(r.Key), r.Key); err != nil {
+						return err
 					}
-				} else {
+					if done.Add(1) >= int64(jobs) && jobs > 0 {
+						return nil
+					}
+				}
+				return nil
+			})
+		} else {
+			fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+				if len(p.Records) == 0 {
+					return
+				}
+				recs := p.Records
+				g.Go(func() error {
 					rows := make([][]any, len(recs))
 					for i, r := range recs {
 						rows[i] = []any{r.Topic, r.Partition, r.Offset, string(r.Key), r.Key, int64(0), int32(0), "bench"}
@@ -109,10 +113,10 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 						return err
 					}
 					done.Add(int64(len(recs)))
-				}
-				return nil
+					return nil
+				})
 			})
-		})
+		}
 		if err := g.Wait(); err != nil {
 			cl.AllowRebalance()
 			if errors.Is(err, context.Canceled) {
