@@ -9,7 +9,7 @@ GO_FILES = $(shell { git ls-files --cached --others --exclude-standard '*.go' 2>
 	find . -name '*.go' -not -path './.git/*'; } | while read -r f; do [ -f "$$f" ] && echo "$$f"; done)
 
 .DEFAULT_GOAL := help
-.PHONY: help test race bench lint demo chaos-soak model
+.PHONY: help test race bench microbench lint demo chaos-soak model
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-11s — %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -20,7 +20,10 @@ test: ## the README's test command: set-up (Postgres, gcc), vet, gofmt, all test
 race: ## all tests with the race detector
 	$(GO) test -race -count=1 -timeout 30m ./...
 
-bench: ## benchmarks only (no tests), with allocations
+bench: ## tenure bench: tenure beside an at-least-once program, a naive one and the COPY ceiling (README, "Throughput")
+	$(GO) run ./cmd/tenure bench
+
+microbench: ## the go test benchmarks only (no tests), with allocations
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 lint: ## go vet + gofmt check

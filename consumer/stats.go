@@ -42,6 +42,10 @@ type Stats struct {
 	// Divergences counts partitions found with a stored offset below one
 	// already acknowledged (the database lost commits); each is held.
 	Divergences int64
+	// BufferedBytes is what the lanes hold ahead of their handlers now
+	// (keys, values, headers and a record's own size; a gauge), bounded by
+	// Config.WorkerBufferBytes plus one fetch.
+	BufferedBytes int64
 }
 
 type counters struct {
@@ -65,5 +69,6 @@ func (c *Consumer) Stats() Stats {
 		Retries: s.retries.Load(), Resets: s.resets.Load(), Lanes: s.lanes.Load(),
 		Recoveries: s.recoveries.Load(), Stalled: s.stalled.Load(), JobsLost: s.jobsLost.Load(),
 		StaleSessionsEnded: s.staleSessionsEnded.Load(), Divergences: s.divergences.Load(),
+		BufferedBytes: c.buffered.Load(),
 	}
 }

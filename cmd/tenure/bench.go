@@ -101,7 +101,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	latencySeconds := f.Int("latency-seconds", 15, "how long jobs are produced at half of tenure's rate, for the end-to-end latency")
 	latencyRate := f.Int("latency-rate", 0, "produce at this many jobs/s for the latency instead (0: half of tenure's measured rate)")
 	workerFlags := f.String("worker-flags", "", "extra flags for the tenure workers of every tenure run, e.g. \"--batch-max 5000\" (the table then no longer shows the defaults)")
-	scalingJobs := f.Int("scaling-jobs", 200_000, "jobs of each scaling run (1, 2, 3 workers; 1, 12, 48 partitions)")
+	scalingJobs := f.Int("scaling-jobs", 500_000, "jobs of each scaling run (1, 2, 3 workers; 1, 12, 48 partitions)")
 	skipScaling := f.Bool("skip-scaling", false, "skip the scaling runs")
 	jsonOut := f.String("json", "", "also write the report as JSON to this file")
 	if err := f.parse(args, 0); err != nil {

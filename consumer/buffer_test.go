@@ -1,0 +1,83 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/tenure-dev/tenure/consumer"
+)
+
+// A backlog a hundred times the worker's buffer is drained with the lanes'
+// buffers within their bounds: fetching pauses, so memory does not grow
+// with the backlog. Without the pausing the buffer holds the whole backlog.
+func TestBuffersStayBoundedWhateverTheBacklog(t *testing.T) {
+	b := setup(t, 4)
+	// Small record batches, so that one fetch is small too (a broker
+	// returns at least one whole batch, whatever the fetch's limit).
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.ProducerBatchMaxBytes(8<<10), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcl.Close()
+	pad := strings.Repeat("x", 1000)
+	const jobs = 4000 // about 4 MB
+	recs := make([]*kgo.Record, jobs)
+	for i := range recs {
+		recs[i] = &kgo.Record{Topic: b.topic, Key: fmt.Appendf(nil, "k%d", i), Value: fmt.Appendf(nil, `{"i":%d,"p":"%s"}`, i, pad)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := pcl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	var handled atomic.Int64
+	slow := consumer.HandlerFunc(func(_ context.Context, _ consumer.Tx, bt *consumer.Batch) error {
+		time.Sleep(3 * time.Millisecond)
+		handled.Add(int64(len(bt.Records)))
+		return nil
+	})
+	cfg := b.config(slow, zap.NewNop())
+	cfg.BatchMax = 10
+	cfg.PartitionBufferBytes = 16 << 10
+	cfg.WorkerBufferBytes = 40 << 10
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	defer func() {
+		stop()
+		<-done
+	}()
+
+	// The bound: the worker's buffer, plus one fetch that lands before the
+	// lanes can pause (FetchMaxBytes is at least 64 KiB), plus a batch.
+	const bound = 40<<10 + 64<<10 + 8<<10
+	var peak int64
+	deadline := time.Now().Add(90 * time.Second)
+	for handled.Load() < jobs {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d jobs handled within 90s", handled.Load(), jobs)
+		}
+		peak = max(peak, c.Stats().BufferedBytes)
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("peak buffered: %d bytes for a backlog of about %d (bound %d)", peak, jobs*1030, bound)
+	if peak > bound {
+		t.Fatalf("the lanes buffered %d bytes at most, above the bound of %d: memory grows with the backlog", peak, bound)
+	}
+	if peak == 0 {
+		t.Fatal("nothing was ever buffered: the measurement is broken")
+	}
+}
