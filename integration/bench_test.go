@@ -26,6 +26,7 @@ func TestBenchSmall(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("bench failed: %s", r)
 	}
+	local := os.Getenv("TENURE_TEST_DATABASE_URL") == ""
 	for _, want := range []string{"RUN", "tenure-unfenced", "at-least-once", "copy-ceiling", "end-to-end latency", "scaling", "targets:"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("the table lacks %q:\n%s", want, r.stdout)
@@ -40,9 +41,10 @@ func TestBenchSmall(t *testing.T) {
 		Results []struct {
 			Name        string
 			Jobs        int64
-			JobsPerSec  float64 `json:"jobs_per_sec"`
-			CPUPerMJobs float64 `json:"cpu_seconds_per_million_jobs"`
-			PeakRSSMB   float64 `json:"peak_rss_mb"`
+			JobsPerSec  float64  `json:"jobs_per_sec"`
+			CPUPerMJobs float64  `json:"cpu_seconds_per_million_jobs"`
+			PeakRSSMB   float64  `json:"peak_rss_mb"`
+			PGCPU       *float64 `json:"postgres_cpu_seconds_per_million_jobs"`
 		}
 		Latency map[string]float64 `json:"latency_ms"`
 		Scaling []struct {
@@ -68,6 +70,11 @@ func TestBenchSmall(t *testing.T) {
 		}
 		if res.JobsPerSec <= 0 || res.CPUPerMJobs <= 0 || res.PeakRSSMB <= 0 {
 			t.Errorf("%s: a figure was not measured: %+v", res.Name, res)
+		}
+		// The server's CPU is read from /proc when it runs here, as the
+		// test database does unless TENURE_TEST_DATABASE_URL says otherwise.
+		if local && (res.PGCPU == nil || *res.PGCPU <= 0) {
+			t.Errorf("%s: the local PostgreSQL server's CPU time was not measured", res.Name)
 		}
 	}
 	if l := rep.Latency; l["jobs"] < 1 || l["p50"] <= 0 || l["p50"] > l["p99"] || l["p99"] > l["max"] {

@@ -45,8 +45,11 @@ type benchResult struct {
 	JobsPerSec  float64 `json:"jobs_per_sec"`
 	WallSeconds float64 `json:"wall_seconds"`
 	CPUPerMJobs float64 `json:"cpu_seconds_per_million_jobs"`
-	PeakRSSMB   float64 `json:"peak_rss_mb"`
-	Note        string  `json:"note,omitempty"`
+	// The PostgreSQL server's CPU time over the run, when it runs on this
+	// machine (omitted otherwise). Other use of the server counts too.
+	DBCPUPerMJobs *float64 `json:"postgres_cpu_seconds_per_million_jobs,omitempty"`
+	PeakRSSMB     float64  `json:"peak_rss_mb"`
+	Note          string   `json:"note,omitempty"`
 }
 
 type benchReport struct {
@@ -86,6 +89,7 @@ type bench struct {
 	kafkaArgs   []string // TLS and SASL flags, for the processes it starts
 	workerFlags []string // --worker-flags
 	progress    io.Writer
+	postmaster  int // the local PostgreSQL server's pid; 0 not looked for yet, -1 not here
 }
 
 func runBench(ctx context.Context, e *env, args []string) error {
@@ -307,7 +311,7 @@ func (b *bench) runWorkers(ctx context.Context, name, topic string, jobs, worker
 	}
 	group := b.group(name)
 	var procs []*benchProc
-	start := time.Now()
+	start, db0 := time.Now(), b.postgresCPU(ctx)
 	for i := range workers {
 		args := append([]string{"worker", "--brokers", strings.Join(b.brokers, ","), "--group", group, "--topic", topic,
 			"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error",
@@ -326,7 +330,7 @@ func (b *bench) runWorkers(ctx context.Context, name, topic string, jobs, worker
 	if err := b.waitRows(ctx, s, "ledger", int64(jobs), procs); err != nil {
 		return benchResult{}, err
 	}
-	return b.result(ctx, s, "ledger", start, procs)
+	return b.result(ctx, s, "ledger", start, db0, procs)
 }
 
 // runChild runs one bench-child program until it has written jobs rows.
@@ -335,7 +339,7 @@ func (b *bench) runChild(ctx context.Context, name, topic string, jobs int, kind
 	if err != nil {
 		return benchResult{}, err
 	}
-	start := time.Now()
+	start, db0 := time.Now(), b.postgresCPU(ctx)
 	p, err := startBenchProc(append([]string{"bench-child", kind, "--brokers", strings.Join(b.brokers, ","), "--group", b.group(name),
 		"--topic", topic, "--database-url", b.dbURL, "--schema", s, "--jobs", strconv.Itoa(jobs)}, b.kafkaArgs...)...)
 	if err != nil {
@@ -345,7 +349,7 @@ func (b *bench) runChild(ctx context.Context, name, topic string, jobs int, kind
 	if err := b.waitRows(ctx, s, "ledger", int64(jobs), []*benchProc{p}); err != nil {
 		return benchResult{}, err
 	}
-	return b.result(ctx, s, "ledger", start, []*benchProc{p})
+	return b.result(ctx, s, "ledger", start, db0, []*benchProc{p})
 }
 
 func (b *bench) runCopy(ctx context.Context, table string) (benchResult, error) {
@@ -353,7 +357,7 @@ func (b *bench) runCopy(ctx context.Context, table string) (benchResult, error) 
 	if err != nil {
 		return benchResult{}, err
 	}
-	start := time.Now()
+	start, db0 := time.Now(), b.postgresCPU(ctx)
 	p, err := startBenchProc("bench-child", "copy", "--database-url", b.dbURL, "--schema", s, "--table", table,
 		"--jobs", strconv.Itoa(b.jobs), "--partitions", strconv.Itoa(b.partitions))
 	if err != nil {
@@ -363,7 +367,7 @@ func (b *bench) runCopy(ctx context.Context, table string) (benchResult, error) 
 	if err := b.waitRows(ctx, s, table, int64(b.jobs), []*benchProc{p}); err != nil {
 		return benchResult{}, err
 	}
-	return b.result(ctx, s, table, start, []*benchProc{p})
+	return b.result(ctx, s, table, start, db0, []*benchProc{p})
 }
 
 // waitRows waits until table holds want rows, saying how far it is.
@@ -410,7 +414,7 @@ func (b *bench) waitRows(ctx context.Context, schema, table string, want int64, 
 // result measures a finished run: the rate from the first row's commit to
 // the last (start-up, the same for everyone, left out), the processes' CPU
 // time and peak memory.
-func (b *bench) result(ctx context.Context, schema, table string, start time.Time, procs []*benchProc) (benchResult, error) {
+func (b *bench) result(ctx context.Context, schema, table string, start time.Time, db0 pgCPU, procs []*benchProc) (benchResult, error) {
 	var r benchResult
 	var cpu float64
 	for _, p := range procs {
@@ -430,6 +434,10 @@ func (b *bench) result(ctx context.Context, schema, table string, start time.Tim
 	r.JobsPerSec = float64(r.Jobs) / span
 	r.WallSeconds = lastAt.Sub(start).Seconds() // process start to the last row: start-up included
 	r.CPUPerMJobs = cpu / float64(r.Jobs) * 1e6
+	if db1 := b.postgresCPU(ctx); db0.ok && db1.ok {
+		v := (db1.seconds - db0.seconds) / float64(r.Jobs) * 1e6
+		r.DBCPUPerMJobs = &v
+	}
 	return r, nil
 }
 
@@ -581,9 +589,9 @@ func printBench(w io.Writer, rep *benchReport) {
 		fmt.Fprintf(w, "tenure workers run with %s\n", f)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tJOBS/S\tWALL S\tCPU S/1M JOBS\tPEAK RSS MB\tWHAT")
+	fmt.Fprintln(tw, "RUN\tJOBS/S\tWALL S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tPEAK RSS MB\tWHAT")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.0f\t%s\n", r.Name, r.JobsPerSec, r.WallSeconds, r.CPUPerMJobs, r.PeakRSSMB, r.What)
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%s\t%.0f\t%s\n", r.Name, r.JobsPerSec, r.WallSeconds, r.CPUPerMJobs, dbCPUString(r), r.PeakRSSMB, r.What)
 	}
 	_ = tw.Flush()
 	if l := rep.Latency; l != nil {
@@ -594,9 +602,9 @@ func printBench(w io.Writer, rep *benchReport) {
 	if len(rep.Scaling) > 0 {
 		fmt.Fprintln(w, "\nscaling (tenure, ledger):")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  RUN\tJOBS/S\tWALL S\tCPU S/1M JOBS\tPEAK RSS MB (per worker)")
+		fmt.Fprintln(tw, "  RUN\tJOBS/S\tWALL S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tPEAK RSS MB (per worker)")
 		for _, r := range rep.Scaling {
-			fmt.Fprintf(tw, "  %s\t%.0f\t%.1f\t%.1f\t%.0f\n", r.Name, r.JobsPerSec, r.WallSeconds, r.CPUPerMJobs, r.PeakRSSMB)
+			fmt.Fprintf(tw, "  %s\t%.0f\t%.1f\t%.1f\t%s\t%.0f\n", r.Name, r.JobsPerSec, r.WallSeconds, r.CPUPerMJobs, dbCPUString(r), r.PeakRSSMB)
 		}
 		_ = tw.Flush()
 	}
@@ -608,6 +616,15 @@ func printBench(w io.Writer, rep *benchReport) {
 		}
 		fmt.Fprintf(w, "  %-42s %8.2f  (want %s) %s\n", t.Name, t.Value, t.Want, mark)
 	}
+}
+
+// dbCPUString is the POSTGRES CPU column: "-" when the server is not on
+// this machine.
+func dbCPUString(r benchResult) string {
+	if r.DBCPUPerMJobs == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(*r.DBCPUPerMJobs, 'f', 1, 64)
 }
 
 func machineInfo(ctx context.Context, pool *pgxpool.Pool) map[string]string {
