@@ -56,7 +56,7 @@ func TestBenchSmall(t *testing.T) {
 	if err := json.Unmarshal(data, &rep); err != nil {
 		t.Fatalf("bench JSON: %v\n%s", err, data)
 	}
-	want := map[string]int64{"tenure": jobs, "tenure-unfenced": jobs, "at-least-once": jobs, "naive": naive, "copy-ceiling": jobs, "copy-plain": jobs}
+	want := map[string]int64{"tenure": jobs, "tenure-unfenced": jobs, "at-least-once": jobs, "at-least-once-fetch": jobs, "naive": naive, "copy-ceiling": jobs, "copy-plain": jobs}
 	if len(rep.Results) != len(want) {
 		t.Fatalf("%d results, want %d: %s", len(rep.Results), len(want), data)
 	}

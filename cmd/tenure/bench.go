@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -177,8 +178,11 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		{"tenure-unfenced", "the same without the fence statement (--unsafe-no-fence)", func() (benchResult, error) {
 			return b.runWorkers(ctx, "unfenced", topic, b.jobs, 1, []string{"--unsafe-no-fence"})
 		}},
-		{"at-least-once", "franz-go + pgx: each polled batch by COPY, Kafka offsets committed after it, no fencing", func() (benchResult, error) {
-			return b.runChild(ctx, "alo", topic, b.jobs, "alo")
+		{"at-least-once", fmt.Sprintf("franz-go + pgx: tenure's batches (at most %d jobs) by COPY, Kafka offsets committed after them, no fencing", b.batchMax()), func() (benchResult, error) {
+			return b.runChild(ctx, "alo", topic, b.jobs, "alo", "--batch-max", strconv.Itoa(b.batchMax()))
+		}},
+		{"at-least-once-fetch", "the same, each partition's part of a poll in one COPY (kgo's default fetch sizes: memory not bounded)", func() (benchResult, error) {
+			return b.runChild(ctx, "alofetch", topic, b.jobs, "alo")
 		}},
 		{"naive", fmt.Sprintf("one autocommitted INSERT per job, in order (measured on %d jobs)", min(*naiveJobs, b.jobs)), func() (benchResult, error) {
 			return b.runChild(ctx, "naive", topic, min(*naiveJobs, b.jobs), "naive")
@@ -302,6 +306,27 @@ func (b *bench) schema(ctx context.Context, name string) (string, error) {
 	return s, err
 }
 
+// batchMax is the tenure workers' batch size: --batch-max in --worker-flags,
+// or the default. The at-least-once program writes batches of that size, so
+// that the two differ by what tenure adds, not by how much a COPY carries.
+func (b *bench) batchMax() int {
+	for i, f := range b.workerFlags {
+		f = strings.TrimLeft(f, "-") // -batch-max and --batch-max are one flag
+		v, ok := strings.CutPrefix(f, "batch-max=")
+		if !ok && f == "batch-max" && i+1 < len(b.workerFlags) {
+			v, ok = b.workerFlags[i+1], true
+		}
+		if n, err := strconv.Atoi(v); ok && err == nil && n > 0 {
+			return n
+		}
+	}
+	// The workers inherit the environment.
+	if n, err := strconv.Atoi(b.e.getenv("TENURE_BATCH_MAX")); err == nil && n > 0 {
+		return n
+	}
+	return consumer.DefaultBatchMax
+}
+
 // runWorkers runs n tenure worker processes on topic until they have
 // committed jobs jobs.
 func (b *bench) runWorkers(ctx context.Context, name, topic string, jobs, workers int, extra []string) (benchResult, error) {
@@ -334,14 +359,14 @@ func (b *bench) runWorkers(ctx context.Context, name, topic string, jobs, worker
 }
 
 // runChild runs one bench-child program until it has written jobs rows.
-func (b *bench) runChild(ctx context.Context, name, topic string, jobs int, kind string) (benchResult, error) {
+func (b *bench) runChild(ctx context.Context, name, topic string, jobs int, kind string, extra ...string) (benchResult, error) {
 	s, err := b.schema(ctx, name)
 	if err != nil {
 		return benchResult{}, err
 	}
 	start, db0 := time.Now(), b.postgresCPU(ctx)
 	p, err := startBenchProc(append([]string{"bench-child", kind, "--brokers", strings.Join(b.brokers, ","), "--group", b.group(name),
-		"--topic", topic, "--database-url", b.dbURL, "--schema", s, "--jobs", strconv.Itoa(jobs)}, b.kafkaArgs...)...)
+		"--topic", topic, "--database-url", b.dbURL, "--schema", s, "--jobs", strconv.Itoa(jobs)}, slices.Concat(b.kafkaArgs, extra)...)...)
 	if err != nil {
 		return benchResult{}, err
 	}

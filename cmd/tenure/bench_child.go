@@ -28,7 +28,7 @@ func init() {
 var ledgerColumns = []string{"topic", "partition", "job_offset", "job_key", "job_key_bytes", "incarnation", "epoch", "worker"}
 
 func runBenchChild(ctx context.Context, e *env, args []string) error {
-	f := newFlagSet(e, "bench-child", "alo|naive|copy --brokers B --group G --topic T --database-url URL --schema S [--table T] [--jobs N] [--partitions P]")
+	f := newFlagSet(e, "bench-child", "alo|naive|copy --brokers B --group G --topic T --database-url URL --schema S [--table T] [--jobs N] [--partitions P] [--batch-max N]")
 	kf := addKafkaFlags(f, "Kafka seed brokers")
 	group := f.String("group", "", "consumer group")
 	topic := f.String("topic", "", "topic")
@@ -37,6 +37,7 @@ func runBenchChild(ctx context.Context, e *env, args []string) error {
 	table := f.String("table", "ledger", "copy: the table to copy into")
 	jobs := f.Int("jobs", 0, "copy: rows to write; naive: stop after this many")
 	partitions := f.Int("partitions", 12, "copy: parallel writers (one per partition)")
+	batchMax := f.Int("batch-max", 0, "alo: rows per COPY, at most (0: each partition's part of a poll in one COPY)")
 	if err := f.parse(args, 1); err != nil {
 		return err
 	}
@@ -55,7 +56,7 @@ func runBenchChild(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		return benchConsume(ctx, pool, kind, splitList(*kf.brokers), *group, *topic, *schema, *jobs, sec)
+		return benchConsume(ctx, pool, kind, splitList(*kf.brokers), *group, *topic, *schema, *jobs, *batchMax, sec)
 	case "copy":
 		return benchCopy(ctx, pool, *schema, *table, *jobs, *partitions)
 	}
@@ -63,12 +64,13 @@ func runBenchChild(ctx context.Context, e *env, args []string) error {
 }
 
 // benchConsume is the at-least-once program (alo: every polled batch of a
-// partition written by COPY, in parallel across partitions, then the Kafka
-// offsets committed: no fencing, a crash between the two repeats the batch)
-// or the naive one (one autocommitted INSERT per job, in the order polled,
-// then the offsets).
+// partition written by COPY, in batches of at most batchMax rows (0: all of
+// it at once), in parallel across partitions, then the Kafka offsets
+// committed: no fencing, a crash between the two repeats the batch) or the
+// naive one (one autocommitted INSERT per job, in the order polled, then the
+// offsets).
 // It stops after jobs jobs (0: when ctx ends).
-func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers []string, group, topic, schema string, jobs int, sec []kgo.Opt) error {
+func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers []string, group, topic, schema string, jobs, batchMax int, sec []kgo.Opt) error {
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, sec...)...)
@@ -103,16 +105,23 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 				if len(p.Records) == 0 {
 					return
 				}
-				recs := p.Records
+				all := p.Records
 				g.Go(func() error {
-					rows := make([][]any, len(recs))
-					for i, r := range recs {
-						rows[i] = []any{r.Topic, r.Partition, r.Offset, string(r.Key), r.Key, int64(0), int32(0), "bench"}
+					for len(all) > 0 {
+						recs := all
+						if batchMax > 0 && len(recs) > batchMax {
+							recs = recs[:batchMax]
+						}
+						all = all[len(recs):]
+						rows := make([][]any, len(recs))
+						for i, r := range recs {
+							rows[i] = []any{r.Topic, r.Partition, r.Offset, string(r.Key), r.Key, int64(0), int32(0), "bench"}
+						}
+						if _, err := pool.CopyFrom(ctx, tbl, ledgerColumns, pgx.CopyFromRows(rows)); err != nil {
+							return err
+						}
+						done.Add(int64(len(recs)))
 					}
-					if _, err := pool.CopyFrom(ctx, tbl, ledgerColumns, pgx.CopyFromRows(rows)); err != nil {
-						return err
-					}
-					done.Add(int64(len(recs)))
 					return nil
 				})
 			})
