@@ -859,6 +859,36 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	for _, v := range checked {
 		violate("history: %s", v)
 	}
+	// 2b. The coordinator's side: once the claim of a newer assignment
+	// (as the workers logged being given the partition) was accepted,
+	// nothing made for an older one may be, whatever the tokens say. This
+	// is the check that does not trust the incarnation: a reset the
+	// protocol failed to notice shows up here even when CheckLog is
+	// satisfied by the tokens.
+	//
+	// Unmatched entries (a claim or commit whose claim id no worker logged
+	// as "claiming partition") cannot be checked, so they are reported, as
+	// a line in the summary and a finding (the logs are kept), not as
+	// violations: a lane logs that line before its first claim, and the
+	// harness reads every worker's stderr to its end, a SIGKILLed worker's
+	// too (what it wrote is in the pipe), so there should be none. One
+	// means that a log line went missing, or that something claimed outside
+	// the assignment path: either way the evidence has a gap that someone
+	// should read, but no promise is shown to be broken, and CheckLog above
+	// still checks those entries' tokens.
+	_, assignments := w.book.claimants()
+	owned, unmatched := history.CheckOwnership(h.Log, assignments)
+	for _, v := range owned {
+		violate("ownership: %s", v)
+	}
+	for i, u := range unmatched {
+		if i == 10 {
+			find("... and %d more fence log entries that match no logged assignment", len(unmatched)-10)
+			break
+		}
+		find("fence log entry #%d (%s of partition %d by %q, token %s, claim id %d) matches no assignment a worker logged",
+			u.ID, u.Kind, u.Partition.Partition, u.Owner, u.Token, u.ClaimID)
+	}
 	fenceNext := map[int32]int64{}
 	for _, f := range h.Fences {
 		fenceNext[f.Partition.Partition] = f.NextOffset
@@ -1047,7 +1077,10 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 		}
 		fmt.Fprintf(&s, "  %-15s %5d %23s %23s %11d %11d\n", k, countKind(faults, k), p50max(fromInj), p50max(fromEnd), unrec, rejectionsAfter(faults, k, rejections))
 	}
-	fmt.Fprintf(&s, "violations:  %d (history checker %d, harness checks %d)\n", len(violations), len(checked), len(violations)-len(checked))
+	fmt.Fprintf(&s, "ownership:   %d fence log entries checked against %d assignments the workers logged; %d unmatched\n",
+		len(h.Log), len(assignments), len(unmatched))
+	fmt.Fprintf(&s, "violations:  %d (history checker %d, ownership %d, harness checks %d)\n", len(violations), len(checked), len(owned),
+		len(violations)-len(checked)-len(owned))
 	fmt.Fprintf(&s, "findings:    %d (allowed by the guarantee, listed in the test log)\n", len(findings))
 	fmt.Fprintf(&s, "worker logs: %d lines (%d not JSON), %d commits logged; most frequent warnings and errors:\n", book.lines, book.unparsed, book.loggedCommits)
 	for _, l := range w.book.topMessages(8) {

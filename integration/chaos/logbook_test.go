@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/history"
 )
 
 // The log lines of `tenure worker` the run records (consumer/lane.go,
@@ -23,7 +24,15 @@ const (
 	msgPanicked    = "handler panicked"
 	msgLost        = "partitions lost"
 	msgClaimed     = "partition claimed"
+	msgHolding     = "holding" // --hold-once (cmd/tenure/worker.go holdHooks)
 )
+
+// assignment is one "claiming partition" line: the coordinator's side of
+// the history (history.Assignment), with the process that logged it.
+type assignment struct {
+	Worker string
+	history.Assignment
+}
 
 // batchEvent is a commit or a rejection a worker logged.
 type batchEvent struct {
@@ -54,11 +63,14 @@ type logbook struct {
 	panics       int
 	lost         int
 	claims       int
+	assignments  []assignment
+	holding      map[string]chan struct{}  // worker -> closed when it logged "holding"
 	byLevel      map[string]map[string]int // level -> msg -> count (warn and error)
 }
 
 func newLogbook() *logbook {
-	return &logbook{deadLetters: map[string]int{}, unknown: map[string]int{}, byLevel: map[string]map[string]int{}}
+	return &logbook{deadLetters: map[string]int{}, unknown: map[string]int{}, byLevel: map[string]map[string]int{},
+		holding: map[string]chan struct{}{}}
 }
 
 func (lb *logbook) record(worker, line string) {
@@ -101,7 +113,15 @@ func (lb *logbook) record(worker, line string) {
 		}
 		lb.byLevel[level][msg]++
 	}
+	if a, ok := history.ParseAssignment(groupName, m); ok {
+		lb.assignments = append(lb.assignments, assignment{Worker: worker, Assignment: a})
+	}
 	switch msg {
+	case msgHolding:
+		if ch := lb.holding[worker]; ch != nil {
+			close(ch)
+			delete(lb.holding, worker)
+		}
 	case msgCommitted:
 		lb.commits = append(lb.commits, ev())
 	case msgRejected:
@@ -128,6 +148,30 @@ func (lb *logbook) record(worker, line string) {
 	case msgClaimed:
 		lb.claims++
 	}
+}
+
+// awaitHolding returns a channel closed once worker logs "holding" (its
+// --hold-once point); call it before the worker starts.
+func (lb *logbook) awaitHolding(worker string) <-chan struct{} {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	ch := make(chan struct{})
+	lb.holding[worker] = ch
+	return ch
+}
+
+// claimants maps each claim id to the worker process whose lane claimed with
+// it, and returns the assignments for history.CheckOwnership.
+func (lb *logbook) claimants() (map[int64]string, []history.Assignment) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	byClaim := map[int64]string{}
+	var out []history.Assignment
+	for _, a := range lb.assignments {
+		byClaim[a.ClaimID] = a.Worker
+		out = append(out, a.Assignment)
+	}
+	return byClaim, out
 }
 
 // topMessages lists the most frequent warn and error messages.
