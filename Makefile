@@ -42,5 +42,11 @@ demo: ## the README's run command: ensure Postgres, then go run ./cmd/tenure dem
 model: ## model-check the ownership protocol with spin (docs/model/ownership.pml)
 	bash scripts/model-check.sh
 
-chaos-soak: ## a 30-minute chaos run (CI runs the short one)
-	$(GO) test -count=1 -timeout 0 -v -run TestChaos ./integration/chaos -chaos.soak
+# The soak's length and group protocol: make chaos-soak CHAOS_DURATION=2h CHAOS_PROTOCOL=consumer
+# (the seed comes from the clock and is printed; TENURE_CHAOS_SEED=N replays one).
+CHAOS_DURATION ?= 30m
+CHAOS_PROTOCOL ?= classic
+
+chaos-soak: ## a long chaos run: CHAOS_DURATION (30m) of faults, CHAOS_PROTOCOL classic or consumer (CI runs two short ones)
+	$(GO) test -count=1 -timeout 0 -v -run TestChaos ./integration/chaos -chaos.soak \
+		-chaos.duration $(CHAOS_DURATION) -chaos.protocol $(CHAOS_PROTOCOL)

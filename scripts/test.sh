@@ -11,8 +11,9 @@
 #   5. SeaweedFS's `weed` for the S3 export test: built once per machine
 #      (scripts/build-weed.sh, 10-15 minutes the first time, cached in
 #      ~/.cache/tenure) and passed to the tests as TENURE_TEST_WEED
-#   6. all tests (integration and the short chaos run included), then -race on
-#      the core packages
+#   6. all tests (integration included), two short chaos runs (classic and
+#      KIP-848 consumer protocol, seeds from the clock), then -race on the
+#      core packages
 #
 # Kafka needs nothing: tests start franz-go's kfake on loopback ports, or use
 # the cluster named by TENURE_TEST_BROKERS.
@@ -80,21 +81,25 @@ fi
 
 echo "== go test (every package but the chaos run)"
 go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)
-# -v so that the chaos run's summary (faults, rejections, violations,
-# recovery times) is in the output even when it passes.
-echo "== chaos run (short; the soak is: make chaos-soak)"
-# A fixed fault schedule here, so that a failure can be replayed with the
-# same seed (timing still varies); set TENURE_CHAOS_SEED to try others.
-export TENURE_CHAOS_SEED=${TENURE_CHAOS_SEED:-42}
-chaos_log=$(mktemp)
-if go test -count=1 -timeout 10m -v -run TestChaos ./integration/chaos >"$chaos_log" 2>&1; then
-	# The summary is logged twice (test log and stdout); print the last.
-	awk '/^==== chaos summary/ { buf = ""; on = 1 } on { buf = buf $0 "\n" } END { printf "%s", buf }' "$chaos_log"
-	rm -f "$chaos_log"
-else
-	grep -v '^=== ' "$chaos_log" | tail -n 300
-	echo "chaos run failed; full output: $chaos_log" >&2
-	exit 1
-fi
+# Two short chaos runs, one per group protocol (classic, and KIP-848's
+# consumer protocol), each with a seed from the clock: every CI run tries
+# another fault schedule. The seed is in each summary and in the replay line
+# printed on failure; TENURE_CHAOS_SEED=N fixes it for both runs.
+# -v so that the summary (faults, rejections, violations, recovery and
+# hand-off times) is in the output even when a run passes.
+for protocol in classic consumer; do
+	echo "== chaos run ($protocol protocol, 60s of faults; the soak is: make chaos-soak)"
+	chaos_log=$(mktemp)
+	if go test -count=1 -timeout 10m -v -run TestChaos ./integration/chaos \
+		-chaos.duration "${TENURE_CHAOS_DURATION:-60s}" -chaos.protocol "$protocol" >"$chaos_log" 2>&1; then
+		# The summary is logged twice (test log and stdout); print the last.
+		awk '/^==== chaos summary/ { buf = ""; on = 1 } on { buf = buf $0 "\n" } END { printf "%s", buf }' "$chaos_log"
+		rm -f "$chaos_log"
+	else
+		grep -v '^=== ' "$chaos_log" | tail -n 300
+		echo "chaos run ($protocol) failed; full output: $chaos_log" >&2
+		exit 1
+	fi
+done
 echo "== go test -race (core packages)"
 go test -race -count=1 -timeout 15m ./partition/ ./sink/ ./consumer/

@@ -1086,6 +1086,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	for _, l := range w.book.topMessages(8) {
 		fmt.Fprintf(&s, "  %s\n", l)
 	}
+	fmt.Fprintf(&s, "replay:      %s\n", w.replay())
 	summary := s.String()
 
 	var tl strings.Builder
@@ -1119,9 +1120,14 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 		}
 	}
 	if t.Failed() {
-		t.Logf("replay with: go test ./integration/chaos -run TestChaos -v -chaos.seed %d -chaos.duration %s -chaos.workers %d -chaos.protocol %s",
-			w.cfg.seed, w.cfg.duration, w.cfg.workers, w.cfg.protocol)
+		t.Logf("replay with: %s", w.replay())
 	}
+}
+
+// replay is the command that runs this run's fault schedule again.
+func (w *world) replay() string {
+	return fmt.Sprintf("go test ./integration/chaos -run TestChaos -v -timeout 0 -chaos.seed %d -chaos.duration %s -chaos.workers %d -chaos.protocol %s -chaos.rate %d",
+		w.cfg.seed, w.cfg.duration, w.cfg.workers, w.cfg.protocol, w.cfg.rate)
 }
 
 // latestFault is the last fault injected at or before at.
