@@ -132,7 +132,17 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 				// with a leader epoch that belongs to another offset.
 				parts[p] = kgo.NewOffset().At(claimed.NextOffset).WithEpoch(-1)
 				l.acked.Store(claimed.NextOffset)
-				h := identityHold(key, member, claimed, tl)
+				h, fresh, err := claimedLogHold(ctx, key, member, claimed, tl, func(ctx context.Context) (*topicLog, error) {
+					logs, err := c.topicLogsOf(ctx, cl, []string{topic}, true)
+					if err != nil {
+						return nil, err
+					}
+					return logs[topic], nil
+				})
+				if err != nil {
+					return nil, fmt.Errorf("claiming %s: reading the log again: %w", key, err)
+				}
+				tl = fresh
 				if h == nil {
 					var err error
 					h, err = c.divergenceHold(ctx, key, member, claimed.NextOffset, mirrored, tl.end[p], "mirrored to Kafka's committed offsets")

@@ -110,6 +110,31 @@ func identityHold(key sink.Partition, owner string, claimed sink.Claimed, tl *to
 	return h
 }
 
+// claimedLogHold is identityHold for a partition claimed on assignment,
+// whose log tl was read before the claim (one read for the whole
+// assignment). Until the claim lands, the previous owner is not fenced (the
+// window docs/fencing.md does not promise to close): it can still commit jobs
+// appended after tl was read, so the claim may return a next offset above
+// tl's end although the log lost nothing. A next offset above the end is
+// therefore judged against the log read again (reread), after the claim:
+// every committed job was fetched from the log, so its end, read now, is
+// at or above the stored next offset unless the log really lost records.
+// The other holds do not need the second read: a stale log start is lower
+// (no false log-truncated hold) and a topic id does not move with time.
+// It returns the log it judged by.
+func claimedLogHold(ctx context.Context, key sink.Partition, owner string, claimed sink.Claimed, tl *topicLog,
+	reread func(context.Context) (*topicLog, error)) (*sink.Hold, *topicLog, error) {
+	h := identityHold(key, owner, claimed, tl)
+	if h == nil || h.Kind != sink.HoldAheadOfLog {
+		return h, tl, nil
+	}
+	fresh, err := reread(ctx)
+	if err != nil {
+		return nil, tl, err
+	}
+	return identityHold(key, owner, claimed, fresh), fresh, nil
+}
+
 func uuidString(id [16]byte) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
 }

@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -31,5 +33,51 @@ func TestIdentityHold(t *testing.T) {
 		case c.want != "" && (h == nil || h.Kind != c.want || !strings.Contains(h.Reason, c.says)):
 			t.Errorf("%s: hold %+v, want %s saying %q", c.name, h, c.want, c.says)
 		}
+	}
+}
+
+// The claim of a new assignment reads the log before it claims, while the
+// previous owner is not fenced yet and can commit jobs appended since: a
+// next offset above that read's end is judged against the log read again
+// after the claim (seen in a chaos run as a false ahead-of-log hold that
+// stalled the partition until an operator acknowledged it).
+func TestClaimedLogHold(t *testing.T) {
+	key := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	id := [16]byte{1}
+	stale := &topicLog{id: id, partitions: 1, start: map[int32]int64{0: 0}, end: map[int32]int64{0: 86}}
+	log := func(end int64) func(context.Context) (*topicLog, error) {
+		return func(context.Context) (*topicLog, error) {
+			return &topicLog{id: id, partitions: 1, start: map[int32]int64{0: 0}, end: map[int32]int64{0: end}}, nil
+		}
+	}
+	mustNotRead := func(context.Context) (*topicLog, error) {
+		t.Error("read the log again for a claim that fits the first read")
+		return nil, errors.New("not expected")
+	}
+	ctx := context.Background()
+
+	// The previous owner committed up to 89 after the first read: the log has 92 now.
+	h, tl, err := claimedLogHold(ctx, key, "m", sink.Claimed{NextOffset: 89, TopicID: id}, stale, log(92))
+	if err != nil || h != nil || tl.end[0] != 92 {
+		t.Errorf("offsets committed after the first read: hold %+v, end %d, err %v; want no hold, judged by the second read", h, tl.end[0], err)
+	}
+	// The log really ends below the stored offset: still held.
+	h, _, err = claimedLogHold(ctx, key, "m", sink.Claimed{NextOffset: 89, TopicID: id}, stale, log(86))
+	if err != nil || h == nil || h.Kind != sink.HoldAheadOfLog || !strings.Contains(h.Reason, "above the log's end 86") {
+		t.Errorf("a log that lost processed jobs: hold %+v, err %v; want ahead-of-log", h, err)
+	}
+	// Fits the first read: no second read.
+	if h, _, err := claimedLogHold(ctx, key, "m", sink.Claimed{NextOffset: 80, TopicID: id}, stale, mustNotRead); h != nil || err != nil {
+		t.Errorf("fits: hold %+v, err %v", h, err)
+	}
+	// Other holds do not wait for a second read.
+	if h, _, err := claimedLogHold(ctx, key, "m", sink.Claimed{NextOffset: 80, TopicID: [16]byte{2}}, stale, mustNotRead); err != nil || h == nil || h.Kind != sink.HoldTopicRecreated {
+		t.Errorf("another topic id: hold %+v, err %v", h, err)
+	}
+	// The second read fails: an error (the session is rejoined), not a hold.
+	if _, _, err := claimedLogHold(ctx, key, "m", sink.Claimed{NextOffset: 89, TopicID: id}, stale, func(context.Context) (*topicLog, error) {
+		return nil, errors.New("broker down")
+	}); err == nil {
+		t.Error("a failed second read: no error")
 	}
 }
