@@ -163,6 +163,7 @@ func TestRefusedAtTheDoor(t *testing.T) {
 		{append([]string{"admin", "topic", "acknowledge-partitions", "--brokers", "h:1", "--group", "g", "--topic", "t", "--partitions", "4294967298"}, db...), "from 1 to 10000"},
 		{append([]string{"admin", "topic", "acknowledge-partitions", "--group", "g", "--topic", "t", "--partitions", "2"}, db...), "--brokers is required"},
 		{[]string{"broker", "--partitions", "4294967297"}, "from 1 to 10000"},
+		{[]string{"broker", "--broker-config", "offsets.retention.check.interval.ms"}, `--broker-config "offsets.retention.check.interval.ms": want KEY=VALUE`},
 		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", "a b", "--partitions", "1"}, `--topic: topic name "a b" is not valid`},
 		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", "..", "--partitions", "1"}, `"." or ".."`},
 		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", strings.Repeat("t", 250), "--partitions", "1"}, "at most 249"},
