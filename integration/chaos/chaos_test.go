@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -44,13 +46,36 @@ const (
 	kindPGRestart   = "pg-restart"
 	kindBrokerRst   = "broker-restart"
 	kindGroupDelete = "group-delete"
+	kindPauseInTx   = "pause-in-tx"
 )
 
-var kinds = []string{kindPause, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete}
+var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete}
 
 // deck is one round of faults; each round is shuffled, so that every kind
 // comes up in every round.
-var deck = []string{kindPause, kindPause, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete}
+var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete}
+
+// Group reset modes (issue 7), the group-delete fault's Mode: how the
+// group's lifetime ends, and what else is going on meanwhile.
+const (
+	resetGraceful = "graceful" // every worker stopped (SIGTERM), the group deleted, the workers started
+	resetFrozen   = "frozen"   // a zombie frozen across the reset, woken once the new lifetime runs
+	resetLive     = "live"     // every worker SIGKILLed, the group deleted the moment it is empty
+	resetExpiry   = "expiry"   // the empty group's offsets expire and the broker sweeps the group
+)
+
+var resetModes = []string{resetGraceful, resetFrozen, resetLive, resetExpiry}
+
+// handoffKinds are the faults whose hand-off latency the summary reports:
+// a worker gone (killed) or frozen (paused, paused inside its transaction)
+// while it owns partitions.
+var handoffKinds = []string{kindKill, kindPause, kindPauseInTx}
+
+// Broker settings of the run: the retention check runs every 500ms (Kafka:
+// 10 minutes), so that an expiry fault takes a second once it lowers the
+// retention; offsets are kept for the default 7 days otherwise, and an
+// active group's offsets never expire.
+const brokerConfig = "offsets.retention.check.interval.ms=500"
 
 // fault is one injected fault and how the system recovered from it.
 type fault struct {
@@ -108,6 +133,7 @@ type world struct {
 	broker      *proc
 	brokerGen   int
 	slots       []*slot
+	resets      []string // group reset modes still to come, shuffled
 	all         []*proc
 	unexpected  []string // processes that ended on their own
 	notes       []string // what the harness saw that is worth a line
@@ -191,7 +217,8 @@ func (w *world) setup() {
 	w.brokerAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	w.brokerArgs = []string{"broker", "--listen", w.brokerAddr, "--data-dir", filepath.Join(dir, "broker-data"),
 		"--topic", topicName, "--partitions", strconv.Itoa(partitions),
-		"--consumer-session-timeout", sessionTimeout.String(), "--consumer-heartbeat-interval", "500ms"}
+		"--consumer-session-timeout", sessionTimeout.String(), "--consumer-heartbeat-interval", "500ms",
+		"--broker-config", brokerConfig}
 	if err := w.startBroker(); err != nil {
 		t.Fatal(err)
 	}
@@ -263,8 +290,12 @@ func (w *world) startBroker() error {
 	return waitListening(w.brokerAddr, 30*time.Second, p)
 }
 
-func (w *world) startWorker(s *slot) error {
-	name := fmt.Sprintf("w%d.%d", s.n, s.gen)
+// nextName is the name of the slot's next worker process.
+func (s *slot) nextName() string { return fmt.Sprintf("w%d.%d", s.n, s.gen) }
+
+// startWorker starts the slot's next worker process, with extra flags.
+func (w *world) startWorker(s *slot, extra ...string) error {
+	name := s.nextName()
 	s.gen++
 	args := []string{"worker",
 		"--brokers", w.brokerAddr, "--group", groupName, "--topic", topicName,
@@ -277,6 +308,7 @@ func (w *world) startWorker(s *slot) error {
 		"--protocol", w.cfg.protocol, "--batch-max", "50",
 		"--name", name, "--log-level", "debug",
 	}
+	args = append(args, extra...)
 	p, err := startProc(name, filepath.Join(w.logDir, fmt.Sprintf("w%d.log", s.n)), args,
 		func(p *proc, line string) { w.book.record(p.name, line) })
 	if err != nil {
@@ -472,6 +504,8 @@ func (w *world) inject() {
 			w.restartBroker()
 		case kindGroupDelete:
 			w.deleteGroup()
+		case kindPauseInTx:
+			w.pauseInTx()
 		}
 		w.sleep(w.between(time.Second, 4*time.Second))
 	}
@@ -556,51 +590,271 @@ func (w *world) restartBroker() {
 	w.end(f)
 }
 
-// deleteGroup stops every worker gracefully, deletes the consumer group (its
-// epochs restart at 1, below the tokens Postgres holds) and starts the
-// workers again: they must get going on their own, through a new
-// incarnation.
+// pauseInTx freezes a worker inside its batch transaction, holding the row
+// locks of the export rows its batch wrote: the slot's worker is restarted
+// (SIGTERM, then started again) with --hold-once before-commit, so that its
+// first batch, once the handler has run and before the commit, logs
+// "holding" and waits for SIGCONT (cmd/tenure/worker.go holdHooks); then it
+// gets SIGSTOP, stays stopped past the session timeout, and SIGCONT, which
+// resumes it and releases the hold: its commit must be refused, and the new
+// owner's batches, which wait for those row locks, must not wait for the
+// zombie (consumer/handoff.go ends its session). The fault is injected at
+// the SIGSTOP; the restart before it is not part of it.
+func (w *world) pauseInTx() {
+	s := w.slots[w.rng.IntN(len(w.slots))]
+	d := w.between(sessionTimeout+time.Second, sessionTimeout+4*time.Second)
+	if err := s.p.stop(45 * time.Second); err != nil {
+		w.note("pause-in-tx: %v", err)
+	}
+	holding := w.book.awaitHolding(s.nextName())
+	if err := w.startWorker(s, "--hold-once", "before-commit"); err != nil {
+		w.t.Fatalf("starting %s: %v", s.nextName(), err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case <-holding:
+		default:
+			if time.Now().Before(deadline) && !s.p.exited() {
+				w.supervise()
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			// Never reached its hold (no partition, or it died): restart
+			// it without the hold, which would otherwise stop its first
+			// batch for good once it came.
+			w.note("pause-in-tx: %s did not reach its hold within 30s; restarted without it", s.p.name)
+			if err := s.p.stop(45 * time.Second); err != nil {
+				w.note("pause-in-tx: %v", err)
+			}
+			if err := w.startWorker(s); err != nil {
+				w.t.Fatalf("restarting %s: %v", s.p.name, err)
+			}
+			return
+		}
+		break
+	}
+	f := w.begin(kindPauseInTx, d.Round(100*time.Millisecond).String(), s.p.name)
+	if err := s.p.pause(); err != nil {
+		w.note("pause-in-tx: %v", err)
+	}
+	w.mark(f)
+	time.Sleep(d)
+	s.p.resume()
+	w.end(f)
+}
+
+// nextReset picks the mode of the next group reset: from the seeded rng, each
+// mode once before any comes again, so that a run with two resets has two
+// modes.
+func (w *world) nextReset() string {
+	if len(w.resets) == 0 {
+		w.resets = append([]string(nil), resetModes...)
+		w.rng.Shuffle(len(w.resets), func(i, j int) { w.resets[i], w.resets[j] = w.resets[j], w.resets[i] })
+	}
+	m := w.resets[0]
+	w.resets = w.resets[1:]
+	return m
+}
+
+// deleteGroup ends the consumer group's lifetime: its epochs restart at 1,
+// below the tokens Postgres holds, and the workers must get going on their
+// own through a new incarnation, while nothing of the old lifetime is
+// accepted once the new one has claimed (issue 7). The harness deletes the
+// group with the Kafka API (DeleteGroups), not `tenure admin group delete`,
+// so no incarnation is bumped beforehand: the workers must detect the reset
+// themselves. The modes:
+//
+//   - graceful: every worker stopped (SIGTERM), the group deleted, the
+//     workers started again;
+//   - frozen: one worker SIGSTOPped first (a zombie holding partitions), the
+//     others stopped; once the coordinator has evicted the zombie (one
+//     session timeout) the group is deleted, the others start a new
+//     lifetime, and only when it has claimed every partition does the
+//     zombie get SIGCONT: its claims and commits must all be refused;
+//   - live: deletion without stopping the workers first. Kafka (and kfake)
+//     refuse DeleteGroups while the group has members (NON_EMPTY_GROUP), so
+//     no operator can delete a group under members that heartbeat; what
+//     "without stopping" can mean is members that never left: every worker
+//     SIGKILLed (no LeaveGroup, no last mirror of offsets, transactions cut
+//     off), the group deleted the moment the coordinator has expired the
+//     last of them, and the workers started again at once;
+//   - expiry: the group expires instead of being deleted: every worker
+//     stopped (the group is empty, with the offsets the workers mirrored to
+//     it), the broker's offset retention lowered to 1ms so that its
+//     retention check (every 500ms here) expires the offsets and sweeps the
+//     empty group, as Kafka does after offsets.retention.minutes; the
+//     retention is put back and the workers started again. Nobody deleted
+//     anything: to tenure the group and its committed offsets are just gone
+//     (no divergence can be seen without them, docs/fencing.md).
 func (w *world) deleteGroup() {
-	f := w.begin(kindGroupDelete, "", "")
+	mode := w.nextReset()
+	switch mode {
+	case resetFrozen:
+		w.resetFrozen()
+		return
+	case resetLive:
+		w.resetLive()
+		return
+	}
+	f := w.begin(kindGroupDelete, mode, "")
+	w.stopAll(w.slots, "group "+mode)
+	w.mark(f)
+	if mode == resetExpiry {
+		w.expireGroup()
+	} else {
+		w.deleteWhenEmpty()
+	}
+	w.startAll(w.slots)
+	w.end(f)
+}
+
+func (w *world) resetFrozen() {
+	z := w.slots[w.rng.IntN(len(w.slots))]
+	f := w.begin(kindGroupDelete, resetFrozen, z.p.name)
+	if err := z.p.pause(); err != nil {
+		w.note("group frozen: %v", err)
+	}
+	var others []*slot
+	for _, s := range w.slots {
+		if s != z {
+			others = append(others, s)
+		}
+	}
+	w.stopAll(others, "group frozen")
+	w.mark(f)
+	w.deleteWhenEmpty() // once the coordinator has evicted the zombie
+	restarted := time.Now()
+	w.startAll(others)
+	// The zombie wakes only once the new lifetime holds every partition:
+	// the case the incarnation exists for.
+	if err := w.waitClaimedSince(restarted, 60*time.Second); err != nil {
+		w.note("group frozen: %v; resuming %s anyway", err, z.p.name)
+	}
+	z.p.resume()
+	w.end(f)
+}
+
+func (w *world) resetLive() {
+	f := w.begin(kindGroupDelete, resetLive, "")
 	var wg sync.WaitGroup
 	for _, s := range w.slots {
 		wg.Add(1)
 		go func(p *proc) {
 			defer wg.Done()
-			if err := p.stop(45 * time.Second); err != nil {
-				w.note("group delete: %v", err)
+			if err := p.kill(); err != nil {
+				w.t.Errorf("group live: %v", err)
 			}
 		}(s.p)
 	}
 	wg.Wait()
 	w.mark(f)
+	w.deleteWhenEmpty()
+	w.startAll(w.slots)
+	w.end(f)
+}
+
+// stopAll stops the slots' workers gracefully, in parallel.
+func (w *world) stopAll(slots []*slot, why string) {
+	var wg sync.WaitGroup
+	for _, s := range slots {
+		wg.Add(1)
+		go func(p *proc) {
+			defer wg.Done()
+			if err := p.stop(45 * time.Second); err != nil {
+				w.note("%s: %v", why, err)
+			}
+		}(s.p)
+	}
+	wg.Wait()
+}
+
+func (w *world) startAll(slots []*slot) {
+	for _, s := range slots {
+		if err := w.startWorker(s); err != nil {
+			w.t.Fatalf("starting %s again: %v", s.nextName(), err)
+		}
+	}
+}
+
+// deleteWhenEmpty deletes the group as soon as the coordinator lets it
+// (it refuses while the group has members).
+func (w *world) deleteWhenEmpty() {
 	// A worker killed between its JoinGroup and SyncGroup can keep the group
-	// non-empty until the rebalance timeout (60s, the workers' default)
-	// passes: kfake waits that long for it, where Apache Kafka would drop
-	// it after the session timeout. Wait past that.
+	// non-empty until the rebalance timeout passes: kfake waits that long
+	// for it, where Apache Kafka would drop it after the session timeout.
+	// Wait past that.
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		resp, err := w.adm.DeleteGroup(ctx, groupName)
 		cancel()
 		if err == nil && resp.Err == nil {
-			break
+			return
 		}
 		if err == nil && errors.Is(resp.Err, kerr.GroupIDNotFound) {
 			w.note("group delete: the group did not exist any more")
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			w.t.Fatalf("deleting group %s: %v / %v", groupName, err, resp.Err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
-	for _, s := range w.slots {
-		if err := w.startWorker(s); err != nil {
-			w.t.Fatalf("starting %s again: %v", s.p.name, err)
+}
+
+// expireGroup lets the empty group expire: the broker's offset retention is
+// lowered until its retention check has expired the group's offsets and
+// swept the group, then put back.
+func (w *world) expireGroup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if offs, err := w.adm.FetchOffsets(ctx, groupName); err == nil {
+		n := 0
+		offs.Each(func(kadm.OffsetResponse) { n++ })
+		w.t.Logf("group expiry: the empty group has %d committed offsets (the workers' mirror)", n)
+	}
+	one := "1"
+	if _, err := w.adm.AlterBrokerConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "offset.retention.ms", Value: &one}}); err != nil {
+		w.t.Fatalf("group expiry: lowering the offset retention: %v", err)
+	}
+	defer func() {
+		if _, err := w.adm.AlterBrokerConfigs(context.Background(), []kadm.AlterConfig{{Op: kadm.DeleteConfig, Name: "offset.retention.ms"}}); err != nil {
+			w.t.Fatalf("group expiry: putting the offset retention back: %v", err)
 		}
+	}()
+	for {
+		lg, err := w.adm.ListGroups(ctx)
+		if err == nil {
+			if _, ok := lg[groupName]; !ok {
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			w.t.Fatalf("group expiry: group %s still there 60s after the retention was lowered (%v)", groupName, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	w.end(f)
+}
+
+// waitClaimedSince waits until every partition's fencing row was claimed
+// after since (by the Postgres clock; one machine).
+func (w *world) waitClaimedSince(since time.Time, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		var n int
+		err := w.pool.QueryRow(ctx, `SELECT count(*) FROM `+schemaName+`.fences WHERE consumer_group = $1 AND topic = $2 AND claimed_at > $3`,
+			groupName, topicName, since).Scan(&n)
+		cancel()
+		if err == nil && n == partitions {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d partitions claimed %s after the restart (%v)", n, partitions, timeout, err)
+		}
+		w.sleep(100 * time.Millisecond)
+	}
 }
 
 // drain stops the producer and waits until every partition's stored next
@@ -876,7 +1130,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	// the assignment path: either way the evidence has a gap that someone
 	// should read, but no promise is shown to be broken, and CheckLog above
 	// still checks those entries' tokens.
-	_, assignments := w.book.claimants()
+	claimWorker, assignments := w.book.claimants()
 	owned, unmatched := history.CheckOwnership(h.Log, assignments)
 	for _, v := range owned {
 		violate("ownership: %s", v)
@@ -1039,6 +1293,15 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 		find("%s", n)
 	}
 
+	// 7. Hand-off latency of kills and pauses (measured, not asserted).
+	ho, err := w.handoffs(ctx, faults, claimWorker)
+	if err != nil {
+		t.Errorf("measuring hand-offs: %v", err)
+	}
+	for _, l := range ho.slow {
+		find("%s", l)
+	}
+
 	// The summary.
 	var total int64
 	for p := int32(0); p < partitions; p++ {
@@ -1060,14 +1323,15 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	}
 	fmt.Fprintf(&s, "; unexpected process exits %d\n", len(unexpected))
 	fmt.Fprintf(&s, "recovery:    time until every partition has processed a job produced once the fault was in effect\n")
-	fmt.Fprintf(&s, "  %-15s %5s %23s %23s %11s %11s\n", "kind", "count", "from injection p50/max", "from fault end p50/max", "unrecovered", "rejections")
-	for _, k := range kinds {
+	fmt.Fprintf(&s, "  %-21s %5s %23s %23s %11s %11s\n", "kind", "count", "from injection p50/max", "from fault end p50/max", "unrecovered", "rejections")
+	for _, k := range tableRows() {
 		var fromInj, fromEnd []time.Duration
-		unrec := 0
+		unrec, n := 0, 0
 		for _, f := range faults {
-			if f.Kind != k {
+			if f.row() != k {
 				continue
 			}
+			n++
 			if f.Recovered.IsZero() {
 				unrec++
 				continue
@@ -1075,7 +1339,21 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 			fromInj = append(fromInj, f.Recovered.Sub(f.Injected))
 			fromEnd = append(fromEnd, max(0, f.Recovered.Sub(f.Ended)))
 		}
-		fmt.Fprintf(&s, "  %-15s %5d %23s %23s %11d %11d\n", k, countKind(faults, k), p50max(fromInj), p50max(fromEnd), unrec, rejectionsAfter(faults, k, rejections))
+		fmt.Fprintf(&s, "  %-21s %5d %23s %23s %11d %11d\n", k, n, p50max(fromInj), p50max(fromEnd), unrec, rejectionsAfter(faults, k, rejections))
+	}
+	fmt.Fprintf(&s, "hand-off:    from the fault (SIGKILL, SIGSTOP) to the first commit by a new owner of each partition the worker held then (Postgres's clock); target max <= %s (session timeout + 2s)\n",
+		handoffTarget)
+	fmt.Fprintf(&s, "  %-21s %5s %9s %9s %9s %8s %14s\n", "kind", "count", "p50", "p99", "max", "target", "not handed off")
+	for _, k := range handoffKinds {
+		ds := ho.took[k]
+		within := "-"
+		if len(ds) > 0 {
+			within = "met"
+			if slices.Max(ds) > handoffTarget {
+				within = "MISSED"
+			}
+		}
+		fmt.Fprintf(&s, "  %-21s %5d %9s %9s %9s %8s %14d\n", k, len(ds), pct(ds, 50), pct(ds, 99), pct(ds, 100), within, ho.none[k])
 	}
 	fmt.Fprintf(&s, "ownership:   %d fence log entries checked against %d assignments the workers logged; %d unmatched\n",
 		len(h.Log), len(assignments), len(unmatched))
@@ -1128,6 +1406,122 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 func (w *world) replay() string {
 	return fmt.Sprintf("go test ./integration/chaos -run TestChaos -v -timeout 0 -chaos.seed %d -chaos.duration %s -chaos.workers %d -chaos.protocol %s -chaos.rate %d",
 		w.cfg.seed, w.cfg.duration, w.cfg.workers, w.cfg.protocol, w.cfg.rate)
+}
+
+// row is the fault's line in the summary's tables: its kind, and for group
+// resets the mode too.
+func (f *fault) row() string {
+	if f.Kind == kindGroupDelete {
+		return f.Kind + "/" + f.Mode
+	}
+	return f.Kind
+}
+
+func tableRows() []string {
+	var out []string
+	for _, k := range kinds {
+		if k != kindGroupDelete {
+			out = append(out, k)
+			continue
+		}
+		for _, m := range resetModes {
+			out = append(out, k+"/"+m)
+		}
+	}
+	return out
+}
+
+// handoffTarget is issue 16's bound on a hand-off: the coordinator notices a
+// dead or frozen member after one session timeout; two seconds more for the
+// rebalance, the claim and the first batch.
+const handoffTarget = sessionTimeout + 2*time.Second
+
+type handoffs struct {
+	took map[string][]time.Duration // per fault kind, one per (fault, partition)
+	none map[string]int             // (fault, partition) pairs with no commit by a new owner
+	slow []string                   // the hand-offs above the target, for the findings
+}
+
+// handoffs measures, for each kill, pause and pause-in-tx, the time from the
+// fault (the SIGKILL or SIGSTOP) to the first commit by a new owner of each
+// partition the target held at that instant, from tenure's side: the fence
+// log's commit times (clock_timestamp() of the commit statement, the
+// harness and Postgres share a clock). The holder of a partition at the
+// instant is the claimant of its last accepted claim before it (the fence
+// log), and that claim's lane belongs to the target process if the target
+// logged its claim id ("claiming partition"); a new owner is any other
+// claim, the target's own after it rejoined included (a new lane the
+// coordinator gave the partition to). Measuring commits, not the harness's
+// markers, keeps the producer's own stalls out of it.
+func (w *world) handoffs(ctx context.Context, faults []*fault, claimWorker map[int64]string) (handoffs, error) {
+	ho := handoffs{took: map[string][]time.Duration{}, none: map[string]int{}}
+	type entry struct {
+		kind    string
+		claimID int64
+		at      time.Time
+	}
+	byPart := map[int32][]entry{}
+	rows, err := w.pool.Query(ctx, `SELECT kind, partition, claim_id, at FROM `+schemaName+`.fence_log WHERE consumer_group = $1 AND topic = $2 ORDER BY id`,
+		groupName, topicName)
+	if err != nil {
+		return ho, err
+	}
+	var e entry
+	var p int32
+	if _, err := pgx.ForEachRow(rows, []any{&e.kind, &p, &e.claimID, &e.at}, func() error {
+		byPart[p] = append(byPart[p], e)
+		return nil
+	}); err != nil {
+		return ho, err
+	}
+	for _, f := range faults {
+		if !slices.Contains(handoffKinds, f.Kind) {
+			continue
+		}
+		for p := int32(0); p < partitions; p++ {
+			es := byPart[p]
+			held := -1
+			for i, e := range es {
+				if e.at.After(f.Injected) {
+					break
+				}
+				if e.kind == "claim" {
+					held = i
+				}
+			}
+			if held < 0 || claimWorker[es[held].claimID] != f.Target {
+				continue
+			}
+			found := false
+			for _, e := range es[held+1:] {
+				if e.kind == "commit" && e.claimID != es[held].claimID && e.at.After(f.Injected) {
+					d := e.at.Sub(f.Injected)
+					ho.took[f.Kind] = append(ho.took[f.Kind], d)
+					if d > handoffTarget {
+						ho.slow = append(ho.slow, fmt.Sprintf("hand-off of partition %d after %s took %s (target %s): new owner %s",
+							p, f, d.Round(time.Millisecond), handoffTarget, claimWorker[e.claimID]))
+					}
+					found = true
+					break
+				}
+			}
+			if !found {
+				ho.none[f.Kind]++
+			}
+		}
+	}
+	return ho, nil
+}
+
+// pct is the q-th percentile (nearest rank) of ds.
+func pct(ds []time.Duration, q int) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (q*len(s)+99)/100 - 1
+	return s[max(0, i)].Round(10 * time.Millisecond).String()
 }
 
 // latestFault is the last fault injected at or before at.
@@ -1199,10 +1593,10 @@ func countKind(fs []*fault, kind string) int {
 
 // rejectionsAfter counts the rejections logged while a fault of kind was the
 // latest one injected.
-func rejectionsAfter(fs []*fault, kind string, rej []batchEvent) int {
+func rejectionsAfter(fs []*fault, row string, rej []batchEvent) int {
 	n := 0
 	for _, r := range rej {
-		if f := latestFault(fs, r.At); f != nil && f.Kind == kind {
+		if f := latestFault(fs, r.At); f != nil && f.row() == row {
 			n++
 		}
 	}
