@@ -710,7 +710,13 @@ func (w *world) deleteGroup() {
 }
 
 func (w *world) resetFrozen() {
-	z := w.slots[w.rng.IntN(len(w.slots))]
+	// The zombie must hold partitions (a worker that has just joined may
+	// hold none yet): one of the workers whose claims are on fencing rows.
+	candidates := w.holders()
+	if len(candidates) == 0 {
+		candidates = w.slots
+	}
+	z := candidates[w.rng.IntN(len(candidates))]
 	f := w.begin(kindGroupDelete, resetFrozen, z.p.name)
 	if err := z.p.pause(); err != nil {
 		w.note("group frozen: %v", err)
@@ -752,6 +758,33 @@ func (w *world) resetLive() {
 	w.deleteWhenEmpty()
 	w.startAll(w.slots)
 	w.end(f)
+}
+
+// holders are the slots whose current worker holds a partition: its lane's
+// claim is on the partition's fencing row.
+func (w *world) holders() []*slot {
+	claimWorker, _ := w.book.claimants()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	rows, err := w.pool.Query(ctx, `SELECT claim_id FROM `+schemaName+`.fences WHERE consumer_group = $1 AND topic = $2`, groupName, topicName)
+	if err != nil {
+		return nil
+	}
+	held := map[string]bool{}
+	var id int64
+	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error {
+		held[claimWorker[id]] = true
+		return nil
+	}); err != nil {
+		return nil
+	}
+	var out []*slot
+	for _, s := range w.slots {
+		if held[s.p.name] {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // stopAll stops the slots' workers gracefully, in parallel.
