@@ -598,16 +598,30 @@ func (w *world) restartBroker() {
 // gets SIGSTOP, stays stopped past the session timeout, and SIGCONT, which
 // resumes it and releases the hold: its commit must be refused, and the new
 // owner's batches, which wait for those row locks, must not wait for the
-// zombie (consumer/handoff.go ends its session). The fault is injected at
-// the SIGSTOP; the restart before it is not part of it.
+// zombie. Who frees the locks is the mode:
+//
+//   - idle-timeout: the worker's default idle_in_transaction_session_timeout
+//     (--handler-timeout 1s + 1s = 2s), which ends the frozen session before
+//     the coordinator even moves its partitions (one session timeout);
+//   - lock-watch: the worker is started with --idle-in-tx-timeout 60s, so
+//     that only the new owner's lock watch (consumer/handoff.go: it ends the
+//     session of an older claimant of its partition that blocks its batch)
+//     lets the new owner's batches through.
+//
+// The fault is injected at the SIGSTOP; the restart before it is not part
+// of it.
 func (w *world) pauseInTx() {
 	s := w.slots[w.rng.IntN(len(w.slots))]
 	d := w.between(sessionTimeout+time.Second, sessionTimeout+4*time.Second)
+	mode, flags := "idle-timeout", []string{"--hold-once", "before-commit"}
+	if w.rng.IntN(2) == 0 {
+		mode, flags = "lock-watch", append(flags, "--idle-in-tx-timeout", "60s")
+	}
 	if err := s.p.stop(45 * time.Second); err != nil {
 		w.note("pause-in-tx: %v", err)
 	}
 	holding := w.book.awaitHolding(s.nextName())
-	if err := w.startWorker(s, "--hold-once", "before-commit"); err != nil {
+	if err := w.startWorker(s, flags...); err != nil {
 		w.t.Fatalf("starting %s: %v", s.nextName(), err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -634,7 +648,7 @@ func (w *world) pauseInTx() {
 		}
 		break
 	}
-	f := w.begin(kindPauseInTx, d.Round(100*time.Millisecond).String(), s.p.name)
+	f := w.begin(kindPauseInTx, mode+" "+d.Round(100*time.Millisecond).String(), s.p.name)
 	if err := s.p.pause(); err != nil {
 		w.note("pause-in-tx: %v", err)
 	}
@@ -1356,7 +1370,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	}
 	fmt.Fprintf(&s, "; unexpected process exits %d\n", len(unexpected))
 	fmt.Fprintf(&s, "recovery:    time until every partition has processed a job produced once the fault was in effect\n")
-	fmt.Fprintf(&s, "  %-21s %5s %23s %23s %11s %11s\n", "kind", "count", "from injection p50/max", "from fault end p50/max", "unrecovered", "rejections")
+	fmt.Fprintf(&s, "  %-24s %5s %23s %23s %11s %11s\n", "kind", "count", "from injection p50/max", "from fault end p50/max", "unrecovered", "rejections")
 	for _, k := range tableRows() {
 		var fromInj, fromEnd []time.Duration
 		unrec, n := 0, 0
@@ -1372,12 +1386,15 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 			fromInj = append(fromInj, f.Recovered.Sub(f.Injected))
 			fromEnd = append(fromEnd, max(0, f.Recovered.Sub(f.Ended)))
 		}
-		fmt.Fprintf(&s, "  %-21s %5d %23s %23s %11d %11d\n", k, n, p50max(fromInj), p50max(fromEnd), unrec, rejectionsAfter(faults, k, rejections))
+		fmt.Fprintf(&s, "  %-24s %5d %23s %23s %11d %11d\n", k, n, p50max(fromInj), p50max(fromEnd), unrec, rejectionsAfter(faults, k, rejections))
 	}
 	fmt.Fprintf(&s, "hand-off:    from the fault (SIGKILL, SIGSTOP) to the first commit by a new owner of each partition the worker held then (Postgres's clock); target max <= %s (session timeout + 2s)\n",
 		handoffTarget)
-	fmt.Fprintf(&s, "  %-21s %5s %9s %9s %9s %8s %14s\n", "kind", "count", "p50", "p99", "max", "target", "not handed off")
-	for _, k := range handoffKinds {
+	fmt.Fprintf(&s, "  %-24s %5s %9s %9s %9s %8s %14s\n", "kind", "count", "p50", "p99", "max", "target", "not handed off")
+	for _, k := range tableRows() {
+		if !slices.Contains(handoffKinds, strings.Split(k, "/")[0]) {
+			continue
+		}
 		ds := ho.took[k]
 		within := "-"
 		if len(ds) > 0 {
@@ -1386,7 +1403,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 				within = "MISSED"
 			}
 		}
-		fmt.Fprintf(&s, "  %-21s %5d %9s %9s %9s %8s %14d\n", k, len(ds), pct(ds, 50), pct(ds, 99), pct(ds, 100), within, ho.none[k])
+		fmt.Fprintf(&s, "  %-24s %5d %9s %9s %9s %8s %14d\n", k, len(ds), pct(ds, 50), pct(ds, 99), pct(ds, 100), within, ho.none[k])
 	}
 	fmt.Fprintf(&s, "ownership:   %d fence log entries checked against %d assignments the workers logged; %d unmatched\n",
 		len(h.Log), len(assignments), len(unmatched))
@@ -1443,9 +1460,14 @@ func (w *world) replay() string {
 
 // row is the fault's line in the summary's tables: its kind, and for group
 // resets the mode too.
+// resets by mode, pauses inside a transaction by who frees their locks.
 func (f *fault) row() string {
-	if f.Kind == kindGroupDelete {
+	switch f.Kind {
+	case kindGroupDelete:
 		return f.Kind + "/" + f.Mode
+	case kindPauseInTx:
+		mode, _, _ := strings.Cut(f.Mode, " ")
+		return f.Kind + "/" + mode
 	}
 	return f.Kind
 }
@@ -1453,12 +1475,15 @@ func (f *fault) row() string {
 func tableRows() []string {
 	var out []string
 	for _, k := range kinds {
-		if k != kindGroupDelete {
+		switch k {
+		case kindGroupDelete:
+			for _, m := range resetModes {
+				out = append(out, k+"/"+m)
+			}
+		case kindPauseInTx:
+			out = append(out, k+"/idle-timeout", k+"/lock-watch")
+		default:
 			out = append(out, k)
-			continue
-		}
-		for _, m := range resetModes {
-			out = append(out, k+"/"+m)
 		}
 	}
 	return out
@@ -1470,8 +1495,8 @@ func tableRows() []string {
 const handoffTarget = sessionTimeout + 2*time.Second
 
 type handoffs struct {
-	took map[string][]time.Duration // per fault kind, one per (fault, partition)
-	none map[string]int             // (fault, partition) pairs with no commit by a new owner
+	took map[string][]time.Duration // per table row (fault.row), one per (fault, partition)
+	none map[string]int             // per row, (fault, partition) pairs with no commit by a new owner
 	slow []string                   // the hand-offs above the target, for the findings
 }
 
@@ -1529,7 +1554,7 @@ func (w *world) handoffs(ctx context.Context, faults []*fault, claimWorker map[i
 			for _, e := range es[held+1:] {
 				if e.kind == "commit" && e.claimID != es[held].claimID && e.at.After(f.Injected) {
 					d := e.at.Sub(f.Injected)
-					ho.took[f.Kind] = append(ho.took[f.Kind], d)
+					ho.took[f.row()] = append(ho.took[f.row()], d)
 					if d > handoffTarget {
 						ho.slow = append(ho.slow, fmt.Sprintf("hand-off of partition %d after %s took %s (target %s): new owner %s",
 							p, f, d.Round(time.Millisecond), handoffTarget, claimWorker[e.claimID]))
@@ -1539,7 +1564,7 @@ func (w *world) handoffs(ctx context.Context, faults []*fault, claimWorker map[i
 				}
 			}
 			if !found {
-				ho.none[f.Kind]++
+				ho.none[f.row()]++
 			}
 		}
 	}

@@ -6,7 +6,9 @@
 //   - pause: SIGSTOP of a worker for longer than the session timeout, then
 //     SIGCONT (the worker wakes up as a zombie);
 //   - pause-in-tx: the same, of a worker frozen inside its batch transaction
-//     (--hold-once before-commit), holding the row locks of its exports;
+//     (--hold-once before-commit), holding the row locks of its exports,
+//     freed by Postgres's idle-in-transaction timeout (idle-timeout) or, with
+//     that timeout at 60s, by the new owner's lock watch (lock-watch);
 //   - kill: SIGKILL of a worker, restarted a moment later;
 //   - pg-restart: PostgreSQL stopped (fast or immediate) and started again;
 //   - broker-restart: the broker stopped (SIGTERM or SIGKILL) and started
