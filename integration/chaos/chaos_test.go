@@ -1388,9 +1388,9 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 		}
 		fmt.Fprintf(&s, "  %-24s %5d %23s %23s %11d %11d\n", k, n, p50max(fromInj), p50max(fromEnd), unrec, rejectionsAfter(faults, k, rejections))
 	}
-	fmt.Fprintf(&s, "hand-off:    from the fault (SIGKILL, SIGSTOP) to the first commit by a new owner of each partition the worker held then (Postgres's clock); target max <= %s (session timeout + 2s)\n",
-		handoffTarget)
-	fmt.Fprintf(&s, "  %-24s %5s %9s %9s %9s %8s %14s\n", "kind", "count", "p50", "p99", "max", "target", "not handed off")
+	fmt.Fprintf(&s, "hand-off:    from the fault (SIGKILL, SIGSTOP) to the first commit by a new owner of each partition the worker held then (Postgres's clock); "+
+		"target max <= %s (session timeout + 2s); overlapped: another fault was injected before the new owner's commit\n", handoffTarget)
+	fmt.Fprintf(&s, "  %-24s %5s %9s %9s %9s %8s %14s %10s\n", "kind", "count", "p50", "p99", "max", "target", "not handed off", "overlapped")
 	for _, k := range tableRows() {
 		if !slices.Contains(handoffKinds, strings.Split(k, "/")[0]) {
 			continue
@@ -1403,7 +1403,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 				within = "MISSED"
 			}
 		}
-		fmt.Fprintf(&s, "  %-24s %5d %9s %9s %9s %8s %14d\n", k, len(ds), pct(ds, 50), pct(ds, 99), pct(ds, 100), within, ho.none[k])
+		fmt.Fprintf(&s, "  %-24s %5d %9s %9s %9s %8s %14d %10d\n", k, len(ds), pct(ds, 50), pct(ds, 99), pct(ds, 100), within, ho.none[k], ho.overlapped[k])
 	}
 	fmt.Fprintf(&s, "ownership:   %d fence log entries checked against %d assignments the workers logged; %d unmatched\n",
 		len(h.Log), len(assignments), len(unmatched))
@@ -1497,7 +1497,10 @@ const handoffTarget = sessionTimeout + 2*time.Second
 type handoffs struct {
 	took map[string][]time.Duration // per table row (fault.row), one per (fault, partition)
 	none map[string]int             // per row, (fault, partition) pairs with no commit by a new owner
-	slow []string                   // the hand-offs above the target, for the findings
+	// per row, the hand-offs during which another fault was injected (a
+	// Postgres or broker restart, say, that the new owner waited for)
+	overlapped map[string]int
+	slow       []string // the hand-offs above the target, for the findings
 }
 
 // handoffs measures, for each kill, pause and pause-in-tx, the time from the
@@ -1512,7 +1515,7 @@ type handoffs struct {
 // coordinator gave the partition to). Measuring commits, not the harness's
 // markers, keeps the producer's own stalls out of it.
 func (w *world) handoffs(ctx context.Context, faults []*fault, claimWorker map[int64]string) (handoffs, error) {
-	ho := handoffs{took: map[string][]time.Duration{}, none: map[string]int{}}
+	ho := handoffs{took: map[string][]time.Duration{}, none: map[string]int{}, overlapped: map[string]int{}}
 	type entry struct {
 		kind    string
 		claimID int64
@@ -1555,9 +1558,23 @@ func (w *world) handoffs(ctx context.Context, faults []*fault, claimWorker map[i
 				if e.kind == "commit" && e.claimID != es[held].claimID && e.at.After(f.Injected) {
 					d := e.at.Sub(f.Injected)
 					ho.took[f.row()] = append(ho.took[f.row()], d)
+					// Faults injected while the partition was between owners.
+					var during []string
+					for _, g := range faults {
+						if g.Injected.After(f.Injected) && g.Injected.Before(e.at) {
+							during = append(during, fmt.Sprintf("%s +%s", g.row(), g.Injected.Sub(f.Injected).Round(time.Millisecond)))
+						}
+					}
+					if len(during) > 0 {
+						ho.overlapped[f.row()]++
+					}
 					if d > handoffTarget {
-						ho.slow = append(ho.slow, fmt.Sprintf("hand-off of partition %d after %s took %s (target %s): new owner %s",
-							p, f, d.Round(time.Millisecond), handoffTarget, claimWorker[e.claimID]))
+						msg := fmt.Sprintf("hand-off of partition %d after %s took %s (target %s): new owner %s",
+							p, f, d.Round(time.Millisecond), handoffTarget, claimWorker[e.claimID])
+						if len(during) > 0 {
+							msg += "; faults injected meanwhile: " + strings.Join(during, ", ")
+						}
+						ho.slow = append(ho.slow, msg)
 					}
 					found = true
 					break

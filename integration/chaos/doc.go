@@ -61,7 +61,10 @@
 // from the SIGKILL or SIGSTOP to the partition's first commit by another
 // claim, by the fence log's commit times: tenure's side, so the producer's
 // own stalls do not count. The target (issue 16) is at most the session
-// timeout + 2s; it is measured and printed, not asserted.
+// timeout + 2s; it is measured and printed, not asserted. A hand-off during
+// which another fault was injected (a Postgres restart the new owner waits
+// for) is counted as overlapped, and one above the target is a finding that
+// names the faults that overlapped it.
 //
 // Run the short run (part of `go test ./...`; about 2 minutes, at most 3 on
 // two cores unless something is stuck):
