@@ -159,22 +159,20 @@ func (l *lane) awaitHold() bool {
 	if h.Kind == sink.HoldLogTruncated {
 		l.c.stats.jobsLost.Add(h.LogStart - h.NextOffset)
 	}
+	// The hold is recorded before it is logged: the line tells an operator
+	// to acknowledge it, and the acknowledgement needs the recorded hold.
+	h.From, h.To = -1, -1
+	if !l.recordHold(*h) {
+		return false
+	}
 	if h.Kind == sink.HoldDiverged {
 		l.log.Error("partition held: the database is behind what this group had acknowledged (it lost commits); waiting for an operator to run `"+l.ackCommand()+"`",
 			zap.String("hold", string(h.Kind)), zap.String("reason", h.Reason), zap.Int64("next_offset", h.NextOffset),
 			zap.Int64("acked_offset", h.AckedOffset), zap.Bool("held", true))
-		h.From, h.To = -1, -1
-		if !l.recordHold(*h) {
-			return false
-		}
-		return l.awaitOperator(false)
-	}
-	l.log.Error("partition held: its stored offsets do not fit the log; waiting for an operator to run `"+l.ackCommand()+"`",
-		zap.String("hold", string(h.Kind)), zap.String("reason", h.Reason), zap.Int64("next_offset", h.NextOffset),
-		zap.Int64("log_start", h.LogStart), zap.Int64("high_watermark", h.HighWatermark), zap.Bool("held", true))
-	h.From, h.To = -1, -1
-	if !l.recordHold(*h) {
-		return false
+	} else {
+		l.log.Error("partition held: its stored offsets do not fit the log; waiting for an operator to run `"+l.ackCommand()+"`",
+			zap.String("hold", string(h.Kind)), zap.String("reason", h.Reason), zap.Int64("next_offset", h.NextOffset),
+			zap.Int64("log_start", h.LogStart), zap.Int64("high_watermark", h.HighWatermark), zap.Bool("held", true))
 	}
 	return l.awaitOperator(false)
 }
