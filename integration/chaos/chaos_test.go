@@ -47,9 +47,10 @@ const (
 	kindBrokerRst   = "broker-restart"
 	kindGroupDelete = "group-delete"
 	kindPauseInTx   = "pause-in-tx"
+	kindPGFailover  = "pg-failover" // with -chaos.postgres formation (formation_test.go)
 )
 
-var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete}
+var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindPGFailover}
 
 // deck is one round of faults; each round is shuffled, so that every kind
 // comes up in every round.
@@ -120,7 +121,8 @@ type world struct {
 	logDir string
 	start  time.Time
 
-	pg         *pgtest.Cluster
+	pg         *pgtest.Cluster // nil with a formation
+	ha         *haRun          // the pg_auto_failover formation (formation_test.go), or nil
 	pool       *pgxpool.Pool
 	admin      *kgo.Client
 	adm        *kadm.Client
@@ -166,6 +168,7 @@ func TestChaos(t *testing.T) {
 	w.setup()
 	w.inject()
 	hwm, records := w.drain()
+	w.checkFailovers()
 	w.checkAndReport(hwm, records)
 }
 
@@ -186,25 +189,30 @@ func (w *world) setup() {
 		os.RemoveAll(dir)
 	})
 
+	if w.cfg.postgres == postgresFormation {
+		w.startFormation() // before the 60s context: a formation takes longer to start
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	w.pg, err = pgtest.New(ctx)
-	if err != nil {
-		t.Fatalf("throwaway PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := w.pg.Close(); err != nil {
-			t.Logf("removing throwaway PostgreSQL: %v", err)
+	if w.ha == nil {
+		w.pg, err = pgtest.New(ctx)
+		if err != nil {
+			t.Fatalf("throwaway PostgreSQL: %v", err)
 		}
-	})
+		t.Cleanup(func() {
+			if err := w.pg.Close(); err != nil {
+				t.Logf("removing throwaway PostgreSQL: %v", err)
+			}
+		})
+	}
 	// Every process is ended by its PID, after SIGCONT, whatever happens.
 	t.Cleanup(w.killAll)
 
-	out, err := exec.CommandContext(ctx, tenureBin, "migrate", "--database-url", w.pg.URL(), "--schema", schemaName).CombinedOutput()
+	out, err := exec.CommandContext(ctx, tenureBin, "migrate", "--database-url", w.dbURL(), "--schema", schemaName).CombinedOutput()
 	if err != nil {
 		t.Fatalf("tenure migrate: %v: %s", err, out)
 	}
-	w.pool, err = pgxpool.New(ctx, w.pg.URL()+"&pool_max_conns=4")
+	w.pool, err = pgxpool.New(ctx, w.dbURL()+"&pool_max_conns=4")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +307,7 @@ func (w *world) startWorker(s *slot, extra ...string) error {
 	s.gen++
 	args := []string{"worker",
 		"--brokers", w.brokerAddr, "--group", groupName, "--topic", topicName,
-		"--database-url", w.pg.URL(), "--schema", schemaName, "--no-migrate",
+		"--database-url", w.dbURL(), "--schema", schemaName, "--no-migrate",
 		"--handler", "export", "--inject-faults",
 		"--session-timeout", sessionTimeout.String(), "--max-attempts", "2", "--handler-timeout", "1s",
 		// kfake waits the whole rebalance timeout for a member that died in
@@ -488,7 +496,7 @@ func (w *world) inject() {
 	var round []string
 	for time.Now().Before(stopAt) {
 		if len(round) == 0 {
-			round = append([]string(nil), deck...)
+			round = append([]string(nil), w.deck()...)
 			w.rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
 		}
 		kind := round[0]
@@ -506,6 +514,8 @@ func (w *world) inject() {
 			w.deleteGroup()
 		case kindPauseInTx:
 			w.pauseInTx()
+		case kindPGFailover:
+			w.failoverPostgres()
 		}
 		w.sleep(w.between(time.Second, 4*time.Second))
 	}
@@ -1408,6 +1418,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	}
 	fmt.Fprintf(&s, "ownership:   %d fence log entries checked against %d assignments the workers logged; %d unmatched\n",
 		len(h.Log), len(assignments), len(unmatched))
+	s.WriteString(w.failoverSummary())
 	fmt.Fprintf(&s, "violations:  %d (history checker %d, ownership %d, harness checks %d)\n", len(violations), len(checked), len(owned),
 		len(violations)-len(checked)-len(owned))
 	fmt.Fprintf(&s, "findings:    %d (allowed by the guarantee, listed in the test log)\n", len(findings))

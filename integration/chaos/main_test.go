@@ -19,6 +19,7 @@ var (
 	rateFlag     = flag.Int("chaos.rate", 0, "jobs produced per second (default 100) [TENURE_CHAOS_RATE]")
 	protocolFlag = flag.String("chaos.protocol", "", "group protocol of the workers: classic or consumer (default classic) [TENURE_CHAOS_PROTOCOL]")
 	keepFlag     = flag.Bool("chaos.keep", false, "keep the logs directory even when the run passes [TENURE_CHAOS_KEEP]")
+	postgresFlag = flag.String("chaos.postgres", "", "the run's PostgreSQL: single (one throwaway server, pg-restart faults) or formation (pg_auto_failover, pg-failover faults) (default single) [TENURE_CHAOS_POSTGRES]")
 )
 
 const (
@@ -36,6 +37,7 @@ type config struct {
 	rate     int
 	protocol string
 	keep     bool
+	postgres string // postgresSingle or postgresFormation
 }
 
 func loadConfig() (config, error) {
@@ -49,7 +51,7 @@ func loadConfig() (config, error) {
 		return v, v != ""
 	}
 	c := config{duration: *durationFlag, workers: *workersFlag, seed: *seedFlag, soak: *soakFlag,
-		rate: *rateFlag, protocol: *protocolFlag, keep: *keepFlag}
+		rate: *rateFlag, protocol: *protocolFlag, keep: *keepFlag, postgres: *postgresFlag}
 	var err error
 	if v, ok := env("chaos.soak", "TENURE_CHAOS_SOAK"); ok {
 		if c.soak, err = strconv.ParseBool(v); err != nil {
@@ -84,6 +86,12 @@ func loadConfig() (config, error) {
 	if v, ok := env("chaos.protocol", "TENURE_CHAOS_PROTOCOL"); ok {
 		c.protocol = v
 	}
+	if v, ok := env("chaos.postgres", "TENURE_CHAOS_POSTGRES"); ok {
+		c.postgres = v
+	}
+	if c.postgres == "" {
+		c.postgres = postgresSingle
+	}
 	if c.duration == 0 {
 		c.duration = shortDuration
 		if c.soak {
@@ -111,6 +119,8 @@ func loadConfig() (config, error) {
 		return c, fmt.Errorf("job rate %d/s is not in [1, 5000]", c.rate)
 	case c.protocol != "classic" && c.protocol != "consumer":
 		return c, fmt.Errorf("protocol %q is not classic or consumer", c.protocol)
+	case c.postgres != postgresSingle && c.postgres != postgresFormation:
+		return c, fmt.Errorf("-chaos.postgres %q is not %s or %s", c.postgres, postgresSingle, postgresFormation)
 	}
 	return c, nil
 }
