@@ -20,6 +20,13 @@
 //     every partition), live (every worker SIGKILLed, the group deleted the
 //     moment it is empty) and expiry (the empty group's offsets expire and
 //     the broker sweeps it: nobody deletes anything);
+//   - pg-failover, with -chaos.postgres formation (in place of pg-restart):
+//     the run's PostgreSQL is a pg_auto_failover formation (a monitor, a
+//     primary and a synchronous standby: internal/pgha), everything connects
+//     through its multi-host URL; the primary is killed (its keeper and every
+//     Postgres process, SIGKILL), the standby promoted, the killed node
+//     started again and back as a synchronous standby before the fault ends;
+//     at least 20s between two of them (formation_test.go);
 //   - fault jobs, all along: about 1% of the jobs carry
 //     "tenure-fault":"error" or "panic" and must end in the dead-letter table.
 //
@@ -82,7 +89,9 @@
 // (default 3), -chaos.seed [TENURE_CHAOS_SEED] (default: from the clock;
 // printed in the summary's first and last lines, the last being the command
 // that replays the run's fault schedule),
-// -chaos.soak [TENURE_CHAOS_SOAK], -chaos.rate [TENURE_CHAOS_RATE] (jobs per
+// -chaos.soak [TENURE_CHAOS_SOAK], -chaos.postgres [TENURE_CHAOS_POSTGRES]
+// (single, the default, or formation: needs pg_autoctl, which
+// scripts/test.sh installs), -chaos.rate [TENURE_CHAOS_RATE] (jobs per
 // second, default 100), -chaos.protocol [TENURE_CHAOS_PROTOCOL] (classic or
 // consumer), -chaos.keep [TENURE_CHAOS_KEEP] (keep the logs directory even
 // when the run passes; it is always kept when it fails).

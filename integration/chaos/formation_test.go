@@ -319,7 +319,7 @@ func (w *world) failoverSummary() string {
 	ha.mu.Lock()
 	defer ha.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "postgres:    pg_auto_failover formation (monitor, primary, synchronous standby; pgha.TestTimeouts), multi-host URL; %d pg-failovers completed, %d diverged-hold log lines\n",
+	fmt.Fprintf(&b, "postgres:    pg_auto_failover formation (monitor, primary, synchronous standby; pgha.TestTimeouts), multi-host URL (replay with -chaos.postgres formation); %d pg-failovers completed, %d diverged-hold log lines\n",
 		len(ha.failovers), len(ha.diverged))
 	if len(ha.failovers) == 0 {
 		return b.String()
