@@ -9,7 +9,7 @@ GO_FILES = $(shell { git ls-files --cached --others --exclude-standard '*.go' 2>
 	find . -name '*.go' -not -path './.git/*'; } | while read -r f; do [ -f "$$f" ] && echo "$$f"; done)
 
 .DEFAULT_GOAL := help
-.PHONY: help test race bench microbench lint demo chaos-soak model
+.PHONY: help test race bench microbench lint demo chaos-soak chaos-failover model
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-11s — %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -38,6 +38,12 @@ lint: ## go vet + gofmt check
 demo: ## the README's run command: ensure Postgres, then go run ./cmd/tenure demo
 	bash scripts/ensure-postgres.sh
 	$(GO) run ./cmd/tenure demo
+
+# The formation-backed chaos run's length: make chaos-failover FAILOVER_DURATION=30m
+FAILOVER_DURATION ?= 10m
+
+chaos-failover: ## a chaos run on a pg_auto_failover formation, its primary killed over and over (pg-failover), FAILOVER_DURATION (10m) of faults
+	$(GO) test -count=1 -timeout 0 -v -run TestChaos ./integration/chaos -chaos.postgres formation -chaos.duration $(FAILOVER_DURATION)
 
 model: ## model-check the ownership protocol with spin (docs/model/ownership.pml)
 	bash scripts/model-check.sh

@@ -103,3 +103,19 @@ for protocol in classic consumer; do
 done
 echo "== go test -race (core packages)"
 go test -race -count=1 -timeout 15m ./partition/ ./sink/ ./consumer/
+# The chaos run again on a pg_auto_failover formation (installed above):
+# its primary is killed (pg-failover: keeper and Postgres, SIGKILL) and the
+# synchronous standby promoted, among the other faults, with the same
+# checks. 1m36s here for 60s of faults (two failovers); the long one is
+# make chaos-failover.
+echo "== chaos run on a pg_auto_failover formation (60s of faults; the long one is: make chaos-failover)"
+chaos_log=$(mktemp)
+if go test -count=1 -timeout 10m -v -run TestChaos ./integration/chaos \
+	-chaos.postgres formation -chaos.duration "${TENURE_CHAOS_FAILOVER_DURATION:-60s}" >"$chaos_log" 2>&1; then
+	awk '/^==== chaos summary/ { buf = ""; on = 1 } on { buf = buf $0 "\n" } END { printf "%s", buf }' "$chaos_log"
+	rm -f "$chaos_log"
+else
+	grep -v '^=== ' "$chaos_log" | tail -n 300
+	echo "chaos run on a formation failed; full output: $chaos_log" >&2
+	exit 1
+fi
