@@ -42,13 +42,6 @@ const (
 // and the standby must have been streaming for a while.
 const failoverSpacing = 20 * time.Second
 
-// formationDeck is the deck with a formation: pg-restart (pg_ctl stop and
-// start of the one server) has no place there, as each node's keeper owns
-// its Postgres and restarts it by itself; the crash it stands for is the
-// primary's kill, which here also takes the keeper and so fails over. It
-// comes twice a round, to count more of them.
-var formationDeck = []string{kindPause, kindPause, kindKill, kindKill, kindPGFailover, kindPGFailover, kindBrokerRst, kindGroupDelete}
-
 // haRun is the formation and what each pg-failover did.
 type haRun struct {
 	f *pgha.Formation
@@ -72,11 +65,24 @@ type failover struct {
 	syncAfter   string    // sink.ReplicationOf on the new primary once healthy
 }
 
+// deck is the run's deck. With a formation it deals pg-failover twice where
+// the deck deals pg-restart (pg_ctl stop and start of the one server): in a
+// formation each node's keeper owns its Postgres and restarts it by itself,
+// and the crash pg-restart stands for is the primary's kill, which here also
+// takes the keeper and so fails over. Twice, to count more of them.
 func (w *world) deck() []string {
-	if w.ha != nil {
-		return formationDeck
+	if w.ha == nil {
+		return deck
 	}
-	return deck
+	var out []string
+	for _, k := range deck {
+		if k == kindPGRestart {
+			out = append(out, kindPGFailover, kindPGFailover)
+			continue
+		}
+		out = append(out, k)
+	}
+	return out
 }
 
 // dbURL is the URL of the run's PostgreSQL: the throwaway server's, or the
