@@ -16,6 +16,7 @@ package chaos
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -50,6 +51,7 @@ type haRun struct {
 	failovers   []*failover
 	lastHealthy time.Time
 	diverged    []string // worker log lines holding a partition as diverged
+	claimsAfter int      // claims logged after the first kill: each compares the database with Kafka's mirror
 }
 
 // failover is one pg-failover, step by step.
@@ -287,6 +289,11 @@ func (w *world) checkFailovers() {
 		}
 	}
 	var diverged []string
+	var claimsAfter int
+	var firstKill time.Time
+	if len(fos) > 0 {
+		firstKill = fos[0].killed
+	}
 	logs, _ := filepath.Glob(filepath.Join(w.logDir, "w*.log"))
 	for _, l := range logs {
 		fh, err := os.Open(l)
@@ -296,8 +303,17 @@ func (w *world) checkFailovers() {
 		sc := bufio.NewScanner(fh)
 		sc.Buffer(make([]byte, 0, 1<<16), 1<<22)
 		for sc.Scan() {
-			if line := sc.Text(); strings.Contains(line, `"hold":"diverged"`) {
+			line := sc.Text()
+			if strings.Contains(line, `"hold":"diverged"`) {
 				diverged = append(diverged, filepath.Base(l)+": "+line)
+			}
+			if !firstKill.IsZero() && strings.Contains(line, `"msg":"`+msgClaimed+`"`) {
+				var m struct{ TS string }
+				if json.Unmarshal([]byte(line), &m) == nil {
+					if at, err := time.Parse("2006-01-02T15:04:05.000Z0700", m.TS); err == nil && at.After(firstKill) {
+						claimsAfter++
+					}
+				}
 			}
 		}
 		fh.Close()
@@ -308,6 +324,7 @@ func (w *world) checkFailovers() {
 	}
 	ha.mu.Lock()
 	ha.diverged = diverged
+	ha.claimsAfter = claimsAfter
 	ha.mu.Unlock()
 	if len(diverged) > 0 || held > 0 {
 		w.note("divergence detection fired on a synchronous failover: %d worker log lines hold a partition as diverged, %d diverged holds recorded; first: %s",
@@ -325,8 +342,9 @@ func (w *world) failoverSummary() string {
 	ha.mu.Lock()
 	defer ha.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "postgres:    pg_auto_failover formation (monitor, primary, synchronous standby; pgha.TestTimeouts), multi-host URL (replay with -chaos.postgres formation); %d pg-failovers completed, %d diverged-hold log lines\n",
-		len(ha.failovers), len(ha.diverged))
+	fmt.Fprintf(&b, "postgres:    pg_auto_failover formation (monitor, primary, synchronous standby; pgha.TestTimeouts), multi-host URL (replay with -chaos.postgres formation)\n")
+	fmt.Fprintf(&b, "  %d pg-failovers completed; %d claims after the first one, each checking the database against the offsets mirrored to Kafka: %d held as diverged\n",
+		len(ha.failovers), ha.claimsAfter, len(ha.diverged))
 	if len(ha.failovers) == 0 {
 		return b.String()
 	}
