@@ -11,9 +11,9 @@
 #   5. SeaweedFS's `weed` for the S3 export test: built once per machine
 #      (scripts/build-weed.sh, 10-15 minutes the first time, cached in
 #      ~/.cache/tenure) and passed to the tests as TENURE_TEST_WEED
-#   6. all tests (integration included), two short chaos runs (classic and
-#      KIP-848 consumer protocol, seeds from the clock), then -race on the
-#      core packages
+#   6. all tests (integration included), three short chaos runs (classic,
+#      KIP-848 consumer protocol, and on a pg_auto_failover formation; seeds
+#      from the clock), then -race on the core packages
 #
 # Kafka needs nothing: tests start franz-go's kfake on loopback ports, or use
 # the cluster named by TENURE_TEST_BROKERS.
@@ -81,41 +81,35 @@ fi
 
 echo "== go test (every package but the chaos run)"
 go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)
-# Two short chaos runs, one per group protocol (classic, and KIP-848's
-# consumer protocol), each with a seed from the clock: every CI run tries
-# another fault schedule. The seed is in each summary and in the replay line
-# printed on failure; TENURE_CHAOS_SEED=N fixes it for both runs.
-# -v so that the summary (faults, rejections, violations, recovery and
-# hand-off times) is in the output even when a run passes.
-for protocol in classic consumer; do
-	echo "== chaos run ($protocol protocol, 60s of faults; the soak is: make chaos-soak)"
-	chaos_log=$(mktemp)
+# Three short chaos runs, each with a seed from the clock, so that every CI
+# run tries another fault schedule: one per group protocol (classic, and
+# KIP-848's consumer protocol), and one on a pg_auto_failover formation
+# (installed above) whose primary is killed and its synchronous standby
+# promoted among the other faults (pg-failover; about 1m40s for 60s of
+# faults, two failovers). The seed is in each summary and in the replay line;
+# TENURE_CHAOS_SEED=N fixes it for every run. -v so that the summary
+# (faults, rejections, violations, recovery and hand-off times) is in the
+# output even when a run passes. The long runs: make chaos-soak, make
+# chaos-failover.
+chaos_run() {
+	local name=$1
+	shift
+	echo "== chaos run ($name, ${TENURE_CHAOS_DURATION:-60s} of faults)"
+	local log
+	log=$(mktemp)
 	if go test -count=1 -timeout 10m -v -run TestChaos ./integration/chaos \
-		-chaos.duration "${TENURE_CHAOS_DURATION:-60s}" -chaos.protocol "$protocol" >"$chaos_log" 2>&1; then
+		-chaos.duration "${TENURE_CHAOS_DURATION:-60s}" "$@" >"$log" 2>&1; then
 		# The summary is logged twice (test log and stdout); print the last.
-		awk '/^==== chaos summary/ { buf = ""; on = 1 } on { buf = buf $0 "\n" } END { printf "%s", buf }' "$chaos_log"
-		rm -f "$chaos_log"
+		awk '/^==== chaos summary/ { buf = ""; on = 1 } on { buf = buf $0 "\n" } END { printf "%s", buf }' "$log"
+		rm -f "$log"
 	else
-		grep -v '^=== ' "$chaos_log" | tail -n 300
-		echo "chaos run ($protocol) failed; full output: $chaos_log" >&2
+		grep -v '^=== ' "$log" | tail -n 300
+		echo "chaos run ($name) failed; full output: $log" >&2
 		exit 1
 	fi
-done
+}
+chaos_run "classic protocol" -chaos.protocol classic
+chaos_run "consumer protocol (KIP-848)" -chaos.protocol consumer
+chaos_run "on a pg_auto_failover formation" -chaos.postgres formation
 echo "== go test -race (core packages)"
 go test -race -count=1 -timeout 15m ./partition/ ./sink/ ./consumer/
-# The chaos run again on a pg_auto_failover formation (installed above):
-# its primary is killed (pg-failover: keeper and Postgres, SIGKILL) and the
-# synchronous standby promoted, among the other faults, with the same
-# checks. 1m36s here for 60s of faults (two failovers); the long one is
-# make chaos-failover.
-echo "== chaos run on a pg_auto_failover formation (60s of faults; the long one is: make chaos-failover)"
-chaos_log=$(mktemp)
-if go test -count=1 -timeout 10m -v -run TestChaos ./integration/chaos \
-	-chaos.postgres formation -chaos.duration "${TENURE_CHAOS_FAILOVER_DURATION:-60s}" >"$chaos_log" 2>&1; then
-	awk '/^==== chaos summary/ { buf = ""; on = 1 } on { buf = buf $0 "\n" } END { printf "%s", buf }' "$chaos_log"
-	rm -f "$chaos_log"
-else
-	grep -v '^=== ' "$chaos_log" | tail -n 300
-	echo "chaos run on a formation failed; full output: $chaos_log" >&2
-	exit 1
-fi

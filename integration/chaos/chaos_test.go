@@ -1375,13 +1375,13 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	fmt.Fprintf(&s, "rejections:  %d batches fenced, %d claims fenced; %d partitions-lost events; %d commits of unknown outcome %v; %d handler panics\n",
 		book.batchRej, book.claimRej, book.lost, sumMap(book.unknown), book.unknown, book.panics)
 	fmt.Fprintf(&s, "faults:      %d injected", len(faults))
-	for _, k := range kinds {
+	for _, k := range w.kinds() {
 		fmt.Fprintf(&s, ", %s %d", k, countKind(faults, k))
 	}
 	fmt.Fprintf(&s, "; unexpected process exits %d\n", len(unexpected))
 	fmt.Fprintf(&s, "recovery:    time until every partition has processed a job produced once the fault was in effect\n")
 	fmt.Fprintf(&s, "  %-24s %5s %23s %23s %11s %11s\n", "kind", "count", "from injection p50/max", "from fault end p50/max", "unrecovered", "rejections")
-	for _, k := range tableRows() {
+	for _, k := range tableRows(w.kinds()) {
 		var fromInj, fromEnd []time.Duration
 		unrec, n := 0, 0
 		for _, f := range faults {
@@ -1401,7 +1401,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	fmt.Fprintf(&s, "hand-off:    from the fault (SIGKILL, SIGSTOP) to the first commit by a new owner of each partition the worker held then (Postgres's clock); "+
 		"target max <= %s (session timeout + 2s); overlapped: another fault was injected before the new owner's commit (apart: not in the target)\n", handoffTarget)
 	fmt.Fprintf(&s, "  %-24s %5s %9s %9s %9s %8s %14s %10s %14s\n", "kind", "count", "p50", "p99", "max", "target", "not handed off", "overlapped", "overlapped max")
-	for _, k := range tableRows() {
+	for _, k := range tableRows(w.kinds()) {
 		if !slices.Contains(handoffKinds, strings.Split(k, "/")[0]) {
 			continue
 		}
@@ -1466,8 +1466,25 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 
 // replay is the command that runs this run's fault schedule again.
 func (w *world) replay() string {
-	return fmt.Sprintf("go test ./integration/chaos -run TestChaos -v -timeout 0 -chaos.seed %d -chaos.duration %s -chaos.workers %d -chaos.protocol %s -chaos.rate %d",
+	s := fmt.Sprintf("go test ./integration/chaos -run TestChaos -v -timeout 0 -chaos.seed %d -chaos.duration %s -chaos.workers %d -chaos.protocol %s -chaos.rate %d",
 		w.cfg.seed, w.cfg.duration, w.cfg.workers, w.cfg.protocol, w.cfg.rate)
+	if w.ha != nil {
+		s += " -chaos.postgres formation"
+	}
+	return s
+}
+
+// kinds are the fault kinds this run deals (its deck's), in kinds' order:
+// the summary's rows.
+func (w *world) kinds() []string {
+	d := w.deck()
+	var out []string
+	for _, k := range kinds {
+		if slices.Contains(d, k) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // row is the fault's line in the summary's tables: its kind, and for group
@@ -1484,7 +1501,7 @@ func (f *fault) row() string {
 	return f.Kind
 }
 
-func tableRows() []string {
+func tableRows(kinds []string) []string {
 	var out []string
 	for _, k := range kinds {
 		switch k {
