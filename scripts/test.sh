@@ -2,8 +2,9 @@
 # The test command (README, `make test`, CI): sets up what the tests need on
 # a fresh Debian machine, then runs every check.
 #
-#   1. tools: a C compiler for -race and spin for the model check (installed
-#      with apt-get if missing, as root)
+#   1. tools: a C compiler for -race, spin for the model check and kcat
+#      (librdkafka's client, for the interoperability test) (installed with
+#      apt-get if missing, as root)
 #   2. PostgreSQL at TENURE_TEST_DATABASE_URL or the local default (scripts/ensure-postgres.sh),
 #      and pg_auto_failover for the failover tests (apt-get, as root, if missing)
 #   3. go vet and a gofmt check
@@ -26,9 +27,10 @@ go version
 missing=()
 command -v gcc >/dev/null || missing+=(gcc libc6-dev)
 command -v spin >/dev/null || missing+=(spin)
+command -v kcat >/dev/null || missing+=(kcat)
 if ((${#missing[@]})); then
 	if [[ $EUID -ne 0 ]]; then
-		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check); install them with apt-get or run as root" >&2
+		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test); install them with apt-get or run as root" >&2
 		exit 1
 	fi
 	echo "test: installing ${missing[*]}"
@@ -57,6 +59,8 @@ if ! command -v pg_autoctl >/dev/null || [[ ! -e /usr/lib/postgresql/$pg_major/l
 fi
 # Installed: the failover tests must run, not skip.
 export TENURE_TEST_REQUIRE_PGHA=1
+# kcat (librdkafka) was installed above: its interoperability test must run.
+export TENURE_TEST_REQUIRE_KCAT=1
 
 echo "== go vet"
 go vet ./...
