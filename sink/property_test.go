@@ -55,7 +55,22 @@ func TestFenceHistoryProperty(t *testing.T) {
 		claimsOK, claimsRejected, commitsOK, commitsRejected, rbk atomic.Int64
 		wg                                                        sync.WaitGroup
 		granted                                                   coordinator
+		claimMu                                                   sync.Mutex
+		lastClaimant                                              string
+		handOffsSeen                                              atomic.Int64
 	)
+	// A schedule drawn at random may not reach what the test is about (a
+	// run once had 3 accepted claims, all by one worker, and no rejected
+	// commit): past totalOps it goes on, up to maxOps, until it has seen
+	// an accepted commit, a rejected one and a hand-off.
+	const maxOps = 10 * totalOps
+	exercised := func() bool {
+		return commitsOK.Load() > 0 && commitsRejected.Load() > 0 && handOffsSeen.Load() > 0
+	}
+	more := func() bool {
+		n := ops.Add(1)
+		return ctx.Err() == nil && (n <= totalOps || (n <= maxOps && !exercised()))
+	}
 	for w := range workers {
 		wg.Add(1)
 		go func() {
@@ -68,11 +83,22 @@ func TestFenceHistoryProperty(t *testing.T) {
 				token sink.Token // at this token
 				from  int64      // from this offset
 			)
-			for ops.Add(1) <= totalOps && ctx.Err() == nil {
+			for more() {
 				if !held || rng.IntN(4) == 0 {
 					switch r := rng.IntN(25); {
-					case r == 0: // a generation reset: new incarnation, low epoch
-						next = sink.Token{Incarnation: next.Incarnation + 1, Epoch: int32(rng.IntN(3))}
+					case r == 0: // a group reset: the incarnation moves on (as a member that
+						// sees epochs restart, or admin group delete, does), epochs restart low
+						cur, err := e.store.Incarnation(ctx, part.Group)
+						if err == nil {
+							cur, _, err = e.store.BumpIncarnation(ctx, part.Group, cur, owner, "property test reset")
+						}
+						if err != nil {
+							if ctx.Err() == nil {
+								t.Errorf("%s: reset: %v", owner, err)
+							}
+							return
+						}
+						next = granted.reset(sink.Token{Incarnation: cur, Epoch: int32(rng.IntN(3))})
 					case r < 12: // the coordinator grants it the newest generation
 						next = granted.next(next, int32(1+rng.IntN(2)))
 					default: // its own idea, possibly stale
@@ -83,6 +109,12 @@ func TestFenceHistoryProperty(t *testing.T) {
 					case err == nil:
 						claimsOK.Add(1)
 						held, token, from = true, next, c.NextOffset
+						claimMu.Lock()
+						if lastClaimant != "" && lastClaimant != owner {
+							handOffsSeen.Add(1)
+						}
+						lastClaimant = owner
+						claimMu.Unlock()
 						if c.PartitionCount != 4 {
 							t.Errorf("%s: partition count %d, want 4", owner, c.PartitionCount)
 						}
@@ -125,8 +157,8 @@ func TestFenceHistoryProperty(t *testing.T) {
 	if ctx.Err() != nil {
 		t.Fatalf("ran out of time after %d ops: %v", ops.Load(), ctx.Err())
 	}
-	t.Logf("claims %d accepted, %d rejected; commits %d accepted, %d rejected, %d rolled back by the handler",
-		claimsOK.Load(), claimsRejected.Load(), commitsOK.Load(), commitsRejected.Load(), rbk.Load())
+	t.Logf("%d operations; claims %d accepted, %d rejected; commits %d accepted, %d rejected, %d rolled back by the handler",
+		min(ops.Load(), maxOps), claimsOK.Load(), claimsRejected.Load(), commitsOK.Load(), commitsRejected.Load(), rbk.Load())
 
 	log := e.fenceLog(t, part)
 	var nClaims, nCommits, handOffs int64
@@ -220,6 +252,17 @@ func commitOnce(ctx context.Context, e *env, req sink.CommitRequest, rollback bo
 type coordinator struct {
 	mu  sync.Mutex
 	top sink.Token
+}
+
+// reset starts a new group lifetime at t, unless a newer one has started:
+// it returns the token the coordinator grants now.
+func (c *coordinator) reset(t sink.Token) sink.Token {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.top.Incarnation < t.Incarnation {
+		c.top = t
+	}
+	return c.top
 }
 
 // next returns a token above both the highest granted and mine.
