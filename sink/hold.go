@@ -171,8 +171,10 @@ var ErrNoHold = errors.New("no open hold that waits for an acknowledgement")
 //     (logStart), and the new topic id is recorded;
 //   - log-truncated: the next offset moves up to the log's start (the jobs
 //     in between are gone);
-//   - ahead-of-log: the next offset moves down to the log's end
-//     (highWatermark), so that the jobs appended from there are processed;
+//   - ahead-of-log: the next offset moves down to the log's end as the
+//     worker found it (or as the caller reads it, if lower), so that the
+//     jobs appended from there are processed, even when the log has grown
+//     past the stored offset again by the time an operator acknowledges;
 //   - handler-bug: nothing moves; the batch runs again (whatever the
 //     handler committed on its own for it stays);
 //   - diverged: the database's offsets are accepted as they are.
@@ -209,7 +211,15 @@ func (s *Store) AcknowledgeHold(ctx context.Context, p Partition, by string, log
 		case HoldLogTruncated:
 			to = max(f.NextOffset, logStart)
 		case HoldAheadOfLog:
+			// Down to the log's end as the worker found it, or lower if
+			// the log is shorter now. Not up to the end as read now: jobs
+			// appended after the loss sit at offsets below the stored one,
+			// and an operator who acknowledges after the log has grown
+			// past it must not skip them.
 			to = min(f.NextOffset, highWatermark)
+			if h.HighWatermark >= 0 {
+				to = min(to, h.HighWatermark)
+			}
 		}
 		h.Resolution = fmt.Sprintf("next offset %d kept", f.NextOffset)
 		switch h.Kind {
