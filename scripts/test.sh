@@ -83,8 +83,9 @@ else
 	echo "test: could not build SeaweedFS (scripts/build-weed.sh); the S3 export test will fail (TENURE_TEST_S3_SKIP=1 skips it)" >&2
 fi
 
-echo "== go test (every package but the chaos run)"
+echo "== go test (every package; the chaos package's own unit tests only: its runs follow)"
 go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)
+go test -count=1 -short ./integration/chaos
 # Three short chaos runs, each with a seed from the clock, so that every CI
 # run tries another fault schedule: one per group protocol (classic, and
 # KIP-848's consumer protocol), and one on a pg_auto_failover formation

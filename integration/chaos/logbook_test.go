@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/tenure-dev/tenure/consumer"
@@ -202,4 +203,30 @@ func (lb *logbook) topMessages(n int) []string {
 		out = append(out, fmt.Sprintf("%6d  %s", all[i].v, strings.TrimSpace(all[i].k)))
 	}
 	return out
+}
+
+// Only a broker SIGKILL that came back before the hold, and not long
+// before it, explains an ahead-of-log hold.
+func TestBrokerKillBefore(t *testing.T) {
+	at := time.Date(2026, 12, 3, 13, 39, 41, 500e6, time.UTC)
+	kill := &fault{Kind: kindBrokerRst, Mode: "kill", Injected: at.Add(-1500 * time.Millisecond), Ended: at.Add(-300 * time.Millisecond)}
+	term := &fault{Kind: kindBrokerRst, Mode: "term", Injected: at.Add(-time.Second), Ended: at.Add(-500 * time.Millisecond)}
+	late := &fault{Kind: kindBrokerRst, Mode: "kill", Injected: at.Add(-time.Second), Ended: at.Add(time.Second)}
+	old := &fault{Kind: kindBrokerRst, Mode: "kill", Injected: at.Add(-2 * time.Minute), Ended: at.Add(-119 * time.Second)}
+	pause := &fault{Kind: kindPause, Injected: at.Add(-time.Second), Ended: at.Add(-100 * time.Millisecond)}
+	for _, c := range []struct {
+		faults []*fault
+		want   *fault
+	}{
+		{[]*fault{kill}, kill},
+		{[]*fault{term}, nil},
+		{[]*fault{late}, nil},
+		{[]*fault{old}, nil},
+		{[]*fault{pause}, nil},
+		{[]*fault{old, kill, term}, kill},
+	} {
+		if got := brokerKillBefore(c.faults, at, time.Minute); got != c.want {
+			t.Errorf("%v: got %v, want %v", c.faults, got, c.want)
+		}
+	}
 }
