@@ -753,16 +753,8 @@ func (p *benchProc) usage() (cpuSeconds, peakMB float64) {
 		return 0, 0
 	}
 	pid := p.cmd.Process.Pid
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-		s := string(b)
-		if i := strings.LastIndexByte(s, ')'); i >= 0 {
-			f := strings.Fields(s[i+2:])
-			if len(f) > 13 {
-				ut, _ := strconv.ParseFloat(f[11], 64)
-				st, _ := strconv.ParseFloat(f[12], 64)
-				cpuSeconds = (ut + st) / 100 // USER_HZ
-			}
-		}
+	if st, err := readStat(pid); err == nil {
+		cpuSeconds = (st.utime + st.stime) / 100 // USER_HZ
 	}
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {

@@ -527,9 +527,13 @@ func (w *world) inject() {
 func (w *world) pauseWorker() {
 	s := w.slots[w.rng.IntN(len(w.slots))]
 	d := w.between(sessionTimeout+time.Second, sessionTimeout+4*time.Second)
-	f := w.begin(kindPause, d.Round(100*time.Millisecond).String(), s.p.name)
+	w.freeze(w.begin(kindPause, d.Round(100*time.Millisecond).String(), s.p.name), s, d)
+}
+
+// freeze is fault f: s's worker SIGSTOPped for d, then resumed.
+func (w *world) freeze(f *fault, s *slot, d time.Duration) {
 	if err := s.p.pause(); err != nil {
-		w.note("pause: %v", err)
+		w.note("%s: %v", f.Kind, err)
 	}
 	w.mark(f)
 	time.Sleep(d)
@@ -658,14 +662,7 @@ func (w *world) pauseInTx() {
 		}
 		break
 	}
-	f := w.begin(kindPauseInTx, mode+" "+d.Round(100*time.Millisecond).String(), s.p.name)
-	if err := s.p.pause(); err != nil {
-		w.note("pause-in-tx: %v", err)
-	}
-	w.mark(f)
-	time.Sleep(d)
-	s.p.resume()
-	w.end(f)
+	w.freeze(w.begin(kindPauseInTx, mode+" "+d.Round(100*time.Millisecond).String(), s.p.name), s, d)
 }
 
 // nextReset picks the mode of the next group reset: from the seeded rng, each
