@@ -25,6 +25,7 @@ import (
 
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/internal/pgtest"
+	"github.com/tenure-dev/tenure/sink"
 )
 
 const (
@@ -1559,18 +1560,18 @@ func (w *world) brokerLostHolds() map[int32]aheadOfLog {
 // aheadOfLogHolds reads the open ahead-of-log holds, by partition.
 func (w *world) aheadOfLogHolds(ctx context.Context) map[int32]aheadOfLog {
 	out := map[int32]aheadOfLog{}
-	rows, err := w.pool.Query(ctx, `SELECT partition, coalesce(next_offset, -1), coalesce(high_watermark, -1), since FROM `+schemaName+`.partition_holds
-		WHERE consumer_group = $1 AND topic = $2 AND kind = 'ahead-of-log' AND resolved_at IS NULL`, groupName, topicName)
-	if err != nil {
-		w.t.Errorf("reading the holds: %v", err)
-		return out
+	store, err := sink.NewStore(w.pool, schemaName)
+	if err == nil {
+		var hs []sink.Hold
+		if hs, err = store.OpenHolds(ctx, groupName); err == nil {
+			for _, h := range hs {
+				if h.Kind == sink.HoldAheadOfLog && h.Partition.Topic == topicName {
+					out[h.Partition.Partition] = aheadOfLog{next: h.NextOffset, end: h.HighWatermark, since: h.Since}
+				}
+			}
+		}
 	}
-	var p int32
-	var h aheadOfLog
-	if _, err := pgx.ForEachRow(rows, []any{&p, &h.next, &h.end, &h.since}, func() error {
-		out[p] = h
-		return nil
-	}); err != nil {
+	if err != nil {
 		w.t.Errorf("reading the holds: %v", err)
 	}
 	return out
