@@ -82,16 +82,29 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 	if err != nil {
 		return nil, err
 	}
+	// The group's committed offsets with their metadata: which of them
+	// tenure's mirror wrote (mirror.go), in which log epoch.
+	committed, err := c.committedOffsets(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
 	for _, topic := range topics {
 		parts := offsets[topic]
 		tl := logs[topic]
 		for _, p := range slices.Sorted(maps.Keys(parts)) {
-			off := parts[p]
-			// Kafka's committed offset: the mirror of what this group
-			// acknowledged (mirror.go). A partition Postgres has never seen
-			// starts there, else at the log's start.
-			mirrored := off.EpochOffset().Offset
-			start := max(mirrored, tl.start[p], 0)
+			// Where a partition Postgres has never seen starts: at the log's
+			// start, or at an offset another client committed for the group
+			// (a group moving to tenure from plain Kafka offsets). An offset
+			// tenure's mirror committed says the partition was processed
+			// here before: the database should have its fencing row, and if
+			// it has not (restored from before the partition's first
+			// claim), the divergence check below holds the partition rather
+			// than take the mirror's word for what the database lost.
+			co, hasCommit := committed[tp{topic, p}]
+			start := max(tl.start[p], 0)
+			if hasCommit && !co.tenure {
+				start = max(start, co.offset)
+			}
 			c.mu.Lock()
 			if old := c.lanes[tp{topic, p}]; old != nil {
 				// Assigned again without a revoke in between (the session was
@@ -105,7 +118,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 			c.mu.Unlock()
 			key := sink.Partition{Group: c.cfg.Group, Topic: topic, Partition: p}
 			log := c.log.With(zap.String("topic", topic), zap.Int32("partition", p), zap.String("member", member))
-			l := newLane(c, key, member, epoch, tl.partitions, log)
+			l := newLane(c, cl, key, member, epoch, tl.partitions, log)
 			l.topicID = tl.id
 			// The coordinator's side of the history: when this member was
 			// given the partition, and the lane (claim id) that claims it.
@@ -121,6 +134,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 				c.stats.claimsRejected.Add(1)
 				l.log.Error("claim rejected: fenced", append(rejectedFields(err), zap.Int64("start_offset", start), zap.Error(err), zap.Bool("fenced", true))...)
 				l.next = start
+				l.fetchPos = start
 				parts[p] = kgo.NewOffset().At(start).WithEpoch(-1)
 				l.startRecovering(err)
 			case err != nil:
@@ -131,7 +145,12 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 				// Kafka commit, so kgo must not run its data-loss check
 				// with a leader epoch that belongs to another offset.
 				parts[p] = kgo.NewOffset().At(claimed.NextOffset).WithEpoch(-1)
-				l.acked.Store(claimed.NextOffset)
+				l.fetchPos = claimed.NextOffset // the lane is not in c.lanes yet: nothing reads it concurrently
+				l.setAcked(claimed.NextOffset)
+				if claimed.Created && hasCommit && !co.tenure && co.offset > tl.start[p] {
+					l.log.Info("partition starts at the offset the group had committed in Kafka (not by tenure): jobs before it are taken as processed",
+						zap.Int64("start_offset", claimed.NextOffset), zap.Int64("log_start", tl.start[p]))
+				}
 				h, fresh, err := claimedLogHold(ctx, key, member, claimed, tl, func(ctx context.Context) (*topicLog, error) {
 					logs, err := c.topicLogsOf(ctx, cl, []string{topic}, true)
 					if err != nil {
@@ -143,12 +162,12 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 					return nil, fmt.Errorf("claiming %s: reading the log again: %w", key, err)
 				}
 				tl = fresh
-				if h == nil {
-					var err error
-					h, err = c.divergenceHold(ctx, key, member, claimed.NextOffset, mirrored, tl.end[p], "mirrored to Kafka's committed offsets")
-					if err != nil {
-						return nil, fmt.Errorf("claiming %s: %w", key, err)
+				if h == nil && hasCommit && co.tenure && (claimed.Created || co.logEpoch == claimed.LogEpoch) {
+					source := "mirrored to Kafka's committed offsets"
+					if claimed.Created {
+						source += " by tenure, although the database has no fencing row for the partition (restored from before its first claim?)"
 					}
+					h = c.divergenceHold(key, member, claimed.NextOffset, co.offset, tl.end[p], source)
 				}
 				switch {
 				case h != nil:
@@ -256,7 +275,13 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 			return err
 		})
 		if err == nil {
+			if n := claimed.StaleSessionsEnded; n > 0 {
+				c.stats.staleSessionsEnded.Add(int64(n))
+				l.log.Warn("ended the session of an older owner of this partition that held its fencing row (stopped between its fence and its COMMIT)",
+					zap.Int("sessions", n))
+			}
 			l.token = token
+			l.logEpoch = claimed.LogEpoch
 			l.next = claimed.NextOffset
 			l.log = l.baseLog.With(zap.Stringer("token", token))
 			c.stats.claims.Add(1)
@@ -269,6 +294,9 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 			return sink.Claimed{}, err
 		}
 		c.afterClaim(l.key, token, -1, err)
+		if fe.Superseded() {
+			return sink.Claimed{}, err // a newer lane of this member holds it: nothing to bump or retry
+		}
 		// Rejected. Another round finds out why: a newer incarnation (we
 		// register under it), a higher token (the coordinator no longer
 		// confirms us, or the epochs restarted), or a tie.

@@ -135,6 +135,19 @@ type Config struct {
 	// (sink.Store.Resolve), waiting while the COMMIT is still running: a
 	// short timeout costs nothing but a round trip to ask.
 	CommitTimeout time.Duration
+	// DatabaseTimeout is how long the database may go without answering
+	// (the worker's own probe, every second, or a lane's commit) before this
+	// worker gives its partitions up: it leaves the group, so that the
+	// coordinator hands them to members that can reach the database, keeps
+	// probing, and joins again once the database has answered twice in a
+	// row. A worker whose connections hang without a reset (a vanished host,
+	// a firewall dropping packets) still heartbeats to Kafka; without this
+	// its partitions would wait for as long as the cut lasts. Zero (the
+	// default) derives it with DefaultDatabaseTimeout: the session timeout
+	// (45s when unset), at least 10s so that a restart or failover, which
+	// stops every worker alike, does not empty the group. Negative disables
+	// stepping down.
+	DatabaseTimeout time.Duration
 
 	// FenceLogRetention bounds the fence log (one entry per accepted claim
 	// and commit, so one per batch) of the partitions this worker holds: every
@@ -277,6 +290,9 @@ func (c *Config) setDefaults() {
 	if c.CommitTimeout == 0 {
 		c.CommitTimeout = 15 * time.Second
 	}
+	if c.DatabaseTimeout == 0 {
+		c.DatabaseTimeout = DefaultDatabaseTimeout(c.SessionTimeout)
+	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second
 	}
@@ -295,6 +311,19 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
+}
+
+// DefaultDatabaseTimeout is Config.DatabaseTimeout derived from the group's
+// session timeout (0: kgo's default, 45s): the time after which the
+// coordinator would move a dead member's partitions is also how long a
+// member that cannot reach its database keeps them, but never less than
+// 10s, longer than a database restart or a failover to a synchronous
+// standby usually takes (docs/fencing.md, "A network that drops").
+func DefaultDatabaseTimeout(session time.Duration) time.Duration {
+	if session <= 0 {
+		session = 45 * time.Second
+	}
+	return max(session, 10*time.Second)
 }
 
 func (c *Config) validate() error {

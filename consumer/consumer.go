@@ -10,11 +10,14 @@ import (
 	"net"
 	"reflect"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	mrand "math/rand/v2"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -56,12 +59,18 @@ type Consumer struct {
 	pollMu   sync.Mutex
 	pollWake context.CancelFunc
 
+	// db is what the database watch knows (dbwatch.go).
+	db dbWatch
+
 	txOptions pgx.TxOptions
 	// txTag and txSeq make each batch transaction's marker unique (see
 	// lane.commitTx).
 	txTag string
 	txSeq atomic.Uint64
-	stats counters
+	// claimBase and claimSeq make the lanes' claim ids (newClaimID).
+	claimBase int64
+	claimSeq  atomic.Int64
+	stats     counters
 }
 
 // txMarker returns a value no other batch transaction uses.
@@ -100,6 +109,7 @@ func New(cfg Config) (*Consumer, error) {
 	var tag [8]byte
 	_, _ = rand.Read(tag[:]) // never fails (crypto/rand)
 	c.txTag = hex.EncodeToString(tag[:])
+	c.claimBase = mrand.Int64N(1<<52) + 1
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
@@ -116,9 +126,12 @@ func New(cfg Config) (*Consumer, error) {
 		kgo.AdjustFetchOffsetsFn(c.claim),
 		// Only records of committed Kafka transactions are jobs.
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		// A partition without a fencing row and without a Kafka commit
-		// starts at the beginning: a job is never skipped by default.
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// Every fetch position comes from Postgres (claim). A log that
+		// moves under it (retention or DeleteRecords passing a lagging
+		// lane, a log cut below it) must not be followed silently: kgo
+		// reports OFFSET_OUT_OF_RANGE instead of resetting, and the lane
+		// checks the log (lane.fetchFailed).
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.WithLogger(kzap{cfg.Logger.Named("kgo")}),
 		kgo.RebalanceTimeout(cfg.RebalanceTimeout),
 		// A fetch in flight holds back a partition resumed or assigned
@@ -309,6 +322,11 @@ func (c *Consumer) Client() *kgo.Client { return c.cl.Load() }
 // gracefully: in-flight batches get ShutdownTimeout to finish (their commits
 // are settled by the fence either way), and the member leaves the group. It
 // returns nil after a stop caused by ctx.
+//
+// While it runs, a worker that cannot reach its database for
+// Config.DatabaseTimeout gives its partitions up (it leaves the group, so
+// that the coordinator hands them to members that can work), keeps probing
+// the database, and joins the group again once it answers (dbwatch.go).
 func (c *Consumer) Run(ctx context.Context) error {
 	select {
 	case <-c.running:
@@ -316,19 +334,50 @@ func (c *Consumer) Run(ctx context.Context) error {
 	default:
 		close(c.running)
 	}
+	wctx, stopProbe := context.WithCancel(ctx)
+	defer stopProbe()
+	go c.probeDatabase(wctx)
+	for {
+		stepped, err := c.session(ctx)
+		if !stepped || ctx.Err() != nil {
+			return err
+		}
+		if !c.awaitDatabase(ctx) {
+			return nil
+		}
+	}
+}
+
+// session is one membership of the group, on a client of its own: it runs
+// until ctx ends (a graceful stop), the client fails, or the worker steps
+// down because its database does not answer (stepped).
+func (c *Consumer) session(ctx context.Context) (stepped bool, err error) {
+	// The group callbacks of the new client set it (kgo starts joining
+	// inside NewClient, so a callback can run before NewClient returns).
+	c.cl.Store(nil)
+	sctx, stepDown := context.WithCancel(ctx)
+	defer stepDown()
+	c.setStepDown(stepDown)
+	defer c.setStepDown(nil)
 	cl, err := kgo.NewClient(c.opts...)
 	if err != nil {
-		return fmt.Errorf("kafka client: %w", err)
+		return false, fmt.Errorf("kafka client: %w", err)
 	}
 	c.cl.CompareAndSwap(nil, cl)
-	defer c.shutdown(cl)
-	wctx, stopWatch := context.WithCancel(ctx)
+	defer func() {
+		if stepped {
+			c.stepDownSession(cl)
+		} else {
+			c.shutdown(cl)
+		}
+	}()
+	wctx, stopWatch := context.WithCancel(sctx)
 	defer stopWatch()
 	go c.watchLayouts(wctx, cl)
 	go c.mirrorOffsets(wctx, cl)
 	go c.pruneFenceLogs(wctx)
 	for {
-		pctx, wake := context.WithCancel(ctx)
+		pctx, wake := context.WithCancel(sctx)
 		c.pollMu.Lock()
 		c.pollWake = wake
 		c.pollMu.Unlock()
@@ -340,23 +389,24 @@ func (c *Consumer) Run(ctx context.Context) error {
 		fetches := cl.PollFetches(pctx)
 		wake()
 		if fetches.IsClientClosed() {
-			return errors.New("consumer: kafka client closed")
+			return false, errors.New("consumer: kafka client closed")
 		}
-		if ctx.Err() != nil {
+		if sctx.Err() != nil {
 			cl.AllowRebalance()
-			return nil
+			return ctx.Err() == nil, nil
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
 			if errors.Is(err, context.Canceled) {
 				return
 			}
 			if errors.Is(err, kerr.UnknownTopicID) && topic != "" {
-				c.topicMaybeRecreated(ctx, cl, topic)
+				c.topicMaybeRecreated(sctx, cl, topic)
 			}
 			c.fetchErrors.log(c.log, topic, partition, err)
 		})
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) == 0 {
+			moved := logMoved(p.Err)
+			if len(p.Records) == 0 && !moved {
 				return
 			}
 			c.mu.Lock()
@@ -367,12 +417,36 @@ func (c *Consumer) Run(ctx context.Context) error {
 				// nothing from this partition may be processed.
 				return
 			}
-			l.push(p.Records)
+			if len(p.Records) > 0 {
+				l.push(p.Records, p.LogStartOffset)
+			}
+			if moved {
+				l.fetchFailed(p.FetchPartition)
+			}
 		})
 		// Seeks requested meanwhile, before a rebalance may run.
 		c.applySeeks(cl)
 		cl.AllowRebalance()
 	}
+}
+
+// logMoved reports whether a fetch error says the partition's log moved
+// under its fetch position: OFFSET_OUT_OF_RANGE (kgo reports it instead of
+// resetting: NoResetOffset), or a data loss kgo detected and moved the
+// position down for.
+func logMoved(err error) bool {
+	var dl *kgo.ErrDataLoss
+	return err != nil && (errors.Is(err, kerr.OffsetOutOfRange) || errors.As(err, &dl))
+}
+
+// newClaimID returns a claim id for a new lane: never 0 (0 is "no claimant
+// id"), below 2^53 so that the id survives JSON tools that read numbers as
+// doubles (log processors, the test harness), and higher than every id this
+// Consumer gave before: Postgres refuses a claim by an older lane of a
+// member whose newer lane holds the partition (sink.ClaimRequest.ClaimID).
+// The base is random, so that ids of different processes rarely meet.
+func (c *Consumer) newClaimID() int64 {
+	return c.claimBase + c.claimSeq.Add(1)
 }
 
 // pruneFenceLogs bounds the fence log of the partitions this worker holds
@@ -507,7 +581,7 @@ func (c *Consumer) resumeDrained() {
 	for _, l := range lanes {
 		l.mu.Lock()
 		if l.pausedForWorker && l.paused && !l.ended && !l.removed && l.drained() {
-			l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+			l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 			l.paused, l.pausedForWorker = false, false
 		}
 		l.mu.Unlock()
@@ -589,9 +663,19 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 // position before any record is fetched.
 func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	c.cl.CompareAndSwap(nil, cl)
+	member, epoch := cl.GroupMetadata()
 	if len(assigned) > 0 {
-		member, epoch := cl.GroupMetadata()
 		c.log.Info("partitions assigned", zap.Any("partitions", assigned), zap.String("member", member), zap.Int32("epoch", epoch))
+	}
+	// kgo calls this once per rebalance, after the revocations: every lane
+	// still here whose partition is not assigned anew kept its assignment
+	// through this generation (lane.through; recovery claims only there).
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, l := range c.lanes {
+		if !slices.Contains(assigned[k.topic], k.partition) && epoch > l.through.Load() {
+			l.through.Store(epoch)
+		}
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -28,6 +29,7 @@ import (
 // bundle is one test's broker, schema, topic and group.
 type bundle struct {
 	t       testing.TB
+	cluster *kfake.Cluster
 	brokers []string
 	pool    *pgxpool.Pool
 	schema  string
@@ -45,7 +47,7 @@ func setup(t testing.TB, partitions int32) *bundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	b := &bundle{t: t, brokers: c.ListenAddrs(), parts: partitions}
+	b := &bundle{t: t, cluster: c, brokers: c.ListenAddrs(), parts: partitions}
 	b.pool = testdb.Pool(t)
 	b.schema = testdb.Schema(t, b.pool)
 	b.store, err = sink.NewStore(b.pool, b.schema)

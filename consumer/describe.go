@@ -208,23 +208,34 @@ func Describe(ctx context.Context, cl *kgo.Client, store *sink.Store, group stri
 	return applyHolds(join(view, fences, ends, recorded, topics), holds), nil
 }
 
-// applyHolds shows each open hold on its partition's row (see
-// Assignment.State).
+// applyHolds shows each partition's open hold on its row (see
+// Assignment.State): the oldest that waits for an operator (holds come in
+// id order), saying how many more wait behind it.
 func applyHolds(rows []Assignment, holds []sink.Hold) []Assignment {
 	type key struct {
 		topic string
 		p     int32
 	}
 	byPart := map[key]sink.Hold{}
+	more := map[key]int{}
 	for _, h := range holds {
-		byPart[key{h.Partition.Topic, h.Partition.Partition}] = h
+		k := key{h.Partition.Topic, h.Partition.Partition}
+		if first, ok := byPart[k]; ok && (first.Kind.NeedsAck() || !h.Kind.NeedsAck()) {
+			more[k]++
+			continue
+		}
+		byPart[k] = h
 	}
 	for i := range rows {
-		h, ok := byPart[key{rows[i].Topic, rows[i].Partition}]
+		k := key{rows[i].Topic, rows[i].Partition}
+		h, ok := byPart[k]
 		if !ok || rows[i].State == StateRebalancing {
 			continue
 		}
 		rows[i].State, rows[i].Reason = State(h.Kind), h.Reason
+		if n := more[k]; n > 0 {
+			rows[i].Reason += fmt.Sprintf(" (and %d more open hold(s): tenure admin holds)", n)
+		}
 	}
 	return rows
 }

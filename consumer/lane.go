@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -48,21 +47,33 @@ var errStopped = errors.New("lane stopped")
 // own when it is fenced; then it drops its buffer and keeps its partition
 // paused until the group assigns the partition again.
 type lane struct {
-	c          *Consumer
+	c *Consumer
+	// cl is the client of the group session the lane belongs to: a worker
+	// that steps down and rejoins has a new client, and a lane still
+	// stopping must never pause or move the new session's partitions.
+	cl         *kgo.Client
 	key        sink.Partition
 	owner      string
 	epoch      int32 // the member epoch the partition was assigned at
 	partitions int32 // the topic's partition count at assignment
 	// claimID identifies this lane's claim in Postgres: a claim at the very
 	// token stored by another lane (even one of the same member) is a tie,
-	// and commits must carry it.
+	// and commits must carry it. Claim ids grow with every lane a Consumer
+	// starts (Consumer.newClaimID): Postgres refuses a claim by an older
+	// lane of the member that holds the row.
 	claimID int64
+	// through is the newest generation at which the group's rebalances kept
+	// the partition with this lane (classic protocol: set at assignment,
+	// raised by every rebalance that leaves the partition here). Recovery
+	// claims only at an epoch the lane's own assignment is known to hold.
+	through atomic.Int32
 
 	// Set by the claim, then read by the lane goroutine only.
-	token   sink.Token
-	next    int64 // the stored next offset as this lane knows it
-	log     *zap.Logger
-	baseLog *zap.Logger // log without the token
+	token    sink.Token
+	logEpoch int64 // the partition's log epoch at the claim (sink.Claimed.LogEpoch)
+	next     int64 // the stored next offset as this lane knows it
+	log      *zap.Logger
+	baseLog  *zap.Logger // log without the token
 
 	topicID    [16]byte     // the topic's id when the partition was assigned (zero: unknown)
 	blocked    bool         // claimed, then waiting for a partition count acknowledgement
@@ -74,11 +85,11 @@ type lane struct {
 	// (recover, an acknowledged hold) its next offset is Postgres's, not
 	// where kgo had fetched to.
 	seekTo atomic.Int64
-	// acked is the next offset after the lane's last acknowledged commit;
-	// mirrored, what the mirror last sent to Kafka for it (mirror.go; only
-	// the mirror goroutine touches it).
-	acked    atomic.Int64
-	mirrored int64
+	// acked is the next offset after the lane's last acknowledged commit (or
+	// its claim), with the log epoch it belongs to; mirrored, the offset
+	// Kafka last accepted from the mirror for it (mirror.go).
+	acked    atomic.Pointer[ackState]
+	mirrored atomic.Int64
 
 	mu         sync.Mutex
 	queue      []*kgo.Record
@@ -89,6 +100,20 @@ type lane struct {
 	pausedForWorker bool
 	ended           bool // the lane no longer accepts records
 	removed         bool // the lane left the consumer's map: it must not touch the partition's fetch state
+	// fetchPos is where kgo's fetch position for the partition is expected
+	// to be: the claimed or sought offset, then one past the last record
+	// pushed. Records that do not continue from it mean the log moved under
+	// the lane (logMoved).
+	fetchPos int64
+	// logMoved: the poll loop saw the log move under the lane (records that
+	// do not continue from fetchPos, OFFSET_OUT_OF_RANGE, data loss); no
+	// more records are taken until the lane has checked the log
+	// (checkLogMoved) and moved its fetch position (applySeek).
+	// logEvidence is the lowest offset at which the log was seen to end
+	// below fetchPos, -1 if none.
+	logMoved    bool
+	logEvidence int64
+	logWhy      string
 
 	wake     chan struct{} // cap 1: records arrived
 	quit     chan struct{} // soft stop: finish the current batch, start no other
@@ -101,20 +126,39 @@ type lane struct {
 // msgBatchFenced is logged when the fence rejects a batch.
 const msgBatchFenced = "batch rejected: fenced; dropping this partition's buffered records and checking whether this member still holds it"
 
-func newLane(c *Consumer, key sink.Partition, owner string, epoch, partitions int32, log *zap.Logger) *lane {
+// ackState is an offset acknowledged in Postgres and the log epoch it
+// belongs to: offsets compare only within one log epoch.
+type ackState struct {
+	next, logEpoch int64
+}
+
+func newLane(c *Consumer, cl *kgo.Client, key sink.Partition, owner string, epoch, partitions int32, log *zap.Logger) *lane {
 	ctx, cancel := context.WithCancel(context.Background())
-	// Never 0 (0 is "no claimant id"), and below 2^53 so that the id
-	// survives JSON tools that read numbers as doubles (log processors,
-	// the test harness).
-	claimID := rand.Int64N(1<<53-1) + 1
+	claimID := c.newClaimID()
 	log = log.With(zap.Int64("claim_id", claimID))
 	l := &lane{
-		c: c, key: key, owner: owner, epoch: epoch, partitions: partitions, claimID: claimID, log: log, baseLog: log,
+		c: c, cl: cl, key: key, owner: owner, epoch: epoch, partitions: partitions, claimID: claimID, log: log, baseLog: log,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		logEvidence: -1,
 	}
+	l.through.Store(epoch)
 	l.seekTo.Store(-1)
 	return l
+}
+
+// setAcked records next as acknowledged in the lane's log epoch.
+func (l *lane) setAcked(next int64) {
+	l.acked.Store(&ackState{next: next, logEpoch: l.logEpoch})
+}
+
+// ackedIn returns the lane's acknowledged next offset if it belongs to log
+// epoch e, else -1.
+func (l *lane) ackedIn(e int64) int64 {
+	if a := l.acked.Load(); a != nil && a.logEpoch == e {
+		return a.next
+	}
+	return -1
 }
 
 func (l *lane) start() { go l.run() }
@@ -221,17 +265,38 @@ func (l *lane) setQueueLocked(q []*kgo.Record, bytes int64) {
 
 func (l *lane) pauseLocked() {
 	if !l.paused && !l.removed {
-		l.c.cl.Load().PauseFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+		l.cl.PauseFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = true
 	}
 }
 
-func (l *lane) push(recs []*kgo.Record) {
+// push appends the records of one fetch of the partition; logStart is the
+// log's start as that fetch reported it (-1: not reported).
+//
+// The broker serves a fetch from the position kgo asks for, so the records
+// must continue from the lane's fetch position. Records below it mean kgo
+// moved the position down without the lane (its data-loss reset does: the
+// log went back below the lane). A gap above it is a log's ordinary shape
+// (transaction markers, aborted or compacted records) only while the log
+// still starts at or below the position; a log that starts above it lost
+// records before they were fetched. Either way nothing more is taken from
+// the partition until the lane has checked the log (checkLogMoved): a job
+// is never skipped, nor one at a reused offset dropped, in silence.
+func (l *lane) push(recs []*kgo.Record, logStart int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ended {
+	if l.ended || l.logMoved {
 		return
 	}
+	switch first := recs[0].Offset; {
+	case first < l.fetchPos:
+		l.logMovedLocked(first, fmt.Sprintf("records from offset %d arrived while the fetch position was %d: the log went back below it", first, l.fetchPos))
+		return
+	case first > l.fetchPos && logStart > l.fetchPos:
+		l.logMovedLocked(-1, fmt.Sprintf("the log starts at %d, above the fetch position %d: records were deleted before they were fetched", logStart, l.fetchPos))
+		return
+	}
+	l.fetchPos = recs[len(recs)-1].Offset + 1
 	var n int64
 	for _, r := range recs {
 		n += recordSize(r)
@@ -245,10 +310,62 @@ func (l *lane) push(recs []*kgo.Record) {
 		l.pauseLocked()
 		l.pausedForWorker = true
 	}
+	l.wakeUp()
+}
+
+func (l *lane) wakeUp() {
 	select {
 	case l.wake <- struct{}{}:
 	default:
 	}
+}
+
+// fetchFailed is told of a fetch of the partition that failed with
+// OFFSET_OUT_OF_RANGE or a data loss kgo detected (fp: that fetch's
+// partition, with the log's start and end as the broker reported them).
+// kgo does not move the position past a log that changed (the consumer
+// runs with kgo.NoResetOffset), and says so here instead: the lane checks
+// the log once it has committed what it had fetched before.
+func (l *lane) fetchFailed(fp kgo.FetchPartition) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return
+	}
+	evidence := int64(-1)
+	var dl *kgo.ErrDataLoss
+	switch {
+	case errors.As(fp.Err, &dl):
+		evidence = dl.ResetTo
+	case fp.HighWatermark >= 0 && fp.HighWatermark < l.fetchPos:
+		evidence = fp.HighWatermark
+	}
+	l.logMovedLocked(evidence, fmt.Sprintf("fetching from offset %d failed: %v (log start %d, high watermark %d)",
+		l.fetchPos, fp.Err, fp.LogStartOffset, fp.HighWatermark))
+}
+
+// logMovedLocked stops the lane's intake after the log moved under it:
+// fetching pauses, what is buffered (records that do continue the
+// lane's position) is still processed, and then the lane checks the log.
+// evidence is an offset the log was seen to end at below the lane, or -1.
+func (l *lane) logMovedLocked(evidence int64, why string) {
+	if !l.logMoved {
+		l.logWhy = why
+	}
+	l.logMoved = true
+	if evidence >= 0 && (l.logEvidence < 0 || evidence < l.logEvidence) {
+		l.logEvidence = evidence
+	}
+	l.pauseLocked()
+	l.wakeUp()
+}
+
+// logMovedPending reports whether the lane must check the log before it
+// takes anything more.
+func (l *lane) logMovedPending() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.logMoved
 }
 
 // end stops accepting records, drops the buffer and pauses the partition so
@@ -273,7 +390,7 @@ func (l *lane) release() {
 	l.ended = true
 	l.setQueueLocked(nil, 0)
 	if l.paused && !l.removed {
-		l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+		l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 	}
 	l.paused = false
 	l.removed = true
@@ -289,8 +406,14 @@ func (l *lane) take() *Batch {
 			return nil
 		}
 		l.mu.Lock()
-		// Records below the next offset were committed already (a refetch,
-		// or commits made before this lane's claim).
+		if l.logMoved && len(l.queue) == 0 {
+			// Everything fetched before the log moved is committed: the
+			// lane checks the log now (run, checkLogMoved).
+			l.mu.Unlock()
+			return nil
+		}
+		// Records below the next offset were committed already (a batch
+		// requeued after part of it committed).
 		i := 0
 		var skipped int64
 		for i < len(l.queue) && l.queue[i].Offset < l.next {
@@ -322,7 +445,7 @@ func (l *lane) take() *Batch {
 			}
 			l.setQueueLocked(rest, l.queueBytes-size)
 			if l.paused && !l.ended && !l.removed && l.drained() && !l.heldForWorker() {
-				l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+				l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 				l.paused, l.pausedForWorker = false, false
 			}
 			l.mu.Unlock()
@@ -397,6 +520,12 @@ func (l *lane) run() {
 		b := l.take()
 		if b == nil {
 			if l.layoutHold.Load() != 0 {
+				continue
+			}
+			if !l.stopping() && l.logMovedPending() {
+				if !l.checkLogMoved() {
+					return
+				}
 				continue
 			}
 			return
@@ -529,9 +658,8 @@ func (l *lane) awaitOperator(starting bool) bool {
 			counted = false
 			l.c.stats.lanesHalted.Add(-1)
 			// The acknowledgement may have moved the offset (into another
-			// log, or back to where the database is): what this lane had
-			// acknowledged is no reference any more.
-			l.acked.Store(0)
+			// log epoch): what this lane had acknowledged is no reference
+			// any more (ackedIn compares within the claim's log epoch).
 			return l.recover(errHoldAcknowledged)
 		default:
 			attempt = 0
@@ -579,7 +707,7 @@ func (l *lane) awaitLayout() bool {
 func (l *lane) resumeFetch() {
 	l.mu.Lock()
 	if l.paused && !l.ended && !l.removed {
-		l.c.cl.Load().ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+		l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = false
 	}
 	l.mu.Unlock()
@@ -731,8 +859,9 @@ func (l *lane) databaseAnswers() bool {
 }
 
 func (l *lane) afterBatch(b *Batch, err error) {
+	l.c.noteDatabase() // committed or refused: either way the database answered
 	if err == nil {
-		l.acked.Store(b.To)
+		l.setAcked(b.To)
 		l.c.stats.batches.Add(1)
 		l.c.stats.records.Add(int64(len(b.Records)))
 	} else {
@@ -864,7 +993,7 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 	// settled by the fence.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.cfg.CommitTimeout)
 	defer cancel()
-	req := sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To}
+	req := sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To, LogEpoch: l.logEpoch}
 	if l.c.cfg.UnsafeNoFence { // benchmarks only: see Config.UnsafeNoFence
 		done = true
 		if err := tx.Commit(cctx); err != nil {

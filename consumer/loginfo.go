@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"maps"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -108,6 +109,24 @@ func identityHold(key sink.Partition, owner string, claimed sink.Claimed, tl *to
 		return nil
 	}
 	return h
+}
+
+// movedLogHold is identityHold for a running lane whose log moved under it
+// (lane.checkLogMoved): next is the lane's next offset, topicID the topic id
+// it was assigned with, tl the log read now, and evidence the lowest offset
+// the log was seen to end at below the lane (-1: none). A log that went back
+// below the lane is ahead-of-log even when it has grown past next again by
+// the time it is read, since its new jobs sit at reused offsets: the hold
+// records the end as it was seen, which is where the acknowledgement moves
+// the offset to.
+func movedLogHold(key sink.Partition, owner string, next int64, topicID [16]byte, tl *topicLog, evidence int64) *sink.Hold {
+	p := key.Partition
+	if evidence >= 0 && evidence < tl.end[p] {
+		end := maps.Clone(tl.end)
+		end[p] = evidence
+		tl = &topicLog{id: tl.id, partitions: tl.partitions, start: tl.start, end: end}
+	}
+	return identityHold(key, owner, sink.Claimed{NextOffset: next, TopicID: topicID}, tl)
 }
 
 // claimedLogHold is identityHold for a partition claimed on assignment,

@@ -54,7 +54,10 @@ func (l *lane) recover(cause error) bool {
 		if !l.sleep(d) {
 			return false
 		}
-		cl := l.c.cl.Load()
+		if !l.current() {
+			return false // a newer lane has the partition, or it was taken away: kgo ends this one
+		}
+		cl := l.cl
 		member, epoch := cl.GroupMetadata()
 		if member != l.owner {
 			continue // this member left or was replaced: kgo ends this lane
@@ -69,6 +72,14 @@ func (l *lane) recover(cause error) bool {
 				zap.NamedError("cause", cause))
 			return true
 		}
+		var fe *sink.FencedError
+		if errors.As(err, &fe) && fe.Superseded() {
+			// A newer lane of this member claimed the partition: this
+			// lane's assignment is over, whatever the coordinator says of
+			// the member.
+			l.log.Info("partition claimed by a newer lane of this member: this lane stops", zap.Error(err))
+			return false
+		}
 		if err == nil {
 			continue // the coordinator does not say we hold it: wait for kgo to say so
 		}
@@ -82,13 +93,38 @@ func (l *lane) recover(cause error) bool {
 	}
 }
 
+// current reports whether this lane is still its partition's lane on this
+// worker: a lane replaced by a newer assignment of the partition, or
+// released by a revoke, must not claim it again.
+func (l *lane) current() bool {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.c.lanes[tp{l.key.Topic, l.key.Partition}] == l
+}
+
 // reclaim claims the partition again if the coordinator confirms that this
-// member holds it at its current epoch. ok is false with a nil error when
-// the coordinator does not confirm it (the partition is on its way to
-// someone else).
+// lane's assignment holds it at the member's current epoch. ok is false
+// with a nil error when that is not (yet) confirmed (the partition is on
+// its way to someone else, or the group's last rebalance has not yet said
+// whether it stays here).
+//
+// What a confirmation vouches for is the member; the lane must be sure it
+// is its own assignment that the member holds. Classic: a heartbeat at
+// generation G says the member is in G, nothing about partitions; so the
+// lane claims at G only if G's rebalance kept the partition with this lane
+// (through, raised by Consumer.assigned). KIP-848: the describe says the
+// member holds the partition now, which cannot tell this lane's assignment
+// from a newer one of the same member. In both, a newer lane of the same
+// member has a higher claim id, and Postgres refuses an older lane's claim
+// once the newer one's is stored (sink.FencedError.Superseded), so an old
+// lane that loses the race to its successor is stopped by the fence, not by
+// timing.
 func (l *lane) reclaim(cl *kgo.Client, epoch int32) (ok bool, err error) {
 	ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.ClaimTimeout)
 	defer cancel()
+	if l.c.cfg.Protocol != NextGen && epoch > l.through.Load() {
+		return false, nil
+	}
 	// Ask first, register and claim only if confirmed: a zombie must not
 	// register its epoch over and over while it waits to be told.
 	g, err := l.c.confirm(ctx, cl, l.owner, max(epoch, l.epoch), []string{l.key.Topic})
@@ -98,30 +134,42 @@ func (l *lane) reclaim(cl *kgo.Client, epoch int32) (ok bool, err error) {
 	if !g.holds(l.key.Topic, l.key.Partition) {
 		return false, nil
 	}
-	// The partition is still this member's: from here the lane's token
-	// is the member's current epoch (a classic generation moves on with
-	// every rebalance, even one that left the partition where it was).
+	// The partition is still this lane's: from here the lane's token is
+	// the member's current epoch (a classic generation moves on with every
+	// rebalance, even one that left the partition where it was).
 	l.epoch = max(epoch, l.epoch)
-	acked := l.acked.Load()
-	claimed, err := l.c.claimOne(ctx, cl, l, l.next, nil)
+	// Should the fencing row be gone (a database restored from before the
+	// partition's first claim), the claim records the log's start: the
+	// database knows of nothing processed, and the divergence check below
+	// compares that with what this lane had acknowledged.
+	logs, err := l.c.topicLogsOf(ctx, cl, []string{l.key.Topic}, true)
+	if err != nil {
+		return false, err
+	}
+	start := max(logs[l.key.Topic].start[l.key.Partition], 0)
+	claimed, err := l.c.claimOne(ctx, cl, l, start, nil)
 	if err != nil {
 		if errors.Is(err, sink.ErrFenced) {
 			l.c.stats.claimsRejected.Add(1)
 		}
 		return false, err
 	}
+	acked := l.ackedIn(claimed.LogEpoch)
+	if a := l.acked.Load(); claimed.Created && a != nil {
+		acked = a.next // the row this lane committed through is gone: any log epoch counts
+	}
 	if err := l.checkLog(ctx, cl, claimed, acked); err != nil {
 		return false, err
 	}
-	l.acked.Store(claimed.NextOffset)
+	l.setAcked(claimed.NextOffset)
 	l.seek(claimed.NextOffset)
 	return true, nil
 }
 
 // checkLog compares what a claim returned with the topic's log now, and
-// with acked, the next offset after this lane's last acknowledged commit
-// (the database may have lost it: a failover). A mismatch is a hold for an
-// operator: the lane records it and waits.
+// with acked, the next offset after this lane's last acknowledged commit in
+// the claim's log epoch, or -1 (the database may have lost it: a failover).
+// A mismatch is a hold for an operator: the lane records it and waits.
 func (l *lane) checkLog(ctx context.Context, cl *kgo.Client, claimed sink.Claimed, acked int64) error {
 	logs, err := l.c.topicLogsOf(ctx, cl, []string{l.key.Topic}, true)
 	if err != nil {
@@ -133,10 +181,11 @@ func (l *lane) checkLog(ctx context.Context, cl *kgo.Client, claimed sink.Claime
 	}
 	h := identityHold(l.key, l.owner, claimed, tl)
 	if h == nil {
-		if h, err = l.c.divergenceHold(ctx, l.key, l.owner, claimed.NextOffset, acked, tl.end[l.key.Partition],
-			"committed by this worker's lane"); err != nil {
-			return err
+		source := "committed by this worker's lane"
+		if claimed.Created {
+			source += ", although the database now has no fencing row for the partition (restored from before its first claim?)"
 		}
+		h = l.c.divergenceHold(l.key, l.owner, claimed.NextOffset, acked, tl.end[l.key.Partition], source)
 	}
 	if h != nil {
 		l.held = h
@@ -179,6 +228,53 @@ func (l *lane) awaitHold() bool {
 
 var errHoldAcknowledged = errors.New("an operator acknowledged the partition's hold")
 
+// checkLogMoved runs once the lane has committed everything it had fetched
+// before the log moved under it (push, fetchFailed). It reads the log again
+// and judges the lane's next offset against it, as a claim does
+// (identityHold), with what the poll loop saw as evidence: a log that went
+// back below the lane is ahead-of-log even if it has grown past the lane's
+// next offset again by now, since its new jobs sit at reused offsets. A
+// hold is recorded and waited for (awaitHold), naming the offsets at stake;
+// if the log still fits, fetching starts again at the lane's next offset.
+// It returns false if the lane was stopped.
+func (l *lane) checkLogMoved() bool {
+	l.mu.Lock()
+	evidence, why := l.logEvidence, l.logWhy
+	l.mu.Unlock()
+	ctx, cancel := l.quitContext()
+	defer cancel()
+	logs, err := l.c.topicLogsOf(ctx, l.cl, []string{l.key.Topic}, true)
+	if err != nil {
+		return false // stopped: topicLogsOf retries until then
+	}
+	tl := logs[l.key.Topic]
+	p := l.key.Partition
+	h := movedLogHold(l.key, l.owner, l.next, l.topicID, tl, evidence)
+	if h == nil {
+		l.log.Warn("the log moved under the partition's lane, but the stored next offset still fits it: fetching again from there",
+			zap.Int64("next_offset", l.next), zap.Int64("log_start", tl.start[p]), zap.Int64("high_watermark", tl.end[p]), zap.String("seen", why))
+		l.seek(l.next)
+		return true
+	}
+	h.Reason += "; seen while the partition was being processed: " + why
+	l.held = h
+	return l.awaitHold()
+}
+
+// quitContext returns a context that ends when the lane is stopped, soft or
+// hard: for waits that must not outlive the lane.
+func (l *lane) quitContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(l.ctx)
+	go func() {
+		select {
+		case <-l.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 // seek asks the poll loop to move the partition's fetch position to next
 // (the lane's new next offset) and resume fetching it.
 func (l *lane) seek(next int64) {
@@ -203,6 +299,10 @@ func (l *lane) applySeek(cl *kgo.Client) {
 	}
 	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{l.key.Topic: {l.key.Partition: {Epoch: -1, Offset: off}}})
 	l.setQueueLocked(nil, 0)
+	// kgo fetches from off from now on (SetOffsets drops what was fetched
+	// from the old position): the log is judged afresh from there.
+	l.fetchPos = off
+	l.logMoved, l.logEvidence, l.logWhy = false, -1, ""
 	if l.paused {
 		cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = false

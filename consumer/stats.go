@@ -42,6 +42,10 @@ type Stats struct {
 	// Divergences counts partitions found with a stored offset below one
 	// already acknowledged (the database lost commits); each is held.
 	Divergences int64
+	// StepDowns counts the times this worker gave its partitions up because
+	// its database did not answer for Config.DatabaseTimeout; SteppedDown
+	// is 1 while it is out of the group for that reason (a gauge).
+	StepDowns, SteppedDown int64
 	// BufferedBytes is what the lanes hold ahead of their handlers now
 	// (keys, values, headers and a record's own size; a gauge), bounded by
 	// Config.WorkerBufferBytes plus one fetch.
@@ -54,7 +58,7 @@ type counters struct {
 	handlerTransient, handlerEnvironment, handlerBugs       atomic.Int64
 	lanesHalted, fenceLogPruned                             atomic.Int64
 	recoveries, stalled, jobsLost, staleSessionsEnded       atomic.Int64
-	divergences                                             atomic.Int64
+	divergences, stepDowns                                  atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -69,6 +73,14 @@ func (c *Consumer) Stats() Stats {
 		Retries: s.retries.Load(), Resets: s.resets.Load(), Lanes: s.lanes.Load(),
 		Recoveries: s.recoveries.Load(), Stalled: s.stalled.Load(), JobsLost: s.jobsLost.Load(),
 		StaleSessionsEnded: s.staleSessionsEnded.Load(), Divergences: s.divergences.Load(),
+		StepDowns: s.stepDowns.Load(), SteppedDown: b2i(c.db.down.Load()),
 		BufferedBytes: c.buffered.Load(),
 	}
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }

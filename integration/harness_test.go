@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +24,7 @@ import (
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
+	"github.com/tenure-dev/tenure/internal/netfault"
 	"github.com/tenure-dev/tenure/internal/testdb"
 )
 
@@ -172,13 +176,51 @@ type worker struct {
 
 func (e *env) startWorker(name string, extra ...string) *worker {
 	e.t.Helper()
+	return e.startWorkerCmd(name, func(args []string) *exec.Cmd { return exec.Command(tenureBin, args...) }, extra...)
+}
+
+// startWorkerIn starts a worker inside a network namespace of its own
+// (internal/netfault): it reaches the broker and the database through the
+// namespace's forwarders, on the same addresses as every worker, and a
+// fault injected there drops its packets.
+func (e *env) startWorkerIn(ns *netfault.Namespace, name string, extra ...string) *worker {
+	e.t.Helper()
+	return e.startWorkerCmd(name, func(args []string) *exec.Cmd { return ns.Command(tenureBin, args...) }, extra...)
+}
+
+// services are the ports a worker reaches: the brokers' and the database's.
+func (e *env) services() netfault.Services {
+	e.t.Helper()
+	var s netfault.Services
+	for _, b := range e.brokers {
+		_, port, err := net.SplitHostPort(b)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		n, _ := strconv.Atoi(port)
+		s.Kafka = append(s.Kafka, n)
+	}
+	u, err := url.Parse(e.dbURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(u.Port())
+	if n == 0 {
+		n = 5432
+	}
+	s.Postgres = []int{n}
+	return s
+}
+
+func (e *env) startWorkerCmd(name string, command func(args []string) *exec.Cmd, extra ...string) *worker {
+	e.t.Helper()
 	args := append([]string{"worker",
 		"--brokers", strings.Join(e.brokers, ","), "--group", e.group, "--topic", e.topic,
 		"--database-url", e.dbURL, "--schema", e.schema, "--handler", "export",
 		"--session-timeout", sessionTimeout.String(), "--name", name, "--log-level", "debug",
 		"--batch-max", "50",
 	}, extra...)
-	cmd := exec.Command(tenureBin, args...)
+	cmd := command(args)
 	cmd.Env = os.Environ()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

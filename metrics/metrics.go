@@ -37,7 +37,7 @@
 // handler_environment_errors_total, handler_bugs_total,
 // batch_retries_total, incarnation_bumps_total, lane_recoveries_total,
 // jobs_lost_total, divergences_total, stale_sessions_ended_total,
-// fence_log_pruned_total; and handler_oldest_running_seconds, the age of
+// fence_log_pruned_total, worker_step_downs_total, worker_stepped_down; and handler_oldest_running_seconds, the age of
 // the oldest Handle call still running (a handler that ignores its context
 // grows it past HandlerTimeout), partition_lag_read_errors_total.
 package metrics
@@ -176,6 +176,8 @@ func New(opts Options) *Collector {
 	counterStat("divergences_total", "Partitions found with a stored offset below one this group had acknowledged (the database lost commits); each is held.", func(s consumer.Stats) int64 { return s.Divergences })
 	counterStat("stale_sessions_ended_total", "Sessions of an older owner of a partition (frozen in its transaction) that held locks a batch waited for, ended by this worker.", func(s consumer.Stats) int64 { return s.StaleSessionsEnded })
 	counterStat("fence_log_pruned_total", "Fence log entries pruned by this worker.", func(s consumer.Stats) int64 { return s.FenceLogPruned })
+	counterStat("worker_step_downs_total", "Times this worker gave its partitions up (left the group) because its database did not answer for the database timeout.", func(s consumer.Stats) int64 { return s.StepDowns })
+	gaugeStat("worker_stepped_down", "1 while this worker is out of the group because its database does not answer; it joins again once it does.", func(s consumer.Stats) int64 { return s.SteppedDown })
 	return m
 }
 

@@ -1,10 +1,12 @@
 package sink_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -21,6 +23,7 @@ func TestClaim(t *testing.T) {
 		start    int64
 		count    int32
 		commitTo int64 // 0: no commit
+		claim    int64 // the claimant's claim id (0: none)
 	}
 	for _, c := range []struct {
 		name   string
@@ -34,6 +37,7 @@ func TestClaim(t *testing.T) {
 		wantCount int32
 		wantToken sink.Token
 		wantOwner string
+		wantClaim int64 // the row's claim id
 	}{
 		{
 			name:     "first claim creates the row from StartOffset and PartitionCount",
@@ -106,6 +110,33 @@ func TestClaim(t *testing.T) {
 			fenced: true, wantNext: 3, wantCount: 12, wantToken: tok(0, 2), wantOwner: "b",
 		},
 		{
+			// A member given the partition again while its previous lane is
+			// still stopping: the old lane, recovering at the member's newer
+			// epoch, must not take the partition back from the new one.
+			name:   "an older lane of the owner is rejected whatever its token: a newer lane holds the row",
+			before: []step{{owner: "a", token: tok(0, 5), start: 0, count: 12, claim: 9, commitTo: 4}},
+			claim:  step{owner: "a", token: tok(1, 7), start: 0, count: 12, claim: 5},
+			fenced: true, wantNext: 4, wantCount: 12, wantToken: tok(0, 5), wantOwner: "a", wantClaim: 9,
+		},
+		{
+			name:     "a newer lane of the owner at a higher token is accepted",
+			before:   []step{{owner: "a", token: tok(0, 5), start: 0, count: 12, claim: 5, commitTo: 4}},
+			claim:    step{owner: "a", token: tok(0, 7), start: 0, count: 12, claim: 9},
+			wantNext: 4, wantCount: 12, wantToken: tok(0, 7), wantOwner: "a", wantClaim: 9,
+		},
+		{
+			name:   "a newer lane of the owner at the same token is a tie",
+			before: []step{{owner: "a", token: tok(0, 5), start: 0, count: 12, claim: 5}},
+			claim:  step{owner: "a", token: tok(0, 5), start: 0, count: 12, claim: 9},
+			fenced: true, wantNext: 0, wantCount: 12, wantToken: tok(0, 5), wantOwner: "a", wantClaim: 5,
+		},
+		{
+			name:     "another owner's lower claim id does not matter",
+			before:   []step{{owner: "a", token: tok(0, 5), start: 0, count: 12, claim: 9}},
+			claim:    step{owner: "b", token: tok(0, 6), start: 0, count: 12, claim: 2},
+			wantNext: 0, wantCount: 12, wantToken: tok(0, 6), wantOwner: "b", wantClaim: 2,
+		},
+		{
 			name:     "the partition count recorded first is returned to a claim with another count",
 			before:   []step{{owner: "a", token: tok(0, 1), start: 0, count: 12}},
 			claim:    step{owner: "b", token: tok(0, 2), start: 0, count: 24},
@@ -123,7 +154,7 @@ func TestClaim(t *testing.T) {
 			e := setup(t)
 			do := func(s step) (sink.Claimed, error) {
 				e.raiseIncarnation(part.Group, s.token.Incarnation)
-				return e.store.Claim(e.ctx, sink.ClaimRequest{Partition: part, Token: s.token, Owner: s.owner, StartOffset: s.start, PartitionCount: s.count})
+				return e.store.Claim(e.ctx, sink.ClaimRequest{Partition: part, Token: s.token, Owner: s.owner, ClaimID: s.claim, StartOffset: s.start, PartitionCount: s.count})
 			}
 			for _, s := range c.before {
 				got, err := do(s)
@@ -131,7 +162,7 @@ func TestClaim(t *testing.T) {
 					t.Fatalf("setup claim %+v: %v", s, err)
 				}
 				if s.commitTo > 0 {
-					e.mustCommit(t, sink.CommitRequest{Partition: part, Token: s.token, Owner: s.owner, From: got.NextOffset, To: s.commitTo})
+					e.mustCommit(t, sink.CommitRequest{Partition: part, Token: s.token, Owner: s.owner, ClaimID: s.claim, From: got.NextOffset, To: s.commitTo})
 				}
 			}
 			logBefore := e.fenceLog(t, part)
@@ -142,9 +173,16 @@ func TestClaim(t *testing.T) {
 					t.Errorf("a rejected claim matches ErrOffsetMismatch: %v", err)
 				}
 				want := sink.FencedError{Op: "claim", Partition: part, Presented: c.claim.token, Owner: c.claim.owner, From: -1,
-					Found: true, Current: c.wantToken, CurrentOwner: c.wantOwner, NextOffset: c.wantNext}
+					ClaimID: c.claim.claim, Found: true, Current: c.wantToken, CurrentOwner: c.wantOwner, CurrentClaim: c.wantClaim, NextOffset: c.wantNext}
 				if c.wantToken.Incarnation > c.claim.token.Incarnation {
 					want.StaleIncarnation, want.GroupIncarnation = true, c.wantToken.Incarnation
+				}
+				if c.claim.token.Incarnation > c.wantToken.Incarnation {
+					// the claim raised the group's incarnation (raiseIncarnation)
+					want.StaleIncarnation, want.GroupIncarnation = false, 0
+				}
+				if got, wantSup := fe.Superseded(), c.claim.owner == c.wantOwner && c.wantClaim > c.claim.claim; got != wantSup {
+					t.Errorf("Superseded() = %v, want %v", got, wantSup)
 				}
 				if *fe != want {
 					t.Errorf("FencedError = %+v\nwant          %+v", *fe, want)
@@ -162,7 +200,7 @@ func TestClaim(t *testing.T) {
 				if err != nil {
 					t.Fatalf("claim rejected: %v", err)
 				}
-				if want := (sink.Claimed{NextOffset: c.wantNext, PartitionCount: c.wantCount}); got != want {
+				if want := (sink.Claimed{NextOffset: c.wantNext, PartitionCount: c.wantCount, Created: len(c.before) == 0}); got != want {
 					t.Errorf("Claim = %+v, want %+v", got, want)
 				}
 			}
@@ -291,5 +329,65 @@ func TestClaimConcurrentFirstClaims(t *testing.T) {
 	}
 	if last := log[len(log)-1]; last.Token != f.Token || last.Owner != f.Owner {
 		t.Errorf("last logged claim %+v is not the row's holder %s %q", last, f.Token, f.Owner)
+	}
+}
+
+// An owner whose session stopped between its fence statement and its
+// COMMIT (frozen, or cut off by a network that drops its packets) holds the
+// partition's fencing row until Postgres's idle-in-transaction timeout. A
+// new owner's claim, confirmed at a higher token, does not wait for it: it
+// ends that session (its transaction rolls back; its COMMIT, if it ever
+// came, would be fenced). Before, the claim waited out its own timeout and
+// the hand-off took as long as the idle timeout.
+func TestClaimEndsAnOlderClaimantHoldingTheRow(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	a, b := sink.Token{Epoch: 1}, sink.Token{Epoch: 2}
+	if _, err := e.store.Claim(e.ctx, sink.ClaimRequest{Partition: p, Token: a, Owner: "A", ClaimID: 7, PartitionCount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// A's batch: the fence statement ran, its COMMIT never comes.
+	tx, err := e.pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(e.ctx, "SET LOCAL application_name = '"+sink.ApplicationName(7)+"'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Commit(e.ctx, tx, sink.CommitRequest{Partition: p, Token: a, Owner: "A", ClaimID: 7, From: 0, To: 5}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	c, err := e.store.Claim(ctx, sink.ClaimRequest{Partition: p, Token: b, Owner: "B", ClaimID: 9, PartitionCount: 1})
+	if err != nil {
+		t.Fatalf("the claim waited for the older claimant's session: %v", err)
+	}
+	if c.StaleSessionsEnded != 1 || c.NextOffset != 0 {
+		t.Errorf("claim %+v: want the older claimant's session ended and its batch rolled back (next offset 0)", c)
+	}
+	t.Logf("claimed %s after the older claimant's session was ended", time.Since(start).Round(time.Millisecond))
+	// A zombie (lower token) waiting on the new owner's row never ends it.
+	tx2, err := e.pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx2.Rollback(context.Background()) })
+	if _, err := tx2.Exec(e.ctx, "SET LOCAL application_name = '"+sink.ApplicationName(9)+"'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Commit(e.ctx, tx2, sink.CommitRequest{Partition: p, Token: b, Owner: "B", ClaimID: 9, From: 0, To: 3}); err != nil {
+		t.Fatal(err)
+	}
+	zctx, zcancel := context.WithTimeout(e.ctx, 1500*time.Millisecond)
+	defer zcancel()
+	if _, err := e.store.Claim(zctx, sink.ClaimRequest{Partition: p, Token: a, Owner: "A", ClaimID: 7, PartitionCount: 1}); err == nil {
+		t.Fatal("the zombie's claim was accepted")
+	}
+	if err := tx2.Commit(e.ctx); err != nil {
+		t.Fatalf("the new owner's transaction was ended by a zombie's claim: %v", err)
 	}
 }

@@ -29,14 +29,16 @@ type FencedError struct {
 	Owner     string
 	ClaimID   int64 // the caller's claim id
 	From      int64 // the next offset the caller believed in (commit only)
+	LogEpoch  int64 // the log epoch the caller committed in (commit only)
 
 	// What the fencing row held when the rejection was inspected. Found is
 	// false if the row does not exist (it was deleted by an operator).
-	Found        bool
-	Current      Token
-	CurrentOwner string
-	CurrentClaim int64
-	NextOffset   int64
+	Found           bool
+	Current         Token
+	CurrentOwner    string
+	CurrentClaim    int64
+	NextOffset      int64
+	CurrentLogEpoch int64
 
 	// StaleIncarnation (claims only): the claim's incarnation is not the
 	// group's current one, GroupIncarnation; the claimant must register
@@ -59,8 +61,16 @@ func (e *FencedError) Error() string {
 			e.Op, e.Partition, e.Presented, e.Owner)
 	}
 	if e.mismatch() {
+		if e.CurrentLogEpoch != e.LogEpoch {
+			return fmt.Sprintf("%s of %s with token %s by %q rejected: the partition's offsets were moved to a new log epoch (%d, from %d: an operator's acknowledgement); the stored next offset is %d",
+				e.Op, e.Partition, e.Presented, e.Owner, e.CurrentLogEpoch, e.LogEpoch, e.NextOffset)
+		}
 		return fmt.Sprintf("%s of %s with token %s by %q rejected: it started at offset %d but the stored next offset is %d",
 			e.Op, e.Partition, e.Presented, e.Owner, e.From, e.NextOffset)
+	}
+	if e.Superseded() {
+		return fmt.Sprintf("%s of %s with token %s by %q (claim %d) rejected: a newer lane of the same member holds it (claim %d, token %s)",
+			e.Op, e.Partition, e.Presented, e.Owner, e.ClaimID, e.CurrentClaim, e.Current)
 	}
 	if e.Tie() {
 		return fmt.Sprintf("%s of %s with token %s by %q rejected: another claim of %q holds the same token (next offset %d)",
@@ -74,6 +84,13 @@ func (e *FencedError) Error() string {
 // another claimant (another member, or another lane of the same member).
 func (e *FencedError) Tie() bool {
 	return e.Found && !e.StaleIncarnation && e.Current == e.Presented && (e.CurrentOwner != e.Owner || e.CurrentClaim != e.ClaimID)
+}
+
+// Superseded reports whether a newer lane of the caller's own member holds
+// the row (same owner, a higher claim id): the caller's assignment of the
+// partition has ended, and it must not claim again.
+func (e *FencedError) Superseded() bool {
+	return e.Found && e.CurrentOwner == e.Owner && e.CurrentClaim > e.ClaimID
 }
 
 func (e *FencedError) mismatch() bool {

@@ -2,8 +2,14 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ApplicationName is the application_name a batch transaction of claim
@@ -55,4 +61,88 @@ func (s *Store) EndStaleBlockers(ctx context.Context, p Partition, claimID int64
 		}
 	}
 	return ended, rows.Err()
+}
+
+// claimWatchAfter is how long a claim waits for the fencing row's lock
+// before it looks at who holds it, and how often it looks again.
+const claimWatchAfter = 250 * time.Millisecond
+
+// watchClaim looks, while the claim of backend pid waits, for sessions of
+// older claimants of p that block it, and ends them (EndOlderClaimants).
+// stop ends the watch and returns how many sessions it ended.
+func (s *Store) watchClaim(p Partition, t Token, pid uint32) (stop func() int) {
+	done := make(chan struct{})
+	var ended atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		timer := time.NewTimer(claimWatchAfter)
+		defer timer.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-timer.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			n, err := s.EndOlderClaimants(ctx, p, t, pid)
+			cancel()
+			ended.Add(int64(len(n)))
+			if err != nil && isPrivilege(err) {
+				return // idle_in_transaction_session_timeout will do it
+			}
+			timer.Reset(claimWatchAfter)
+		}
+	}()
+	return func() int {
+		close(done)
+		wg.Wait()
+		return int(ended.Load())
+	}
+}
+
+// EndOlderClaimants ends the sessions that block backend pid (a claim of p
+// with token t, which the coordinator has confirmed) if they are batch
+// transactions of a claim of p with a lower token (their application_name
+// names it, ApplicationName, and the fence log records it). Such a session
+// stopped between its fence statement and its COMMIT, holding p's fencing
+// row: its transaction rolls back, and its COMMIT, if it ever came, could
+// not pass the fence of a claim made after it. A caller whose token is not
+// the highest never ends the current owner's session: a zombie's claim
+// waits, then is rejected. It returns the PIDs it ended; see
+// EndStaleBlockers for the privilege it needs.
+func (s *Store) EndOlderClaimants(ctx context.Context, p Partition, t Token, pid uint32) ([]int32, error) {
+	q := quote(s.schema)
+	rows, err := s.pool.Query(ctx, `SELECT a.pid, pg_terminate_backend(a.pid)
+	FROM pg_stat_activity a
+	WHERE a.pid = ANY (pg_blocking_pids($1))
+	  AND EXISTS (SELECT 1 FROM `+q+`.fence_log l
+	              WHERE l.kind = 'claim'
+	                AND l.claim_id = CASE WHEN a.application_name ~ '^tenure:[0-9]{1,18}$'
+	                                      THEN substr(a.application_name, 8)::bigint END
+	                AND l.consumer_group = $2 AND l.topic = $3 AND l.partition = $4
+	                AND (l.incarnation, l.epoch) < ($5::bigint, $6::integer))`,
+		int32(pid), p.Group, p.Topic, p.Partition, t.Incarnation, t.Epoch)
+	if err != nil {
+		return nil, fmt.Errorf("ending the sessions of older claimants of %s: %w", p, err)
+	}
+	defer rows.Close()
+	var ended []int32
+	for rows.Next() {
+		var bpid int32
+		var ok bool
+		if err := rows.Scan(&bpid, &ok); err != nil {
+			return ended, err
+		}
+		if ok {
+			ended = append(ended, bpid)
+		}
+	}
+	return ended, rows.Err()
+}
+
+func isPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }

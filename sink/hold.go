@@ -59,40 +59,54 @@ type Hold struct {
 	FirstJob, LastJob string
 	Token             Token
 	// diverged: the highest next offset acknowledged before (-1: unknown).
-	AckedOffset            int64
+	AckedOffset int64
+	// LogEpoch is the partition's log epoch when the hold was recorded.
+	LogEpoch               int64
 	Owner                  string
 	Since                  time.Time
 	ResolvedAt             *time.Time
 	ResolvedBy, Resolution string
 }
 
-// HoldPartition records that p is held. A partition has one open hold: a
-// hold that waits for an operator replaces any open one; a stall replaces
-// only a stall (it never hides a hold an operator must see).
+// HoldPartition records that p is held. A hold that waits for an operator
+// replaces an open hold of its own kind (the same finding, recorded again
+// by whichever worker holds the partition now) and any stall, but never a
+// hold of another kind: each one waits for its own acknowledgement, so
+// that nothing an operator must see disappears unresolved. A stall replaces
+// only a stall, and is not recorded while any hold is open.
 func (s *Store) HoldPartition(ctx context.Context, h Hold) error {
 	q := quote(s.schema)
 	p := h.Partition
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `DELETE FROM `+q+`.partition_holds
-			WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL AND (kind = 'stalled' OR $4)`,
-			p.Group, p.Topic, p.Partition, h.Kind.NeedsAck())
-		if err != nil {
-			return err
-		}
-		if !h.Kind.NeedsAck() && tag.RowsAffected() == 0 {
-			var open bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+q+`.partition_holds
-				WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL)`, p.Group, p.Topic, p.Partition).Scan(&open); err != nil {
+		if h.Kind.NeedsAck() {
+			if _, err := tx.Exec(ctx, `DELETE FROM `+q+`.partition_holds
+				WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL AND kind IN ('stalled', $4)`,
+				p.Group, p.Topic, p.Partition, string(h.Kind)); err != nil {
 				return err
 			}
-			if open {
-				return nil
+		} else {
+			tag, err := tx.Exec(ctx, `DELETE FROM `+q+`.partition_holds
+				WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL AND kind = 'stalled'`,
+				p.Group, p.Topic, p.Partition)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				var open bool
+				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+q+`.partition_holds
+					WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL)`, p.Group, p.Topic, p.Partition).Scan(&open); err != nil {
+					return err
+				}
+				if open {
+					return nil
+				}
 			}
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO `+q+`.partition_holds
+		_, err := tx.Exec(ctx, `INSERT INTO `+q+`.partition_holds
 			(consumer_group, topic, partition, kind, reason, needs_ack, next_offset, log_start, high_watermark, topic_id,
-			 from_offset, to_offset, first_job, last_job, incarnation, epoch, owner, acked_offset)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`,
+			 from_offset, to_offset, first_job, last_job, incarnation, epoch, owner, acked_offset, log_epoch)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+				(SELECT log_epoch FROM `+q+`.fences WHERE consumer_group = $1 AND topic = $2 AND partition = $3))`,
 			p.Group, p.Topic, p.Partition, string(h.Kind), validText(h.Reason), h.Kind.NeedsAck(),
 			nullOffset(h.NextOffset), nullOffset(h.LogStart), nullOffset(h.HighWatermark), uuidOf(h.TopicID),
 			nullOffset(h.From), nullOffset(h.To), nullText(h.FirstJob), nullText(h.LastJob),
@@ -110,16 +124,17 @@ func (s *Store) ClearStall(ctx context.Context, p Partition) error {
 	return err
 }
 
-// OpenHold returns p's open hold; pgx.ErrNoRows if there is none.
+// OpenHold returns p's open hold (the oldest that waits for an operator,
+// else a stall); pgx.ErrNoRows if there is none.
 func (s *Store) OpenHold(ctx context.Context, p Partition) (Hold, error) {
-	return scanHold(s.pool.QueryRow(ctx, holdSelect(s.schema)+` WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL`,
-		p.Group, p.Topic, p.Partition))
+	return scanHold(s.pool.QueryRow(ctx, holdSelect(s.schema)+` WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL
+		ORDER BY needs_ack DESC, id LIMIT 1`, p.Group, p.Topic, p.Partition))
 }
 
 // OpenHolds lists the open holds of group ("" for every group).
 func (s *Store) OpenHolds(ctx context.Context, group string) ([]Hold, error) {
 	rows, err := s.pool.Query(ctx, holdSelect(s.schema)+` WHERE ($1 = '' OR consumer_group = $1) AND resolved_at IS NULL
-		ORDER BY consumer_group, topic, partition`, group)
+		ORDER BY consumer_group, topic, partition, id`, group)
 	if err != nil {
 		return nil, err
 	}
@@ -135,20 +150,8 @@ func (s *Store) OpenHolds(ctx context.Context, group string) ([]Hold, error) {
 	return out, rows.Err()
 }
 
-// AcceptedDivergence returns the highest offset up to which an operator
-// accepted p's divergence (the AckedOffset of its acknowledged diverged
-// holds), or -1: offsets acknowledged before, up to it, are not compared
-// again.
-func (s *Store) AcceptedDivergence(ctx context.Context, p Partition) (int64, error) {
-	var v pgtype.Int8
-	err := s.pool.QueryRow(ctx, `SELECT max(acked_offset) FROM `+quote(s.schema)+`.partition_holds
-		WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND kind = 'diverged' AND resolved_at IS NOT NULL`,
-		p.Group, p.Topic, p.Partition).Scan(&v)
-	return offsetOf(v), err
-}
-
-// OpenHoldNeedingAck returns p's open hold if it waits for an operator;
-// ok is false if there is none (or only a stall).
+// OpenHoldNeedingAck returns p's oldest open hold that waits for an
+// operator; ok is false if there is none (or only a stall).
 func (s *Store) OpenHoldNeedingAck(ctx context.Context, p Partition) (h Hold, ok bool, err error) {
 	h, err = s.OpenHold(ctx, p)
 	switch {
@@ -164,8 +167,9 @@ func (s *Store) OpenHoldNeedingAck(ctx context.Context, p Partition) (h Hold, ok
 // that waits for an operator.
 var ErrNoHold = errors.New("no open hold that waits for an acknowledgement")
 
-// AcknowledgeHold resolves p's open hold for an operator (by), in one
-// transaction with what the acknowledgement means for the stored offsets:
+// AcknowledgeHold resolves p's oldest open hold that waits for an operator
+// (by), in one transaction with what the acknowledgement means for the
+// stored offsets:
 //
 //   - topic-recreated: the offsets restart in the new log at its start
 //     (logStart), and the new topic id is recorded;
@@ -181,16 +185,20 @@ var ErrNoHold = errors.New("no open hold that waits for an acknowledgement")
 //
 // logStart and highWatermark are the log as the caller reads it now (not as
 // the worker saw it). A moved offset is recorded in the fence log as a
-// 'reset' entry. The worker holding the partition notices within seconds,
-// claims again and resumes from the new offset. It returns the hold as
-// resolved, its Resolution saying what was done.
+// 'reset' entry. Every acknowledgement but a handler bug's starts a new log
+// epoch of the partition (Fence.LogEpoch): offsets from before it are not
+// compared with offsets after it (the mirror in Kafka, export pointers), and
+// a batch begun before it cannot commit after it. The worker holding the
+// partition notices within seconds, claims again and resumes from the new
+// offset. It returns the hold as resolved, its Resolution saying what was
+// done. A partition with several open holds needs one acknowledgement each.
 func (s *Store) AcknowledgeHold(ctx context.Context, p Partition, by string, logStart, highWatermark int64, topicID [16]byte) (Hold, error) {
 	q := quote(s.schema)
 	var h Hold
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
 		h, err = scanHold(tx.QueryRow(ctx, holdSelect(s.schema)+` WHERE consumer_group = $1 AND topic = $2 AND partition = $3
-			AND resolved_at IS NULL AND needs_ack FOR UPDATE`, p.Group, p.Topic, p.Partition))
+			AND resolved_at IS NULL AND needs_ack ORDER BY id LIMIT 1 FOR UPDATE`, p.Group, p.Topic, p.Partition))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNoHold
 		}
@@ -199,7 +207,7 @@ func (s *Store) AcknowledgeHold(ctx context.Context, p Partition, by string, log
 		}
 		var f Fence
 		f, err = scanFence(tx.QueryRow(ctx, `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
-			partition_count, created_at, claimed_at, committed_at, claim_id FROM `+q+`.fences
+			partition_count, created_at, claimed_at, committed_at, claim_id, log_epoch FROM `+q+`.fences
 			WHERE consumer_group = $1 AND topic = $2 AND partition = $3 FOR UPDATE`, p.Group, p.Topic, p.Partition))
 		if err != nil {
 			return fmt.Errorf("reading the fencing row: %w", err)
@@ -231,6 +239,12 @@ func (s *Store) AcknowledgeHold(ctx context.Context, p Partition, by string, log
 				h.Resolution += fmt.Sprintf(": jobs %d to %d, acknowledged before, are processed again", f.NextOffset, h.AckedOffset-1)
 			}
 		}
+		if h.Kind != HoldHandlerBug {
+			if _, err := tx.Exec(ctx, `UPDATE `+q+`.fences SET log_epoch = log_epoch + 1
+				WHERE consumer_group = $1 AND topic = $2 AND partition = $3`, p.Group, p.Topic, p.Partition); err != nil {
+				return err
+			}
+		}
 		if to != f.NextOffset || h.Kind == HoldTopicRecreated {
 			if _, err := tx.Exec(ctx, `UPDATE `+q+`.fences SET next_offset = $4, topic_id = coalesce($5, topic_id)
 				WHERE consumer_group = $1 AND topic = $2 AND partition = $3`, p.Group, p.Topic, p.Partition, to, uuidOf(topicID)); err != nil {
@@ -259,7 +273,7 @@ func (s *Store) AcknowledgeHold(ctx context.Context, p Partition, by string, log
 func holdSelect(schema string) string {
 	return `SELECT id, consumer_group, topic, partition, kind, reason, next_offset, log_start, high_watermark, topic_id,
 	from_offset, to_offset, coalesce(first_job, ''), coalesce(last_job, ''), coalesce(incarnation, 0), coalesce(epoch, 0),
-	acked_offset, owner, since, resolved_at, coalesce(resolved_by, ''), coalesce(resolution, '') FROM ` + quote(schema) + `.partition_holds`
+	acked_offset, owner, since, resolved_at, coalesce(resolved_by, ''), coalesce(resolution, ''), coalesce(log_epoch, 0) FROM ` + quote(schema) + `.partition_holds`
 }
 
 func scanHold(r pgx.Row) (Hold, error) {
@@ -269,7 +283,7 @@ func scanHold(r pgx.Row) (Hold, error) {
 	var id pgtype.UUID
 	err := r.Scan(&h.ID, &h.Partition.Group, &h.Partition.Topic, &h.Partition.Partition, &kind, &h.Reason, &next, &start, &hwm, &id,
 		&from, &to, &h.FirstJob, &h.LastJob, &h.Token.Incarnation, &h.Token.Epoch,
-		&acked, &h.Owner, &h.Since, &h.ResolvedAt, &h.ResolvedBy, &h.Resolution)
+		&acked, &h.Owner, &h.Since, &h.ResolvedAt, &h.ResolvedBy, &h.Resolution, &h.LogEpoch)
 	h.AckedOffset = offsetOf(acked)
 	h.Kind = HoldKind(kind)
 	h.NextOffset, h.LogStart, h.HighWatermark = offsetOf(next), offsetOf(start), offsetOf(hwm)

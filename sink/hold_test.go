@@ -1,6 +1,7 @@
 package sink_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -47,5 +48,111 @@ func TestAcknowledgeAheadOfLogAfterTheLogGrewAgain(t *testing.T) {
 	}
 	if got := e.mustGet(t, p).NextOffset; got != 30 {
 		t.Errorf("next offset %d, want 30 (the log is shorter now)", got)
+	}
+}
+
+// A hold that waits for an operator never hides another one: a handler bug
+// found first, then a log truncated under the partition, are both open and
+// need one acknowledgement each. (Before log epochs, recording the second
+// deleted the first: the handler bug disappeared unresolved.)
+func TestHoldsOfDifferentKindsStayOpenTogether(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	tk := sink.Token{Epoch: 1}
+	from := e.mustClaim(t, p, tk, "a", 0)
+	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: from, To: 10})
+	bug := sink.Hold{Partition: p, Kind: sink.HoldHandlerBug, Reason: "the handler committed", NextOffset: 10, LogStart: -1, HighWatermark: -1,
+		From: 10, To: 12, FirstJob: "t/0/10", LastJob: "t/0/11", Owner: "a", Token: tk, AckedOffset: -1}
+	trunc := sink.Hold{Partition: p, Kind: sink.HoldLogTruncated, Reason: "the log starts at 15", NextOffset: 10, LogStart: 15, HighWatermark: 20,
+		From: -1, To: -1, Owner: "a", Token: tk, AckedOffset: -1}
+	stall := sink.Hold{Partition: p, Kind: sink.HoldStalled, Reason: "recovering", NextOffset: 10, LogStart: -1, HighWatermark: -1, From: -1, To: -1, Owner: "a", AckedOffset: -1}
+	for _, h := range []sink.Hold{bug, trunc, trunc, stall} { // the same finding twice replaces itself; a stall never hides a hold
+		if err := e.store.HoldPartition(e.ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open, err := e.store.OpenHolds(e.ctx, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []sink.HoldKind
+	for _, h := range open {
+		kinds = append(kinds, h.Kind)
+	}
+	if len(kinds) != 2 || kinds[0] != sink.HoldHandlerBug || kinds[1] != sink.HoldLogTruncated {
+		t.Fatalf("open holds %v, want [handler-bug log-truncated]", kinds)
+	}
+	// One acknowledgement each, oldest first.
+	h, err := e.store.AcknowledgeHold(e.ctx, p, "ops", 15, 20, [16]byte{})
+	if err != nil || h.Kind != sink.HoldHandlerBug {
+		t.Fatalf("first acknowledgement: %v %+v", err, h)
+	}
+	if h, held, err := e.store.OpenHoldNeedingAck(e.ctx, p); err != nil || !held || h.Kind != sink.HoldLogTruncated {
+		t.Fatalf("after the first acknowledgement: held %v %+v %v, want the log-truncated hold still open", held, h, err)
+	}
+	if e.mustGet(t, p).NextOffset != 10 {
+		t.Fatal("the handler bug's acknowledgement moved the offset")
+	}
+	if h, err = e.store.AcknowledgeHold(e.ctx, p, "ops", 15, 20, [16]byte{}); err != nil || h.Kind != sink.HoldLogTruncated {
+		t.Fatalf("second acknowledgement: %v %+v", err, h)
+	}
+	if f := e.mustGet(t, p); f.NextOffset != 15 {
+		t.Errorf("next offset %d after the log-truncated acknowledgement, want 15", f.NextOffset)
+	}
+	if _, held, _ := e.store.OpenHoldNeedingAck(e.ctx, p); held {
+		t.Error("a hold is still open after both acknowledgements")
+	}
+}
+
+// An acknowledgement that moves the offsets starts a new log epoch, and a
+// batch begun before it cannot commit after it, even one whose starting
+// offset happens to be the new next offset: offsets of two log epochs do
+// not compare.
+func TestAcknowledgementStartsANewLogEpoch(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	tk := sink.Token{Epoch: 1}
+	from := e.mustClaim(t, p, tk, "a", 0)
+	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: from, To: 40})
+	if e.mustGet(t, p).LogEpoch != 0 {
+		t.Fatal("a new row is not at log epoch 0")
+	}
+	// The log lost offsets 36 to 39 and reuses them.
+	if err := e.store.HoldPartition(e.ctx, sink.Hold{Partition: p, Kind: sink.HoldAheadOfLog, Reason: "ahead", NextOffset: 40, LogStart: 0,
+		HighWatermark: 36, From: -1, To: -1, Owner: "a", Token: tk, AckedOffset: -1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.AcknowledgeHold(e.ctx, p, "ops", 0, 36, [16]byte{}); err != nil {
+		t.Fatal(err)
+	}
+	f := e.mustGet(t, p)
+	if f.NextOffset != 36 || f.LogEpoch != 1 {
+		t.Fatalf("after the acknowledgement: next %d log epoch %d, want 36 and 1", f.NextOffset, f.LogEpoch)
+	}
+	// A batch of the old log epoch from 36 (it had read the row before the
+	// acknowledgement) is rejected as a new log epoch, not accepted because
+	// its offset fits.
+	err := e.commit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: 36, To: 38, LogEpoch: 0})
+	if !errors.Is(err, sink.ErrOffsetMismatch) || !strings.Contains(err.Error(), "new log epoch") {
+		t.Fatalf("a commit of the old log epoch: %v, want a rejection naming the new log epoch", err)
+	}
+	// The lane claims again (same claim), learns the log epoch and commits.
+	c, err := e.store.Claim(e.ctx, sink.ClaimRequest{Partition: p, Token: tk, Owner: "a", PartitionCount: 1})
+	if err != nil || c.LogEpoch != 1 || c.NextOffset != 36 || c.Created {
+		t.Fatalf("claim again: %+v %v", c, err)
+	}
+	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: 36, To: 38, LogEpoch: 1})
+	// A handler bug's acknowledgement moves nothing and keeps the epoch.
+	if err := e.store.HoldPartition(e.ctx, sink.Hold{Partition: p, Kind: sink.HoldHandlerBug, Reason: "bug", NextOffset: 38, LogStart: -1,
+		HighWatermark: -1, From: 38, To: 39, Owner: "a", Token: tk, AckedOffset: -1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.AcknowledgeHold(e.ctx, p, "ops", 0, 60, [16]byte{}); err != nil {
+		t.Fatal(err)
+	}
+	if f := e.mustGet(t, p); f.LogEpoch != 1 || f.NextOffset != 38 {
+		t.Errorf("after a handler bug's acknowledgement: %+v", f)
 	}
 }

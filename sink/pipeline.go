@@ -44,7 +44,7 @@ func (s *Store) CommitBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, m
 	p := req.Partition
 	b := &pgx.Batch{}
 	b.Queue(s.pipelinedSQL, p.Group, p.Topic, p.Partition,
-		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID, marker)
+		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID, marker, req.LogEpoch)
 	b.Queue("COMMIT")
 	br := tx.SendBatch(ctx, b)
 	var n int64
@@ -59,7 +59,7 @@ func (s *Store) CommitBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, m
 		return ErrTxEnded
 	case errors.As(ferr, &pgErr) && (pgErr.Code == "TF001" || pgErr.Code == "40001"):
 		// Report what won, read on another connection (bounded by fenced).
-		return withClaim(s.fenced(context.WithoutCancel(ctx), "commit", p, req.Token, req.Owner, req.From), req.ClaimID)
+		return withClaim(s.fenced(context.WithoutCancel(ctx), "commit", p, req.Token, req.Owner, req.From), req)
 	case ferr != nil:
 		return fmt.Errorf("commit of %s: %w", p, ferr)
 	case cerr != nil:

@@ -45,6 +45,19 @@ func NewStore(pool *pgxpool.Pool, schema string) (*Store, error) {
 		// group. FOR SHARE orders the claim against a concurrent bump.
 		// partition_count is kept as it was first recorded, so that a change
 		// can be detected by comparing.
+		//
+		// A claim is also refused, whatever its token, while a newer lane of
+		// the same member holds the row (same owner, higher claim id: claim
+		// ids grow with every lane a process starts). A member can be given
+		// a partition again while its previous lane for it is still
+		// stopping; the coordinator's answers vouch for the member, not for
+		// the lane, so without this an older lane recovering at the
+		// member's current epoch could tie with the newer lane's claim,
+		// bump, and take the partition back after it (docs/fencing.md,
+		// "Lanes recover by themselves").
+		//
+		// (xmax = 0) is true for a row this statement inserted: a claim
+		// that creates the row tells the caller so (Claimed.Created).
 		claimSQL: `WITH cur AS (
 	SELECT coalesce((SELECT incarnation FROM ` + q + `.group_incarnations
 		WHERE consumer_group = $1 FOR SHARE), 0) AS incarnation
@@ -56,10 +69,11 @@ func NewStore(pool *pgxpool.Pool, schema string) (*Store, error) {
 		SET incarnation = excluded.incarnation, epoch = excluded.epoch,
 		    owner = excluded.owner, claim_id = excluded.claim_id, claimed_at = now(),
 		    topic_id = coalesce(f.topic_id, excluded.topic_id)
-		WHERE (f.incarnation, f.epoch) < (excluded.incarnation, excluded.epoch)
+		WHERE ((f.incarnation, f.epoch) < (excluded.incarnation, excluded.epoch)
 		   OR ((f.incarnation, f.epoch) = (excluded.incarnation, excluded.epoch)
-		       AND f.owner = excluded.owner AND f.claim_id = excluded.claim_id)
-	RETURNING f.next_offset, f.partition_count, f.topic_id
+		       AND f.owner = excluded.owner AND f.claim_id = excluded.claim_id))
+		  AND NOT (f.owner = excluded.owner AND f.claim_id > excluded.claim_id)
+	RETURNING f.next_offset, f.partition_count, f.topic_id, f.log_epoch, (f.xmax = 0) AS created
 ), l AS (
 	INSERT INTO ` + q + `.fence_log
 		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset, claim_id)
@@ -70,15 +84,18 @@ func NewStore(pool *pgxpool.Pool, schema string) (*Store, error) {
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL AND kind = 'stalled'
 	  AND EXISTS (SELECT 1 FROM c)
 )
-SELECT next_offset, partition_count, topic_id FROM c`,
-		// Token, owner, claimant and the offset this owner last saw must all
-		// still match: any other claim in between, or a commit this caller does not
-		// know about, leaves zero rows and the caller rolls back.
+SELECT next_offset, partition_count, topic_id, log_epoch, created FROM c`,
+		// Token, owner, claimant, log epoch and the offset this owner last
+		// saw must all still match: any other claim in between, a commit
+		// this caller does not know about, or an operator's acknowledgement
+		// that started a new log epoch, leaves zero rows and the caller
+		// rolls back.
 		commitSQL: `WITH u AS (
 	UPDATE ` + q + `.fences
 	SET next_offset = $8, committed_at = now()
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
 	  AND incarnation = $4 AND epoch = $5 AND owner = $6 AND claim_id = $9 AND next_offset = $7
+	  AND log_epoch = $10
 	RETURNING 1
 ), l AS (
 	INSERT INTO ` + q + `.fence_log
@@ -94,6 +111,7 @@ SELECT count(*), pg_current_xact_id()::text::bigint FROM u`,
 	SET next_offset = $8, committed_at = now()
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
 	  AND incarnation = $4 AND epoch = $5 AND owner = $6 AND claim_id = $9 AND next_offset = $7
+	  AND log_epoch = $11
 	  AND coalesce(current_setting('tenure.tx', true), '') = $10
 	RETURNING 1
 ), l AS (
@@ -103,10 +121,10 @@ SELECT count(*), pg_current_xact_id()::text::bigint FROM u`,
 )
 SELECT ` + q + `.fence_check(count(*), coalesce(current_setting('tenure.tx', true), '') = $10) FROM u`,
 		getSQL: `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
-	partition_count, created_at, claimed_at, committed_at, claim_id
+	partition_count, created_at, claimed_at, committed_at, claim_id, log_epoch
 FROM ` + q + `.fences WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
 		listSQL: `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
-	partition_count, created_at, claimed_at, committed_at, claim_id
+	partition_count, created_at, claimed_at, committed_at, claim_id, log_epoch
 FROM ` + q + `.fences WHERE ($1 = '' OR consumer_group = $1)
 ORDER BY consumer_group, topic, partition`,
 	}, nil
@@ -131,6 +149,10 @@ type Fence struct {
 	// ClaimID identifies the claimant (one lane: one assignment of the
 	// partition to one member); 0 for claimants that did not set one.
 	ClaimID int64
+	// LogEpoch counts the operator's acknowledgements that declared the
+	// partition's offsets to start over (migration 013): offsets compare
+	// only within one log epoch.
+	LogEpoch int64
 }
 
 // ClaimRequest asks for ownership of a partition.
@@ -142,7 +164,10 @@ type ClaimRequest struct {
 	// the partition to a member), kept by its retries. A claim at the token
 	// already stored is accepted only from the same owner and claim id, and
 	// commits must carry it too, so that two lanes never share a claim even
-	// when they share a member id and an epoch.
+	// when they share a member id and an epoch. Claim ids must grow with
+	// each lane a member starts: a claim by the owner stored in the row with
+	// a lower claim id than the stored one is refused (a newer lane of the
+	// member holds the partition; FencedError.Superseded).
 	ClaimID int64
 	// StartOffset is the next offset recorded when the partition has no
 	// fencing row yet (the first claim ever). Later claims ignore it.
@@ -166,6 +191,15 @@ type Claimed struct {
 	// recorded). A value other than the request's means the topic was
 	// deleted and re-created since.
 	TopicID [16]byte
+	// LogEpoch is the partition's log epoch (Fence.LogEpoch): commits must
+	// carry it (CommitRequest.LogEpoch).
+	LogEpoch int64
+	// Created is true when this claim created the fencing row: the
+	// database had no record of the partition.
+	Created bool
+	// StaleSessionsEnded counts the sessions of older claimants of the
+	// partition the claim ended because they held its row (EndOlderClaimants).
+	StaleSessionsEnded int
 }
 
 // Claim takes ownership of a partition for req.Token and req.Owner and returns
@@ -190,10 +224,21 @@ func (s *Store) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
 	}
 	p := req.Partition
 	var c Claimed
-	row := s.pool.QueryRow(ctx, s.claimSQL, p.Group, p.Topic, p.Partition,
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return Claimed{}, fmt.Errorf("claim of %s: %w", p, err)
+	}
+	defer conn.Release()
+	// The fencing row is locked by a commit in progress: for a moment by a
+	// live owner, for good by an owner whose session stopped between its
+	// fence statement and its COMMIT (frozen, or cut off by a network that
+	// drops its packets). The claim does not wait for the latter.
+	stop := s.watchClaim(p, req.Token, conn.Conn().PgConn().PID())
+	row := conn.QueryRow(ctx, s.claimSQL, p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.StartOffset, req.PartitionCount, req.ClaimID, uuidOf(req.TopicID))
 	var topicID pgtype.UUID
-	err := row.Scan(&c.NextOffset, &c.PartitionCount, &topicID)
+	err = row.Scan(&c.NextOffset, &c.PartitionCount, &topicID, &c.LogEpoch, &c.Created)
+	c.StaleSessionsEnded = stop()
 	if topicID.Valid {
 		c.TopicID = topicID.Bytes
 	}
@@ -222,6 +267,7 @@ type CommitRequest struct {
 	ClaimID   int64 // the claimant's id, as claimed
 	From      int64 // the next offset this owner last saw (its claim, or its last commit's To)
 	To        int64 // the new next offset: the batch's last offset + 1
+	LogEpoch  int64 // the log epoch of the claim (Claimed.LogEpoch)
 }
 
 // Commit advances the partition's next offset from req.From to req.To inside
@@ -245,13 +291,13 @@ func (s *Store) CommitTracked(ctx context.Context, tx pgx.Tx, req CommitRequest)
 	p := req.Partition
 	var n int64
 	if err := tx.QueryRow(ctx, s.commitSQL, p.Group, p.Topic, p.Partition,
-		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID).Scan(&n, &xid); err != nil {
+		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID, req.LogEpoch).Scan(&n, &xid); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 			// Under REPEATABLE READ or SERIALIZABLE a claim that landed after
 			// the transaction's snapshot shows up as a serialization failure.
 			// If the row has moved to another token, say so.
-			if ferr := withClaim(s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From), req.ClaimID); isLost(ferr) {
+			if ferr := withClaim(s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From), req); isLost(ferr) {
 				return 0, ferr
 			}
 		}
@@ -272,18 +318,19 @@ func (s *Store) CommitTracked(ctx context.Context, tx pgx.Tx, req CommitRequest)
 		case errors.Is(err, pgx.ErrNoRows):
 			return 0, &FencedError{Op: "commit", Partition: p, Presented: req.Token, Owner: req.Owner, ClaimID: req.ClaimID, From: req.From}
 		case err == nil:
-			return 0, withClaim(fencedFrom("commit", p, req.Token, req.Owner, req.From, f), req.ClaimID)
+			return 0, withClaim(fencedFrom("commit", p, req.Token, req.Owner, req.From, f), req)
 		}
 	}
-	return 0, withClaim(s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From), req.ClaimID)
+	return 0, withClaim(s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From), req)
 }
 
-// withClaim records the caller's claim id on a FencedError, so that it can
-// tell an offset mismatch (our own claim) from a lost claim.
-func withClaim(err error, claimID int64) error {
+// withClaim records the caller's claim id and log epoch on a FencedError,
+// so that it can tell an offset mismatch or a new log epoch (our own
+// claim) from a lost claim.
+func withClaim(err error, req CommitRequest) error {
 	var fe *FencedError
 	if errors.As(err, &fe) {
-		fe.ClaimID = claimID
+		fe.ClaimID, fe.LogEpoch = req.ClaimID, req.LogEpoch
 	}
 	return err
 }
@@ -347,15 +394,15 @@ func (s *Store) Resolve(ctx context.Context, req CommitRequest, xid int64) (Outc
 	}
 	f, err := s.Get(ctx, p)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Fenced, &FencedError{Op: "commit", Partition: p, Presented: req.Token, Owner: req.Owner, ClaimID: req.ClaimID, From: req.From}
+		return Fenced, &FencedError{Op: "commit", Partition: p, Presented: req.Token, Owner: req.Owner, ClaimID: req.ClaimID, From: req.From, LogEpoch: req.LogEpoch}
 	}
 	if err != nil {
 		return 0, err
 	}
-	if f.Token == req.Token && f.Owner == req.Owner && f.ClaimID == req.ClaimID && f.NextOffset == req.From {
+	if f.Token == req.Token && f.Owner == req.Owner && f.ClaimID == req.ClaimID && f.NextOffset == req.From && f.LogEpoch == req.LogEpoch {
 		return NotCommitted, nil
 	}
-	return Fenced, withClaim(fencedFrom("commit", p, req.Token, req.Owner, req.From, f), req.ClaimID)
+	return Fenced, withClaim(fencedFrom("commit", p, req.Token, req.Owner, req.From, f), req)
 }
 
 // awaitTransaction returns once transaction xid is no longer in progress.
@@ -415,7 +462,7 @@ func (s *Store) List(ctx context.Context, group string) ([]Fence, error) {
 func scanFence(r pgx.Row) (Fence, error) {
 	var f Fence
 	err := r.Scan(&f.Group, &f.Topic, &f.Partition.Partition, &f.Token.Incarnation, &f.Token.Epoch,
-		&f.Owner, &f.NextOffset, &f.PartitionCount, &f.CreatedAt, &f.ClaimedAt, &f.CommittedAt, &f.ClaimID)
+		&f.Owner, &f.NextOffset, &f.PartitionCount, &f.CreatedAt, &f.ClaimedAt, &f.CommittedAt, &f.ClaimID, &f.LogEpoch)
 	return f, err
 }
 
@@ -438,7 +485,7 @@ func (s *Store) fenced(ctx context.Context, op string, p Partition, t Token, own
 
 func fencedFrom(op string, p Partition, t Token, owner string, from int64, f Fence) *FencedError {
 	return &FencedError{Op: op, Partition: p, Presented: t, Owner: owner, From: from,
-		Found: true, Current: f.Token, CurrentOwner: f.Owner, CurrentClaim: f.ClaimID, NextOffset: f.NextOffset}
+		Found: true, Current: f.Token, CurrentOwner: f.Owner, CurrentClaim: f.ClaimID, NextOffset: f.NextOffset, CurrentLogEpoch: f.LogEpoch}
 }
 
 // isLost reports whether err is a FencedError that shows another token or

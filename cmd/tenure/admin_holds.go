@@ -191,8 +191,14 @@ func runHoldAcknowledge(ctx context.Context, e *env, f *flagSet, args []string) 
 	if h.Kind == sink.HoldHandlerBug {
 		extra = fmt.Sprintf("; the batch from offset %d runs again: whatever the handler committed itself for %s stays", h.From, printableString(h.FirstJob))
 	}
-	fmt.Fprintf(e.stdout, "acknowledged the %s hold of partition %s (since %s, by %s): %s, recorded as done by %s; workers holding it go on within seconds%s\n",
-		h.Kind, printableString(p.String()), h.Since.UTC().Format(time.RFC3339), printableString(h.Owner), h.Resolution, who, extra)
+	goOn := "workers holding it go on within seconds"
+	if next, still, err := store.OpenHoldNeedingAck(ctx, p); err == nil && still {
+		// Holds of different kinds wait for one acknowledgement each.
+		goOn = fmt.Sprintf("the partition is still held: a %s hold (since %s) waits for its own acknowledgement; run this command again once you have looked at it (tenure admin holds)",
+			next.Kind, next.Since.UTC().Format(time.RFC3339))
+	}
+	fmt.Fprintf(e.stdout, "acknowledged the %s hold of partition %s (since %s, by %s): %s, recorded as done by %s; %s%s\n",
+		h.Kind, printableString(p.String()), h.Since.UTC().Format(time.RFC3339), printableString(h.Owner), h.Resolution, who, goOn, extra)
 	return nil
 }
 

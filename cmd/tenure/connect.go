@@ -21,6 +21,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/tenure-dev/tenure/sink"
 )
 
 // openDB opens a pool and proves the database answers, turning the usual
@@ -45,6 +47,9 @@ func openDB(ctx context.Context, url string, size ...poolSize) (*pgxpool.Pool, e
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
+	// A database that vanishes without a reset must not hang a statement
+	// for TCP's fifteen minutes (docs/fencing.md, "A network that drops").
+	sink.SetNetworkTimeouts(&cfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("the database URL is not valid: %s", pgxCause(err))

@@ -69,7 +69,9 @@ func (h *health) ready(ctx context.Context) []string {
 	if h.stopped() {
 		return []string{"stopping"}
 	}
-	if cl := h.c.Client(); cl == nil {
+	if h.c.Stats().SteppedDown == 1 {
+		not = append(not, "group: left, because the database did not answer; this worker joins again once it does")
+	} else if cl := h.c.Client(); cl == nil {
 		not = append(not, "group: not started")
 	} else if member, epoch := cl.GroupMetadata(); member == "" || epoch <= 0 {
 		not = append(not, "group: not joined yet")

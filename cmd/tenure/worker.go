@@ -32,7 +32,7 @@ func init() {
 func runWorker(ctx context.Context, e *env, args []string) error {
 	f := newFlagSet(e, "worker", "--brokers HOST:PORT[,..] --group G --topic T[,T2] --database-url URL --handler export|ledger|noop\n"+
 		"    [--schema S] [--name NAME] [--protocol classic|consumer] [--session-timeout D] [--rebalance-timeout D]\n"+
-		"    [--batch-max N] [--batch-max-bytes SIZE] [--batch-linger D] [--partition-buffer-bytes SIZE] [--worker-buffer-bytes SIZE] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--shutdown-timeout D] [--no-migrate] [--require-sync-standby] [--db-max-conns N]\n"+
+		"    [--batch-max N] [--batch-max-bytes SIZE] [--batch-linger D] [--partition-buffer-bytes SIZE] [--worker-buffer-bytes SIZE] [--max-attempts N] [--handler-timeout D] [--idle-in-tx-timeout D] [--shutdown-timeout D] [--database-timeout D] [--no-migrate] [--require-sync-standby] [--db-max-conns N]\n"+
 		"    [--fence-log-max-age D] [--fence-log-max-entries N] [--export-store URL [--job-id-header H]]\n"+
 		"    [--http-addr ADDR] [--log-format json|console] [--log-level L] [--hold-once POINT] [--inject-faults] [--unsafe-no-fence] [--metrics-addr ADDR (deprecated)]")
 	kafka := addKafkaFlags(f, "Kafka seed brokers, comma separated")
@@ -55,6 +55,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	logAge := f.Duration("fence-log-max-age", consumer.DefaultFenceLogMaxAge, "prune fence log entries older than this from the partitions this worker holds (0: no age limit)")
 	logEntries := f.Int("fence-log-max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many fence log entries per partition (0: no count limit; both 0 keep the whole log)")
 	handlerTimeout := f.Duration("handler-timeout", 60*time.Second, "bound on one handler call (a batch); a job that keeps timing out is dead-lettered")
+	dbTimeout := f.Duration("database-timeout", 0, "how long the database may not answer before this worker gives its partitions up (leaves the group) until it answers again; 0 derives it: the session timeout, at least 10s; negative never gives them up")
 	shutdown := f.Duration("shutdown-timeout", 30*time.Second, "graceful stop: how long in-flight batches may finish before their handlers are cancelled; a stop takes at most this plus 18s (a commit in flight, then leaving the group), so give containers a grace period above that")
 	injectFaults := f.Bool("inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout")
 	noMigrate := f.Bool("no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
@@ -103,6 +104,9 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 	}
 	if err := checkDurations(*session, *rebalance, *handlerTimeout, *idleTx); err != nil {
 		return err
+	}
+	if *dbTimeout > maxSession {
+		return usagef("--database-timeout %s is out of range: it must be at most %s (0 derives it: %s)", *dbTimeout, maxSession, consumer.DefaultDatabaseTimeout(*session))
 	}
 	if *shutdown <= 0 || *shutdown > maxSession {
 		return usagef("--shutdown-timeout %s is out of range: it must be positive and at most %s", *shutdown, maxSession)
@@ -237,6 +241,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		HandlerTimeout:       *handlerTimeout,
 		IdleInTxTimeout:      *idleTx,
 		ShutdownTimeout:      *shutdown,
+		DatabaseTimeout:      *dbTimeout,
 		// 0 on the command line is "no limit"; in Config it is "the default".
 		FenceLogRetention: sink.FenceLogRetention{MaxAge: noLimit(*logAge), MaxEntries: noLimit(*logEntries)},
 		ClientID:          "tenure-" + *name,

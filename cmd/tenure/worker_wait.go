@@ -41,7 +41,7 @@ func watchWaiting(ctx context.Context, c *consumer.Consumer, store *sink.Store, 
 		case <-t.C:
 		}
 		cl := c.Client()
-		if c.Stats().Lanes > 0 || cl == nil {
+		if st := c.Stats(); st.Lanes > 0 || st.SteppedDown == 1 || cl == nil {
 			idleSince, asked, said = time.Time{}, time.Time{}, false
 			continue
 		}

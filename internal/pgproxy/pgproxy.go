@@ -77,7 +77,37 @@ type Proxy struct {
 	holds  []*Hold
 	// dropCancels: CancelRequests are swallowed (see DropCancelRequests).
 	dropCancels bool
-	wg          sync.WaitGroup
+	// stalled is non-nil while the proxy forwards nothing (Stall); it is
+	// closed when forwarding resumes.
+	stalled chan struct{}
+	wg      sync.WaitGroup
+}
+
+// Stall(true) stops forwarding bytes, in both directions and on every
+// connection, without closing anything: what a vanished host or a firewall
+// that drops packets looks like to the client (its statements get no answer
+// and nothing resets the connection; new connections are accepted and then
+// hear nothing). Stall(false) forwards what was held and everything after.
+func (p *Proxy) Stall(stall bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case stall && p.stalled == nil:
+		p.stalled = make(chan struct{})
+	case !stall && p.stalled != nil:
+		close(p.stalled)
+		p.stalled = nil
+	}
+}
+
+// gate waits while the proxy is stalled.
+func (p *Proxy) gate() {
+	p.mu.Lock()
+	ch := p.stalled
+	p.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
 }
 
 // DropCancelRequests makes the proxy swallow the CancelRequests clients send
@@ -209,6 +239,7 @@ func (p *Proxy) Close() error {
 	for _, h := range holds {
 		h.Release()
 	}
+	p.Stall(false)
 	p.breakAll()
 	p.wg.Wait()
 	return err
@@ -330,6 +361,7 @@ func (c *conn) clientToServer() {
 				return
 			}
 		}
+		c.p.gate()
 		if write(c.server, msg) != nil {
 			return
 		}
@@ -356,6 +388,7 @@ func (c *conn) clientToServer() {
 				c.held.Store(a)
 			}
 		}
+		c.p.gate()
 		err = write(c.server, msg)
 		if hold != nil {
 			close(hold.forwarded)
@@ -382,8 +415,11 @@ func (c *conn) serverToClient() {
 					c.cutDone(a, Report{Cut: AfterCommit, Reply: tag})
 					return
 				}
-			} else if write(c.client, buf[:n]) != nil {
-				return
+			} else {
+				c.p.gate()
+				if write(c.client, buf[:n]) != nil {
+					return
+				}
 			}
 		}
 		if err != nil {

@@ -67,7 +67,15 @@ type Deletion struct {
 // of one batch at a time (an attempt whose COMMIT outcome was lost is
 // resolved before the next), so the attempt that staged the object has
 // ended without publishing it; another claimant at the same token cannot
-// commit (claim ids). Everything else is kept: a token above the row's
+// commit (claim ids). One thing moves a partition's next offset down under
+// the same token: an operator's acknowledgement of a hold (a log that lost
+// records), after which the owner stages jobs at offsets below the one step
+// 1 read. Every such acknowledgement starts a new log epoch, so GC reads
+// the fencing rows again after listing (step 4) and keeps the objects of a
+// partition whose token or log epoch moved since step 1: an object listed
+// in step 3 was staged before step 4, and if the log epoch had not moved by
+// then, it was staged under the step-1 state the rule relies on. Everything
+// else is kept: a token above the row's
 // (a claim made after step 1), a row that did not exist at step 1, an
 // offset at or above the next offset (the current owner's work in flight),
 // and names of groups without fencing rows in schema or not made by this
@@ -94,33 +102,41 @@ func GC(ctx context.Context, pool *pgxpool.Pool, schema string, store ObjectStor
 		partition    int32
 	}
 	type fenceState struct {
-		token sink.Token
-		next  int64
+		token    sink.Token
+		next     int64
+		logEpoch int64
 	}
-	fences := map[fenceKey]fenceState{}
-	scopes := map[string]bool{}
-	rows, err := pool.Query(ctx, `SELECT consumer_group, topic, partition, incarnation, epoch, next_offset FROM `+q+`.fences`)
+	readFences := func() (map[fenceKey]fenceState, map[string]bool, error) {
+		fences := map[fenceKey]fenceState{}
+		scopes := map[string]bool{}
+		rows, err := pool.Query(ctx, `SELECT consumer_group, topic, partition, incarnation, epoch, next_offset, log_epoch FROM `+q+`.fences`)
+		if err != nil {
+			return nil, nil, err
+		}
+		var (
+			group, topic string
+			part         int32
+			st           fenceState
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&group, &topic, &part, &st.token.Incarnation, &st.token.Epoch, &st.next, &st.logEpoch}, func() error {
+			sc := Scope(schema, group)
+			scopes[sc] = true
+			fences[fenceKey{sc, topic, part}] = st
+			return nil
+		}); err != nil {
+			return nil, nil, fmt.Errorf("export gc: reading the fencing rows: %w", err)
+		}
+		return fences, scopes, nil
+	}
+	fences, scopes, err := readFences()
 	if err != nil {
 		return rep, err
-	}
-	var (
-		group, topic string
-		part         int32
-		st           fenceState
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&group, &topic, &part, &st.token.Incarnation, &st.token.Epoch, &st.next}, func() error {
-		sc := Scope(schema, group)
-		scopes[sc] = true
-		fences[fenceKey{sc, topic, part}] = st
-		return nil
-	}); err != nil {
-		return rep, fmt.Errorf("export gc: reading the fencing rows: %w", err)
 	}
 
 	// 2. What must stay: every pointer's object, and each key's Keep latest
 	// superseded versions.
 	keep := map[string]string{} // object -> why
-	rows, err = pool.Query(ctx, `SELECT object, 'visible' FROM `+q+`.export_pointers
+	rows, err := pool.Query(ctx, `SELECT object, 'visible' FROM `+q+`.export_pointers
 		UNION ALL
 		SELECT object, 'kept' FROM (
 			SELECT object, row_number() OVER (PARTITION BY export_key ORDER BY version DESC) AS n
@@ -139,7 +155,13 @@ func GC(ctx context.Context, pool *pgxpool.Pool, schema string, store ObjectStor
 		return rep, fmt.Errorf("export gc: reading the pointers: %w", err)
 	}
 
-	// 3. The store.
+	// 3. The store. Objects judged by the current token's next offset wait
+	// for step 4 (byOffset).
+	type candidate struct {
+		Deletion
+		key fenceKey
+	}
+	var byOffset []candidate
 	err = store.List(ctx, func(o ObjectInfo) error {
 		rep.Listed++
 		n, err := ParseName(o.Name)
@@ -164,7 +186,10 @@ func GC(ctx context.Context, pool *pgxpool.Pool, schema string, store ObjectStor
 		case n.Token.Less(f.token):
 			reason = fmt.Sprintf("staged under token %s, below the partition's token %s: no transaction with it can commit", n.Token, f.token)
 		case n.Token == f.token && n.Position.Offset < f.next:
-			reason = fmt.Sprintf("staged under the current token %s at offset %d, below the partition's next offset %d: the transaction that could publish it can no longer commit", n.Token, n.Position.Offset, f.next)
+			byOffset = append(byOffset, candidate{Deletion{Object: o.Name,
+				Reason: fmt.Sprintf("staged under the current token %s at offset %d, below the partition's next offset %d: the transaction that could publish it can no longer commit", n.Token, n.Position.Offset, f.next)},
+				fenceKey{n.Scope, n.Position.Topic, n.Position.Partition}})
+			return nil
 		}
 		if reason == "" {
 			rep.MayPublish++
@@ -175,6 +200,23 @@ func GC(ctx context.Context, pool *pgxpool.Pool, schema string, store ObjectStor
 	})
 	if err != nil {
 		return rep, fmt.Errorf("export gc: listing %s: %w", store, err)
+	}
+	// 4. The fencing rows again: a partition whose token or log epoch moved
+	// since step 1 may have had its next offset moved down by an operator,
+	// and its owner may be about to publish what it staged below the
+	// offset step 1 read.
+	if len(byOffset) > 0 {
+		now, _, err := readFences()
+		if err != nil {
+			return rep, err
+		}
+		for _, c := range byOffset {
+			if was, is := fences[c.key], now[c.key]; is.token != was.token || is.logEpoch != was.logEpoch {
+				rep.MayPublish++
+				continue
+			}
+			rep.Deleted = append(rep.Deleted, c.Deletion)
+		}
 	}
 	sort.Slice(rep.Deleted, func(i, j int) bool { return rep.Deleted[i].Object < rep.Deleted[j].Object })
 	if !opts.DryRun {

@@ -41,6 +41,8 @@ type bundle struct {
 	objs   ObjectStore
 	h      *Handler
 	group  string
+	// logEpoch is the log epoch run's commits carry (sink.Claimed.LogEpoch).
+	logEpoch int64
 }
 
 func setup(t *testing.T, objs ObjectStore) *bundle {
@@ -93,7 +95,7 @@ func (b *bundle) run(t *testing.T, bt *consumer.Batch, claimID int64, fenced boo
 	}
 	if fenced {
 		if err := b.store.Commit(ctx, tx, sink.CommitRequest{Partition: sink.Partition{Group: bt.Group, Topic: bt.Topic, Partition: bt.Partition},
-			Token: bt.Token, Owner: bt.Owner, ClaimID: claimID, From: bt.From, To: bt.To}); err != nil {
+			Token: bt.Token, Owner: bt.Owner, ClaimID: claimID, From: bt.From, To: bt.To, LogEpoch: b.logEpoch}); err != nil {
 			return err
 		}
 	}

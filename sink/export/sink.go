@@ -122,26 +122,34 @@ func ValueDocument(_ context.Context, job Job) (Document, error) {
 // re-checks), so writers arriving in any order leave the pointer at the
 // latest position. A move from another log (topic, partition, or topic id:
 // a re-created topic) is allowed: offsets of different logs do not compare.
+// Within one log, a later log epoch is later whatever its offsets (an
+// operator's acknowledgement of a log that lost records starts one, and the
+// new jobs sit at reused, lower offsets); within one log epoch, a higher
+// offset is later. The log id and epoch are read from the partition's
+// fencing row in the batch's transaction, whose fence checks that the
+// lane's log epoch is still the row's, so only the current epoch commits.
 func publishSQL(q string) string {
-	return `WITH j AS (
+	return `WITH f AS (
+	SELECT topic_id, log_epoch FROM ` + q + `.fences WHERE consumer_group = $7 AND topic = $8 AND partition = $9
+), j AS (
 	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bytea[])
 		AS j(export_key, job_offset, object, size, sha256)
 ), up AS (
 	INSERT INTO ` + q + `.export_pointers AS p
-		(export_key, store, object, consumer_group, topic, partition, log_id, job_offset, incarnation, epoch, size, sha256, worker, version)
-	SELECT j.export_key, $6, j.object, $7, $8, $9,
-		(SELECT topic_id FROM ` + q + `.fences WHERE consumer_group = $7 AND topic = $8 AND partition = $9),
+		(export_key, store, object, consumer_group, topic, partition, log_id, log_epoch, job_offset, incarnation, epoch, size, sha256, worker, version)
+	SELECT j.export_key, $6, j.object, $7, $8, $9, (SELECT topic_id FROM f), (SELECT log_epoch FROM f),
 		j.job_offset, $10, $11, j.size, j.sha256, $12, 1
 	FROM j WHERE j.object IS NOT NULL
 	ON CONFLICT (export_key) DO UPDATE SET
 		store = excluded.store, object = excluded.object, consumer_group = excluded.consumer_group,
-		topic = excluded.topic, partition = excluded.partition, log_id = excluded.log_id,
+		topic = excluded.topic, partition = excluded.partition, log_id = excluded.log_id, log_epoch = excluded.log_epoch,
 		job_offset = excluded.job_offset, incarnation = excluded.incarnation, epoch = excluded.epoch,
 		size = excluded.size, sha256 = excluded.sha256, worker = excluded.worker,
 		version = p.version + 1, published_at = now()
 	WHERE p.topic <> excluded.topic OR p.partition <> excluded.partition
 	   OR p.log_id IS DISTINCT FROM excluded.log_id
-	   OR p.job_offset < excluded.job_offset
+	   OR coalesce(p.log_epoch, 0) < coalesce(excluded.log_epoch, 0)
+	   OR (coalesce(p.log_epoch, 0) = coalesce(excluded.log_epoch, 0) AND p.job_offset < excluded.job_offset)
 	RETURNING p.export_key, p.version
 )
 INSERT INTO ` + q + `.export_publications

@@ -1,0 +1,131 @@
+package consumer_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/tenure-dev/tenure/consumer"
+)
+
+// A worker whose database stops answering without a reset (here a proxy
+// that stops forwarding bytes in both directions and closes nothing: a
+// vanished host, a dropping firewall) still heartbeats to Kafka, so before
+// the database watch the coordinator left its partitions with it for as long
+// as the cut lasted, idle beside a healthy worker. Now it gives them up
+// after DatabaseTimeout, the healthy worker processes them, and the cut-off
+// worker joins again once its database answers.
+func TestWorkerCutOffFromItsDatabaseGivesItsPartitionsUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 6)
+	key := func(i int) string { return fmt.Sprintf("k%d", i%60) }
+	b.produce(120, key)
+	proxy, cutStore := proxiedStore(t, b)
+	cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	cfg.DatabaseTimeout = 4 * time.Second
+	cfg.CommitTimeout = 2 * time.Second
+	cutCfg := cfg
+	cutCfg.Store = cutStore
+	cutCfg.ClientID = "cut"
+	cut, err := consumer.New(cutCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopCut := runConsumer(t, cut)
+	healthy, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, healthy)
+	b.waitDone(60 * time.Second)
+	waitForCond(t, 30*time.Second, "both workers to hold partitions", func() bool {
+		return cut.Stats().Lanes > 0 && healthy.Stats().Lanes > 0
+	})
+
+	proxy.Stall(true)
+	cutAt := time.Now()
+	b.produce(120, key) // jobs for every partition, the cut-off worker's included
+	b.waitDone(60 * time.Second)
+	took := time.Since(cutAt)
+	t.Logf("every partition processed %s after the cut (database timeout %s)", took.Round(time.Millisecond), cfg.DatabaseTimeout)
+	if st := cut.Stats(); st.StepDowns != 1 || st.SteppedDown != 1 || st.Lanes != 0 {
+		t.Errorf("cut-off worker: %d step-downs, stepped down %d, %d lanes; want 1, 1, 0", st.StepDowns, st.SteppedDown, st.Lanes)
+	}
+	// The time a member needs to rejoin after another leaves, beside the
+	// database timeout, bounds it (session timeout 3s here).
+	if limit := cfg.DatabaseTimeout + 15*time.Second; took > limit {
+		t.Errorf("the cut-off worker's partitions took %s to be processed, want within %s", took, limit)
+	}
+
+	proxy.Stall(false)
+	waitForCond(t, 30*time.Second, "the worker to join again and hold partitions", func() bool {
+		st := cut.Stats()
+		return st.SteppedDown == 0 && st.Lanes > 0
+	})
+	b.produce(120, key)
+	b.waitDone(60 * time.Second)
+	if err := stopCut(); err != nil {
+		t.Fatal(err)
+	}
+	b.check()
+}
+
+// A database down for everyone: every worker steps down once, none flaps
+// (joins and leaves again) while it is down, and they all join again and
+// process everything once it answers.
+func TestDatabaseDownForEveryoneDoesNotFlap(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	key := func(i int) string { return fmt.Sprintf("k%d", i%40) }
+	b.produce(80, key)
+	proxy, store := proxiedStore(t, b)
+	cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	cfg.Store = store
+	cfg.DatabaseTimeout = 3 * time.Second
+	cfg.CommitTimeout = 2 * time.Second
+	var ws []*consumer.Consumer
+	for i := range 2 {
+		cfg.ClientID = fmt.Sprintf("w%d", i)
+		c, err := consumer.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runConsumer(t, c)
+		ws = append(ws, c)
+	}
+	b.waitDone(60 * time.Second)
+	proxy.Stall(true)
+	b.produce(80, key)
+	waitForCond(t, 30*time.Second, "both workers to step down", func() bool {
+		return ws[0].Stats().SteppedDown == 1 && ws[1].Stats().SteppedDown == 1
+	})
+	time.Sleep(3 * cfg.DatabaseTimeout) // long enough to flap a few times, were it to
+	for i, w := range ws {
+		if st := w.Stats(); st.StepDowns != 1 || st.SteppedDown != 1 {
+			t.Errorf("worker %d while the database is down: %d step-downs, stepped down %d; want 1 and 1", i, st.StepDowns, st.SteppedDown)
+		}
+	}
+	proxy.Stall(false)
+	b.waitDone(60 * time.Second)
+	for i, w := range ws {
+		if st := w.Stats(); st.StepDowns != 1 || st.SteppedDown != 0 {
+			t.Errorf("worker %d after the database is back: %d step-downs, stepped down %d; want 1 and 0", i, st.StepDowns, st.SteppedDown)
+		}
+	}
+	b.check()
+}
+
+// The derivation of the default: the session timeout, at least 10s.
+func TestDefaultDatabaseTimeout(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ session, want time.Duration }{
+		{0, 45 * time.Second}, {6 * time.Second, 10 * time.Second}, {30 * time.Second, 30 * time.Second},
+	} {
+		if got := consumer.DefaultDatabaseTimeout(c.session); got != c.want {
+			t.Errorf("DefaultDatabaseTimeout(%s) = %s, want %s", c.session, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,25 @@
+package sink
+
+import (
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// setUserTimeout sets TCP_USER_TIMEOUT on TCP sockets before they connect
+// (unix sockets have no such option).
+func setUserTimeout(d time.Duration) func(network, address string, c syscall.RawConn) error {
+	return func(network, _ string, c syscall.RawConn) error {
+		if network != "tcp" && network != "tcp4" && network != "tcp6" {
+			return nil
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds()))
+		}); err != nil {
+			return err
+		}
+		return serr
+	}
+}

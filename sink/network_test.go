@@ -1,0 +1,62 @@
+package sink_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"golang.org/x/sys/unix"
+
+	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// The connections SetNetworkTimeouts dials carry the kernel's bounds: a
+// peer that stops answering fails them within TCPUserTimeout, not after
+// TCP's retransmissions run out (about fifteen minutes).
+func TestSetNetworkTimeouts(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS != "linux" {
+		t.Skip("TCP_USER_TIMEOUT is Linux's")
+	}
+	cfg, err := pgx.ParseConfig(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink.SetNetworkTimeouts(&cfg.Config)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tcp, ok := conn.PgConn().Conn().(*net.TCPConn)
+	if !ok {
+		t.Skipf("the test database is not reached over TCP (%T)", conn.PgConn().Conn())
+	}
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var user, keep, idle int
+	var gerr error
+	if err := raw.Control(func(fd uintptr) {
+		user, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
+		if gerr == nil {
+			keep, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+		}
+		if gerr == nil {
+			idle, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+		}
+	}); err != nil || gerr != nil {
+		t.Fatal(errors.Join(err, gerr))
+	}
+	if user != int(sink.TCPUserTimeout.Milliseconds()) || keep != 1 || idle != int(sink.KeepAliveIdle.Seconds()) {
+		t.Errorf("TCP_USER_TIMEOUT %dms, SO_KEEPALIVE %d, TCP_KEEPIDLE %ds; want %s, 1, %s", user, keep, idle, sink.TCPUserTimeout, sink.KeepAliveIdle)
+	}
+}
