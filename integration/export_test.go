@@ -17,8 +17,8 @@ import (
 
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/internal/weedtest"
-	"github.com/tenure-dev/tenure/sink/effect"
-	"github.com/tenure-dev/tenure/sink/export"
+	"github.com/tenure-dev/tenure/effect"
+	"github.com/tenure-dev/tenure/export"
 )
 
 // exportWorld is an env whose workers export to an object store, with a

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"text/tabwriter"
 
-	"github.com/tenure-dev/tenure/sink/export"
+	"github.com/tenure-dev/tenure/export"
 )
 
 // exportCommands are the `tenure admin exports` subcommands (admin.go lists

@@ -27,7 +27,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/sink"
-	"github.com/tenure-dev/tenure/sink/export"
+	"github.com/tenure-dev/tenure/export"
 )
 
 func init() {

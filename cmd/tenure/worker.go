@@ -22,7 +22,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/jobs"
 	"github.com/tenure-dev/tenure/metrics"
 	"github.com/tenure-dev/tenure/sink"
-	"github.com/tenure-dev/tenure/sink/export"
+	"github.com/tenure-dev/tenure/export"
 )
 
 func init() {

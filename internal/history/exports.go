@@ -12,7 +12,7 @@ import (
 )
 
 // Publication is one row of export_publications: what the object-store
-// export sink (sink/export) committed for one job.
+// export sink (package export) committed for one job.
 type Publication struct {
 	ID        int64
 	Key       string
@@ -39,7 +39,7 @@ type ExportPointer struct {
 // for h's group: every publication becomes a Write (moved ones with the
 // pointer's version, so that CheckWrites checks that the visible export
 // never went backwards, over pointer moves), and every job skipped as a
-// duplicate job id (sink/effect.Dedup) a Write too (one effect per job).
+// duplicate job id (effect.Dedup) a Write too (one effect per job).
 // It also fills h.Publications and h.Pointers for CheckPointers.
 func (h *History) LoadObjectExports(ctx context.Context, pool *pgxpool.Pool, schema, group string) error {
 	if err := sink.ValidateSchema(schema); err != nil {

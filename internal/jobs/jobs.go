@@ -7,7 +7,7 @@
 //     plain overwrite: the fence in the same transaction is what keeps a
 //     paused, superseded worker from moving a key's export backwards.
 //     With an object store (Options.ExportStore, `--export-store URL`) it is
-//     the seeds' full protocol instead (package sink/export): the job's
+//     the seeds' full protocol instead (package export): the job's
 //     exact value bytes are staged under an immutable name, and the key's
 //     pointer moves, only forward, in the fenced transaction.
 //   - ledger: one row per job, with no unique constraint on the job's position,
@@ -33,7 +33,7 @@ import (
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/sink"
-	"github.com/tenure-dev/tenure/sink/export"
+	"github.com/tenure-dev/tenure/export"
 )
 
 // Names lists the built-in handlers.
@@ -52,10 +52,10 @@ func New(name, schema, worker string) (consumer.Handler, error) {
 // Options are the settings some built-in handlers take.
 type Options struct {
 	// ExportStore, for the export handler: publish through the object
-	// store sink (sink/export) instead of the exports table.
+	// store sink (package export) instead of the exports table.
 	ExportStore export.ObjectStore
 	// JobIDHeader, for the export handler with a store: skip repeats of a
-	// producer-supplied job id (sink/effect.Dedup).
+	// producer-supplied job id (effect.Dedup).
 	JobIDHeader string
 }
 

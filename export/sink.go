@@ -16,7 +16,7 @@ import (
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/sink"
-	"github.com/tenure-dev/tenure/sink/effect"
+	"github.com/tenure-dev/tenure/effect"
 )
 
 // Func computes what one job exports. It is called for every job of a
@@ -64,7 +64,7 @@ type Config struct {
 	// JobIDHeader, when set, names a record header carrying a producer-
 	// supplied job id: a job whose (key, id) was already processed is
 	// skipped, and the skip is recorded in the same fenced transaction
-	// (sink/effect.Dedup). Empty: no deduplication.
+	// (effect.Dedup). Empty: no deduplication.
 	JobIDHeader string
 }
 

@@ -23,7 +23,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/testdb"
 	"github.com/tenure-dev/tenure/sink"
-	"github.com/tenure-dev/tenure/sink/effect"
+	"github.com/tenure-dev/tenure/effect"
 )
 
 // TestMain runs the worker child of TestEffectReconcileAfterKill when asked.
@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 }
 
 // effectChild is a worker whose handler sends each job to an HTTP
-// destination that cannot check tokens, the way sink/effect says to: Intend
+// destination that cannot check tokens, the way package effect says to: Intend
 // before sending (reconcile if an earlier attempt may have sent it), send
 // with the operation id as idempotency key, Sent in the fenced transaction.
 func effectChild() error {
