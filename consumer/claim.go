@@ -123,7 +123,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 			// The coordinator's side of the history: when this member was
 			// given the partition, and the lane (claim id) that claims it.
 			// internal/history's Assignment reads this line.
-			l.log.Info("claiming partition", zap.Int32("member_epoch", epoch), zap.Int64("start_offset", start))
+			l.log.Info(MsgClaiming, zap.Int32("member_epoch", epoch), zap.Int64("start_offset", start))
 			claimed, err := c.claimOne(ctx, cl, l, start, rd)
 			switch {
 			case errors.Is(err, sink.ErrFenced):
@@ -132,7 +132,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 				// partition away; if it does not, the lane finds out by
 				// itself and claims again (lane.recover).
 				c.stats.claimsRejected.Add(1)
-				l.log.Error("claim rejected: fenced", append(rejectedFields(err), zap.Int64("start_offset", start), zap.Error(err), zap.Bool("fenced", true))...)
+				l.log.Error(MsgClaimFenced, append(rejectedFields(err), zap.Int64("start_offset", start), zap.Error(err), zap.Bool("fenced", true))...)
 				l.next = start
 				l.fetchPos = start
 				parts[p] = kgo.NewOffset().At(start).WithEpoch(-1)
@@ -285,7 +285,7 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 			l.next = claimed.NextOffset
 			l.log = l.baseLog.With(zap.Stringer("token", token))
 			c.stats.claims.Add(1)
-			l.log.Info("partition claimed", zap.Int64("next_offset", claimed.NextOffset))
+			l.log.Info(MsgClaimed, zap.Int64("next_offset", claimed.NextOffset))
 			c.afterClaim(l.key, token, claimed.NextOffset, nil)
 			return claimed, nil
 		}
@@ -342,11 +342,6 @@ func (c *Consumer) bump(ctx context.Context, l *lane, r *round, v int32, tie boo
 		zap.Int32("epoch", v), zap.Int64("next_offset", l.next), zap.Bool("bumped_here", bumped), zap.String("reason", reason))
 	return nil
 }
-
-// IncarnationMovedOn is the message a worker logs when a claim of its moves
-// the group's incarnation on (field why: a reset of the group's epochs, or
-// a tie).
-const IncarnationMovedOn = "incarnation moved on"
 
 // round is one round's first two steps: the registration of epoch, then the
 // coordinator's confirmation.

@@ -630,7 +630,7 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 	}
 	c.mu.Unlock()
 	stopLanes(lanes, c.cfg.ShutdownTimeout)
-	logReleased(lanes, "partition released: worker stopping")
+	logReleased(lanes, MsgReleased)
 	deadline := time.Now().Add(leaveTimeout)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
@@ -665,7 +665,7 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 	c.cl.CompareAndSwap(nil, cl)
 	member, epoch := cl.GroupMetadata()
 	if len(assigned) > 0 {
-		c.log.Info("partitions assigned", zap.Any("partitions", assigned), zap.String("member", member), zap.Int32("epoch", epoch))
+		c.log.Info(MsgPartitionsAssigned, zap.Any("partitions", assigned), zap.String("member", member), zap.Int32("epoch", epoch))
 	}
 	// kgo calls this once per rebalance, after the revocations: every lane
 	// still here whose partition is not assigned anew kept its assignment
@@ -689,7 +689,7 @@ func (c *Consumer) revoked(_ context.Context, _ *kgo.Client, revoked map[string]
 	c.log.Info("partitions revoked", zap.Any("partitions", revoked))
 	lanes := c.takeLanes(revoked)
 	stopLanes(lanes, c.cfg.RebalanceTimeout/2)
-	logReleased(lanes, "partition revoked")
+	logReleased(lanes, MsgRevoked)
 }
 
 // lost is kgo's OnPartitionsLost: the member was evicted or fenced by the
@@ -702,7 +702,7 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	c.log.Warn("partitions lost", zap.Any("partitions", lost))
 	lanes := c.takeLanes(lost)
 	stopLanes(lanes, lostGrace)
-	logReleased(lanes, "partition lost")
+	logReleased(lanes, MsgLost)
 }
 
 func (c *Consumer) takeLanes(m map[string][]int32) []*lane {

@@ -161,7 +161,7 @@ func (c *Consumer) awaitDatabase(ctx context.Context) bool {
 		}
 	}
 	c.db.down.Store(false)
-	c.log.Warn("the database answers again: joining the group", zap.Bool("stepped_down", false))
+	c.log.Warn(MsgRejoining, zap.Bool("stepped_down", false))
 	return true
 }
 
@@ -203,5 +203,5 @@ func (c *Consumer) stepDownSession(cl *kgo.Client) {
 		c.log.Warn("kafka client did not close in time after stepping down; going on without waiting for it")
 	}
 	c.cl.CompareAndSwap(cl, nil) // Client() is nil while the worker is out of the group
-	c.log.Warn("worker stepped down: it holds no partitions until its database answers", zap.Int("partitions_released", len(lanes)))
+	c.log.Warn(MsgSteppedDown, zap.Int("partitions_released", len(lanes)))
 }

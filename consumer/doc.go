@@ -2,25 +2,37 @@
 // that processes each assigned partition on its own lane and commits every
 // batch through the fence in Postgres.
 //
-// The life of a partition on a worker:
+// The life of a partition on a worker, and the file that holds each step:
 //
-//  1. The group assigns it. Before anything is fetched, the worker claims it
-//     in Postgres with its token (the classic generation, or the KIP-848
-//     member epoch at which it was assigned) and starts fetching at the next
-//     offset stored there. Kafka's committed offsets are not read, except as
+//  1. The group assigns it (consumer.go: the group session, its callbacks
+//     and the poll loop). Before anything is fetched, the worker claims it
+//     in Postgres with its token (claim.go: register, confirm, claim) and
+//     starts fetching at the next offset stored there, after comparing the
+//     stored offsets with the log (loginfo.go) and with the offsets mirrored
+//     to Kafka (mirror.go). Kafka's committed offsets are not read, except as
 //     the start of a partition Postgres has never seen.
-//  2. Its lane hands batches of consecutive records, in offset order, to the
-//     Handler inside a transaction, then advances the stored next offset in the
-//     same transaction, only if the token and owner still hold the partition.
+//  2. Its lane (lane.go: the lane's loop) takes batches of consecutive
+//     records from its buffer (buffer.go: what the poll loop hands it, checked
+//     to continue the partition's fetch position) and runs each in a
+//     transaction: Handler, fence, COMMIT (attempt.go), advancing the stored
+//     next offset only if the token, claimant and log epoch still hold the
+//     partition. A failing batch is retried, split, and its failing job
+//     dead-lettered in the fenced transaction that moves past it
+//     (attempt.go, errors.go); an older owner's session that holds locks the
+//     batch waits for is ended (handoff.go).
 //  3. On revoke the lane finishes its batch (bounded) and stops; on loss it
 //     gets a short grace, then its context is cancelled. A commit already in
 //     flight is not recalled: the fence settles it.
-//  4. If a claim or commit is rejected (sink.ErrFenced), the lane drops its
-//     buffered records and the partition stays paused on this worker until
-//     the group assigns it again.
+//  4. If a claim or commit is rejected (sink.ErrFenced), or the log moves
+//     under the lane, the lane drops its buffered records and finds out by
+//     itself whether it may go on: it claims again for its own assignment,
+//     or holds the partition for an operator (recover.go).
 //  5. If the handler ended its own transaction (ErrHandlerEndedTx), the
 //     partition is halted, recorded in Postgres, until an operator resumes
-//     it.
+//     it (lane.go: halt, awaitOperator).
+//  6. If the worker cannot reach its database for Config.DatabaseTimeout,
+//     it gives all its partitions up and joins the group again once the
+//     database answers (dbwatch.go).
 //
 // The Handler gets a Tx (statements and savepoints, never Commit or Conn).
 // Its errors are the job's (retries, split, dead letter) unless it says

@@ -7,6 +7,7 @@ import (
 	"net"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/tenure-dev/tenure/sink"
 )
 
 // Permanent marks a handler error as one that no retry can fix (a job that
@@ -142,13 +143,13 @@ func classifyHandlerError(err error, connBroken, timedOut bool) failure {
 // everything not listed, are the job's.
 func classifySQLState(code string) failure {
 	switch code {
-	case "55P03", // lock_not_available: lock_timeout, waiting for someone else's row lock
-		"40001", // serialization_failure
-		"40P01": // deadlock_detected
+	case sink.CodeLockNotAvailable, // lock_timeout: waiting for someone else's row lock
+		sink.CodeSerializationFailure,
+		sink.CodeDeadlockDetected:
 		return failTransient
-	case "57014": // query_canceled: statement_timeout, or a cancel request
+	case sink.CodeQueryCanceled: // statement_timeout, or a cancel request
 		return failJob
-	case "25P02": // in_failed_sql_transaction: an earlier error was ignored; its class is unknown
+	case sink.CodeInFailedTransaction: // an earlier error was ignored; its class is unknown
 		return failJob
 	}
 	if len(code) != 5 {
@@ -216,8 +217,8 @@ func databaseAway(err error) bool {
 	case errors.As(err, &pgErr):
 		switch c := pgErr.Code; {
 		case len(c) == 5 && c[:2] == "08", // connection exception
-			c == "57P01", c == "57P02", c == "57P03", // shutting down, crash shutdown, cannot connect now
-			c == "25006": // read-only transaction: a standby, or one being promoted
+			c == sink.CodeAdminShutdown, c == sink.CodeCrashShutdown, c == sink.CodeCannotConnectNow,
+			c == sink.CodeReadOnlyTransaction: // a standby, or one being promoted
 			return true
 		}
 	}

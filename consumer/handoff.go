@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/tenure-dev/tenure/sink"
 	"go.uber.org/zap"
 )
 
@@ -74,4 +75,4 @@ func (l *lane) watchLocks(pid uint32) (stop func()) {
 	return func() { close(done) }
 }
 
-func isPrivilegeError(err error) bool { return sqlState(err) == "42501" }
+func isPrivilegeError(err error) bool { return sink.IsInsufficientPrivilege(err) }

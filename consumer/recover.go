@@ -27,9 +27,6 @@ const (
 	holdRecheck = 2 * time.Second
 )
 
-// msgRecovered is logged when a lane claims its partition again.
-const msgRecovered = "partition claimed again: processing resumes"
-
 // recover runs after the lane's claim or a commit was rejected (cause). The
 // rejection says another claim holds the partition, or the stored offset is
 // not the one this lane believed (a commit it did not know of). Either the
@@ -68,7 +65,7 @@ func (l *lane) recover(cause error) bool {
 				l.clearStall()
 			}
 			l.c.stats.recoveries.Add(1)
-			l.log.Info(msgRecovered, zap.Int64("next_offset", l.next), zap.Int("attempts", attempt),
+			l.log.Info(MsgRecovered, zap.Int64("next_offset", l.next), zap.Int("attempts", attempt),
 				zap.NamedError("cause", cause))
 			return true
 		}
@@ -84,7 +81,7 @@ func (l *lane) recover(cause error) bool {
 			continue // the coordinator does not say we hold it: wait for kgo to say so
 		}
 		if !stalled || !sameError(err, last) {
-			l.log.Warn("partition stalled: this member holds it but cannot claim it; trying again", zap.Error(err),
+			l.log.Warn(MsgStalled, zap.Error(err),
 				zap.NamedError("cause", cause), zap.Int("attempt", attempt), zap.Int64("next_offset", l.next), zap.Bool("stalled", true))
 			l.recordStall(err)
 			stalled = true
@@ -215,11 +212,11 @@ func (l *lane) awaitHold() bool {
 		return false
 	}
 	if h.Kind == sink.HoldDiverged {
-		l.log.Error("partition held: the database is behind what this group had acknowledged (it lost commits); waiting for an operator to run `"+l.ackCommand()+"`",
+		l.log.Error(MsgHeldDiverged+l.ackCommand()+"`",
 			zap.String("hold", string(h.Kind)), zap.String("reason", h.Reason), zap.Int64("next_offset", h.NextOffset),
 			zap.Int64("acked_offset", h.AckedOffset), zap.Bool("held", true))
 	} else {
-		l.log.Error("partition held: its stored offsets do not fit the log; waiting for an operator to run `"+l.ackCommand()+"`",
+		l.log.Error(MsgHeldForLog+l.ackCommand()+"`",
 			zap.String("hold", string(h.Kind)), zap.String("reason", h.Reason), zap.Int64("next_offset", h.NextOffset),
 			zap.Int64("log_start", h.LogStart), zap.Int64("high_watermark", h.HighWatermark), zap.Bool("held", true))
 	}

@@ -15,10 +15,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tenure-dev/tenure/internal/history"
-	"github.com/tenure-dev/tenure/internal/weedtest"
+	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/effect"
 	"github.com/tenure-dev/tenure/export"
+	"github.com/tenure-dev/tenure/internal/history"
+	"github.com/tenure-dev/tenure/internal/weedtest"
 )
 
 // exportWorld is an env whose workers export to an object store, with a
@@ -295,7 +296,7 @@ func testExportPausedWorker(t *testing.T, w *exportWorld, proto string) {
 	waitForMembers(t, w.env, 2)
 	a.pause()
 
-	claimed := b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	claimed := b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	if !tokenLess(t, aToken, fmt.Sprint(claimed["token"])) {
 		t.Fatalf("B claimed with token %v, not above A's %v", claimed["token"], aToken)
 	}
@@ -366,7 +367,7 @@ func TestExportClaimFencesBeforeFirstPublication(t *testing.T) {
 	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
 	waitForMembers(t, w.env, 2)
 	a.pause()
-	b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	b.waitLog(30*time.Second, map[string]any{"msg": "holding"})
 
 	a.resume()
@@ -519,7 +520,7 @@ func TestExportGCPausedWriter(t *testing.T) {
 	if left := w.objectsOf(aToken); len(left) != len(staged) {
 		t.Fatalf("GC deleted objects of A, frozen while it still holds the partition: %d of %d left", len(left), len(staged))
 	}
-	b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	waitFor(t, 30*time.Second, "GC to delete A's objects after B's claim", func() bool { return len(w.objectsOf(aToken)) == 0 })
 	waitCommitted(t, w.env, 0, w.highWatermark(0), "B")
 	a.resume()

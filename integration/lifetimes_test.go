@@ -64,7 +64,7 @@ func testZombieOfDeletedGroup(t *testing.T, proto, path string) {
 
 	z := e.startWorker("Z", "--protocol", proto, "--hold-once", fmt.Sprintf("before-claim:%d", held))
 	hold := z.waitLog(60*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
-	zombie := z.waitLog(5*time.Second, map[string]any{"msg": "claiming partition", "partition": held})["member"].(string)
+	zombie := z.waitLog(5*time.Second, map[string]any{"msg": consumer.MsgClaiming, "partition": held})["member"].(string)
 	t.Logf("Z (%s) confirmed and about to claim partition %d with token %v", zombie, held, hold["token"])
 	z.pause()
 	deleteGroupWhenEmpty(t, e)
@@ -73,7 +73,7 @@ func testZombieOfDeletedGroup(t *testing.T, proto, path string) {
 	for p := range parts {
 		waitCommitted(t, e, p, e.highWatermark(p), "")
 	}
-	nClaim := n.waitLog(5*time.Second, map[string]any{"msg": "partition claimed", "partition": held})
+	nClaim := n.waitLog(5*time.Second, map[string]any{"msg": consumer.MsgClaimed, "partition": held})
 	t.Logf("N claimed partition %d with token %v", held, nClaim["token"])
 
 	// Z wakes. The coordinator answers its heartbeats late, so that it
@@ -82,11 +82,11 @@ func testZombieOfDeletedGroup(t *testing.T, proto, path string) {
 	slow := e.slowHeartbeats(zombie, 2*time.Second)
 	z.resume()
 	z.waitLogAny(30*time.Second,
-		map[string]any{"msg": "claim rejected: fenced"},
+		map[string]any{"msg": consumer.MsgClaimFenced},
 		map[string]any{"msg": "claim failed: abandoning the group session to rejoin"},
-		map[string]any{"msg": "partition claimed", "member": zombie, "partition": held})
+		map[string]any{"msg": consumer.MsgClaimed, "member": zombie, "partition": held})
 	slow.Store(false)
-	if m := z.findLog(map[string]any{"msg": "partition claimed", "member": zombie, "partition": held}); m != nil {
+	if m := z.findLog(map[string]any{"msg": consumer.MsgClaimed, "member": zombie, "partition": held}); m != nil {
 		t.Errorf("the zombie's claim was accepted after the reset: token %v (N has %v)", m["token"], nClaim["token"])
 	}
 
@@ -155,14 +155,14 @@ func TestZombieClaimDelayedInTheNetwork(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("Z's claim never reached the proxy")
 	}
-	zombie := z.waitLog(5*time.Second, map[string]any{"msg": "claiming partition"})["member"].(string)
+	zombie := z.waitLog(5*time.Second, map[string]any{"msg": consumer.MsgClaiming})["member"].(string)
 	stall.hold(zombie)
 	t.Logf("Z (%s) confirmed; its claim is held on the way to Postgres, its heartbeats at the coordinator", zombie)
 	deleteGroupWhenEmpty(t, e)
 
 	n := e.startWorker("N")
 	waitCommitted(t, e, 0, e.highWatermark(0), "")
-	nClaim := n.waitLog(5*time.Second, map[string]any{"msg": "partition claimed"})
+	nClaim := n.waitLog(5*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 
 	claim.Release()
 	select {
@@ -339,7 +339,7 @@ func TestAdminGroupDelete(t *testing.T) {
 	}
 	e.produce(jobsFor(keys, 10, 5)...)
 	n := e.startWorker("N")
-	claimed := n.waitLog(60*time.Second, map[string]any{"msg": "partition claimed"})
+	claimed := n.waitLog(60*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	if claimed["token"] != "1.1" {
 		t.Errorf("the new lifetime's first claim has token %v, want 1.1", claimed["token"])
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -69,7 +70,7 @@ func TestTopicRecreatedIsHeldUntilAcknowledged(t *testing.T) {
 		f := fenceRow(t, e, 0)
 		return f.next == 3
 	})
-	w.waitLog(10*time.Second, map[string]any{"msg": "partition claimed again: processing resumes"})
+	w.waitLog(10*time.Second, map[string]any{"msg": consumer.MsgRecovered})
 	e.produceTo(0, jobsFor(keys, 103, 2)...)
 	waitCommitted(t, e, 0, 5, "")
 	w.stop(30 * time.Second)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/netfault"
 )
 
@@ -221,7 +222,7 @@ func memberOf(t *testing.T, w *worker) string {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		for _, m := range w.logs {
-			if m["msg"] == "claiming partition" {
+			if m["msg"] == consumer.MsgClaiming {
 				member, _ = m["member"].(string)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/consumer"
 	"github.com/twmb/franz-go/pkg/kadm"
 )
 
@@ -19,15 +20,15 @@ var ownershipEvents = []struct {
 	name, msg string
 	fields    []string
 }{
-	{"assigned", "claiming partition", []string{"claim_id", "member_epoch", "start_offset"}},
-	{"claimed", "partition claimed", []string{"claim_id", "token", "next_offset"}},
-	{"revoked", "partition revoked", []string{"claim_id", "token", "next_offset"}},
+	{"assigned", consumer.MsgClaiming, []string{"claim_id", "member_epoch", "start_offset"}},
+	{"claimed", consumer.MsgClaimed, []string{"claim_id", "token", "next_offset"}},
+	{"revoked", consumer.MsgRevoked, []string{"claim_id", "token", "next_offset"}},
 	{"released", "partition released: worker stopping", []string{"claim_id", "token", "next_offset"}},
-	{"fenced", "batch rejected: fenced; dropping this partition's buffered records and checking whether this member still holds it", []string{"claim_id", "token", "from", "to"}},
-	{"lost", "partition lost", []string{"claim_id", "token", "next_offset"}},
-	{"reset", "incarnation moved on", []string{"claim_id", "epoch", "from", "to", "next_offset"}},
+	{"fenced", consumer.MsgBatchFenced, []string{"claim_id", "token", "from", "to"}},
+	{"lost", consumer.MsgLost, []string{"claim_id", "token", "next_offset"}},
+	{"reset", consumer.IncarnationMovedOn, []string{"claim_id", "epoch", "from", "to", "next_offset"}},
 	{"stalled", "partition stalled: this member holds it but cannot claim it; trying again", []string{"claim_id", "token", "next_offset"}},
-	{"claimed again", "partition claimed again: processing resumes", []string{"claim_id", "token", "next_offset"}},
+	{"claimed again", consumer.MsgRecovered, []string{"claim_id", "token", "next_offset"}},
 }
 
 // Every ownership event of a partition is logged with its topic,
@@ -57,13 +58,13 @@ func TestOwnershipEventsTellAPartitionsHistory(t *testing.T) {
 	a := e.startWorker("A")
 	produceAndWait(20)
 	b := e.startWorker("B")
-	a.waitLog(60*time.Second, map[string]any{"msg": "partition revoked"})
-	b.waitLog(60*time.Second, map[string]any{"msg": "partition claimed"})
+	a.waitLog(60*time.Second, map[string]any{"msg": consumer.MsgRevoked})
+	b.waitLog(60*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	produceAndWait(20)
 	b.stop(30 * time.Second)
 	b.waitLog(time.Second, map[string]any{"msg": "partition released: worker stopping"})
 	waitFor(t, 60*time.Second, "A to hold both partitions again", func() bool {
-		return a.countLogs(map[string]any{"msg": "partition claimed"}) >= 3
+		return a.countLogs(map[string]any{"msg": consumer.MsgClaimed}) >= 3
 	})
 
 	// stalled: an operator raises the stored epoch of partition 0 above
@@ -91,8 +92,8 @@ func TestOwnershipEventsTellAPartitionsHistory(t *testing.T) {
 		t.Fatalf("deleting the group: %v", err)
 	}
 	c := e.startWorker("C", "--hold-once", "before-batch")
-	c.waitLog(60*time.Second, map[string]any{"msg": "incarnation moved on"})
-	c.waitLog(60*time.Second, map[string]any{"msg": "partition claimed"})
+	c.waitLog(60*time.Second, map[string]any{"msg": consumer.IncarnationMovedOn})
+	c.waitLog(60*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 
 	// fenced and lost: C is frozen holding a batch; D joins, and past C's
 	// session timeout takes its partitions and commits; C wakes, its batch
@@ -104,7 +105,7 @@ func TestOwnershipEventsTellAPartitionsHistory(t *testing.T) {
 	c.pause()
 	d := e.startWorker("D")
 	waitFor(t, 60*time.Second, "D to hold both partitions", func() bool {
-		return d.countLogs(map[string]any{"msg": "partition claimed"}) >= 2
+		return d.countLogs(map[string]any{"msg": consumer.MsgClaimed}) >= 2
 	})
 	for p := int32(0); p < 2; p++ {
 		waitCommitted(t, e, p, e.highWatermark(p), "")
@@ -114,8 +115,8 @@ func TestOwnershipEventsTellAPartitionsHistory(t *testing.T) {
 	// kgo usually reports the partitions of an evicted member lost; on kfake
 	// it sometimes rejoins first and reports them revoked. Either line
 	// carries the same fields (both are logReleased's).
-	c.waitLogAny(60*time.Second, map[string]any{"msg": "partition lost"},
-		map[string]any{"msg": "partition revoked", "member": c.findLog(map[string]any{"msg": "partition claimed"})["member"]})
+	c.waitLogAny(60*time.Second, map[string]any{"msg": consumer.MsgLost},
+		map[string]any{"msg": consumer.MsgRevoked, "member": c.findLog(map[string]any{"msg": consumer.MsgClaimed})["member"]})
 	d.stop(30 * time.Second)
 	c.stop(30 * time.Second)
 

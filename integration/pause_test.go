@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/history"
 )
 
@@ -45,7 +46,7 @@ func testPausedWorkerIsFenced(t *testing.T, proto string) {
 	a.pause()
 	t.Logf("A frozen holding jobs [%v,%v) with token %v", held["from"], held["to"], held["token"])
 
-	claimed := b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	claimed := b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	if !tokenLess(t, fmt.Sprint(held["token"]), fmt.Sprint(claimed["token"])) {
 		t.Fatalf("B claimed with token %v, not above A's %v", claimed["token"], held["token"])
 	}
@@ -83,7 +84,7 @@ func TestClaimFencesBeforeFirstWrite(t *testing.T) {
 	waitForMembers(t, e, 2)
 	a.pause()
 
-	b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	b.waitLog(30*time.Second, map[string]any{"msg": "holding"})
 	if n := committedLogCount(t, e); n != 0 {
 		t.Fatalf("nothing should be committed yet, found %d commits", n)
@@ -150,7 +151,7 @@ func TestCommitBeforeClaimIsAcceptedAndContinued(t *testing.T) {
 
 // The log lines a worker writes when a batch is rejected or committed.
 var (
-	rejected       = map[string]any{"msg": "batch rejected: fenced; dropping this partition's buffered records and checking whether this member still holds it", "fenced": true}
+	rejected       = map[string]any{"msg": consumer.MsgBatchFenced, "fenced": true}
 	batchCommitted = map[string]any{"msg": "batch committed"}
 	abandoned      = map[string]any{"msg": "batch abandoned: lane stopped"}
 )
@@ -258,7 +259,7 @@ func TestPausedMidTransaction(t *testing.T) {
 	waitForMembers(t, e, 2)
 	a.pause()
 
-	b.waitLog(30*time.Second, map[string]any{"msg": "partition claimed"})
+	b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	waitCommitted(t, e, 0, e.highWatermark(0), "B")
 
 	a.resume()

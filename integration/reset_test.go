@@ -46,7 +46,7 @@ func TestGroupDeletedWorkersResumeAndZombieStaysFenced(t *testing.T) {
 
 			n := e.startWorker("N", "--protocol", proto)
 			n.waitLog(60*time.Second, map[string]any{"msg": consumer.IncarnationMovedOn})
-			claimed := n.waitLog(60*time.Second, map[string]any{"msg": "partition claimed"})
+			claimed := n.waitLog(60*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 			if !tokenLess(t, held["token"].(string), claimed["token"].(string)) {
 				t.Fatalf("N's token %v is not above the zombie's %v", claimed["token"], held["token"])
 			}
@@ -145,7 +145,7 @@ func TestZombieFrozenBeforeClaimAcrossReset(t *testing.T) {
 
 	e.produce(jobsFor(keys, 20, 10)...)
 	n := e.startWorker("N")
-	claimed := n.waitLog(60*time.Second, map[string]any{"msg": "partition claimed"})
+	claimed := n.waitLog(60*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	waitCommitted(t, e, 0, 30, "")
 
 	z.resume()
@@ -154,10 +154,10 @@ func TestZombieFrozenBeforeClaimAcrossReset(t *testing.T) {
 	// it), or kgo reports the partition lost first and the claim is
 	// abandoned. It must never claim.
 	z.waitLogAny(30*time.Second,
-		map[string]any{"msg": "claim rejected: fenced", "fenced": true},
+		map[string]any{"msg": consumer.MsgClaimFenced, "fenced": true},
 		map[string]any{"msg": "claim failed: abandoning the group session to rejoin"})
 	zombie := zAssigned["member"].(string)
-	if z.findLog(map[string]any{"msg": "partition claimed", "member": zombie}) != nil {
+	if z.findLog(map[string]any{"msg": consumer.MsgClaimed, "member": zombie}) != nil {
 		t.Errorf("the zombie claimed the partition after the reset")
 	}
 	e.produce(jobsFor(keys, 30, 5)...)

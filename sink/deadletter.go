@@ -101,7 +101,7 @@ func (s *Store) AddDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) erro
 		// be parked: dead-lettering would be retried forever).
 		validText(d.Error), d.Attempts, d.Token.Incarnation, d.Token.Epoch, d.Owner)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" && strings.HasPrefix(pgErr.ConstraintName, "dead_letters_") {
+	if errors.As(err, &pgErr) && pgErr.Code == CodeUniqueViolation && strings.HasPrefix(pgErr.ConstraintName, "dead_letters_") {
 		return &DeadLetterExistsError{Partition: d.Partition, Offset: d.Offset}
 	}
 	if err != nil {

@@ -2,14 +2,11 @@ package sink
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ApplicationName is the application_name a batch transaction of claim
@@ -142,7 +139,4 @@ func (s *Store) EndOlderClaimants(ctx context.Context, p Partition, t Token, pid
 	return ended, rows.Err()
 }
 
-func isPrivilege(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42501"
-}
+func isPrivilege(err error) bool { return IsInsufficientPrivilege(err) }

@@ -398,8 +398,4 @@ func appliedVersions(ctx context.Context, q querier, schema string) (map[int]tim
 	return out, err
 }
 
-func isUndefinedTable(err error) bool {
-	var pgErr interface{ SQLState() string }
-	// 42P01 undefined_table, 3F000 invalid_schema_name.
-	return errors.As(err, &pgErr) && (pgErr.SQLState() == "42P01" || pgErr.SQLState() == "3F000")
-}
+func isUndefinedTable(err error) bool { return IsMissingTables(err) }

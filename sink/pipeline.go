@@ -55,9 +55,9 @@ func (s *Store) CommitBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, m
 	switch {
 	case ferr == nil && cerr == nil && closeErr == nil:
 		return nil
-	case errors.As(ferr, &pgErr) && pgErr.Code == "TF002":
+	case errors.As(ferr, &pgErr) && pgErr.Code == CodeTxEnded:
 		return ErrTxEnded
-	case errors.As(ferr, &pgErr) && (pgErr.Code == "TF001" || pgErr.Code == "40001"):
+	case errors.As(ferr, &pgErr) && (pgErr.Code == CodeFenced || pgErr.Code == CodeSerializationFailure):
 		// Report what won, read on another connection (bounded by fenced).
 		return withClaim(s.fenced(context.WithoutCancel(ctx), "commit", p, req.Token, req.Owner, req.From), req)
 	case ferr != nil:

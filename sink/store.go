@@ -293,7 +293,7 @@ func (s *Store) CommitTracked(ctx context.Context, tx pgx.Tx, req CommitRequest)
 	if err := tx.QueryRow(ctx, s.commitSQL, p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID, req.LogEpoch).Scan(&n, &xid); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "40001" {
+		if errors.As(err, &pgErr) && pgErr.Code == CodeSerializationFailure {
 			// Under REPEATABLE READ or SERIALIZABLE a claim that landed after
 			// the transaction's snapshot shows up as a serialization failure.
 			// If the row has moved to another token, say so.
@@ -412,7 +412,7 @@ func (s *Store) awaitTransaction(ctx context.Context, xid int64) error {
 		err := s.pool.QueryRow(ctx, `SELECT pg_xact_status($1::text::xid8)`, strconv.FormatInt(xid, 10)).Scan(&status)
 		var pgErr *pgconn.PgError
 		switch {
-		case errors.As(err, &pgErr) && pgErr.Code == "22023":
+		case errors.As(err, &pgErr) && pgErr.Code == CodeInvalidParameterValue:
 			// "transaction ID is in the future": this server never ran it
 			// (another server took over): it is not in progress here.
 			return nil

@@ -222,9 +222,8 @@ func kafkaError(what string, brokers []string, err error) error {
 
 // dbError turns a failed read of the fencing tables into one sentence.
 func dbError(schema string, err error) error {
-	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined table, undefined schema
+	case sink.IsMissingTables(err):
 		return fmt.Errorf("schema %q has no tenure tables: run `tenure migrate up --schema %s` (or give the right --schema)", schema, schema)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("the database did not answer within %s: %v", adminTimeout, err)

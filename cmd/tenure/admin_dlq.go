@@ -212,9 +212,8 @@ func openStore(ctx context.Context, dbURL, schema string) (*pgxpool.Pool, *sink.
 // storeError turns a failed read or write of tenure's tables into one
 // sentence.
 func storeError(schema, what string, err error) error {
-	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined table, undefined schema
+	case sink.IsMissingTables(err):
 		return fmt.Errorf("schema %q lacks tenure's tables: run `tenure migrate up --schema %s` (or give the right --schema)", schema, schema)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: the database did not answer in time", what)

@@ -78,11 +78,11 @@ func connectError(cfg pgconn.Config, err error) error {
 	if errors.As(err, &pgErr) {
 		var msg string
 		switch pgErr.Code {
-		case "28P01", "28000": // invalid_password; invalid_authorization_specification (unknown role, pg_hba.conf)
+		case sink.CodeInvalidPassword, sink.CodeInvalidAuthorization: // unknown role, pg_hba.conf
 			msg = fmt.Sprintf("the database server at %s refused user %q: %s (check the user and password of the database URL)", where, cfg.User, pgErr.Message)
-		case "3D000": // invalid_catalog_name
+		case sink.CodeInvalidCatalogName:
 			msg = fmt.Sprintf("the database server at %s has no database %q: %s (check the database name of the URL)", where, cfg.Database, pgErr.Message)
-		case "53300", "57P03": // too_many_connections; cannot_connect_now (starting up, shutting down)
+		case sink.CodeTooManyConnections, sink.CodeCannotConnectNow: // (starting up, shutting down)
 			msg = fmt.Sprintf("the database server at %s is not accepting connections now: %s", where, pgErr.Message)
 		default:
 			msg = fmt.Sprintf("the database server at %s refused the connection: %s (SQLSTATE %s)", where, pgErr.Message, pgErr.Code)

@@ -24,10 +24,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/export"
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/sink"
-	"github.com/tenure-dev/tenure/export"
 )
 
 func init() {
@@ -260,7 +261,7 @@ func (d *demo) story(ctx context.Context) error {
 	aToken := demoStr(held.fields, "token")
 	aFrom, _ := demoInt(held.fields, "from")
 	aTo, _ := demoInt(held.fields, "to")
-	if claim, ok := a.find(0, demoLogMsg("partition claimed")); ok {
+	if claim, ok := a.find(0, demoLogMsg(consumer.MsgClaimed)); ok {
 		d.members[demoStr(claim.fields, "member")] = "A"
 	}
 	d.sayAt(held.at, "worker A (pid %d) claims partition %s with token %s, reads jobs %s and is about to write them",
@@ -278,7 +279,7 @@ func (d *demo) story(ctx context.Context) error {
 	if err := d.waitMembers(ctx, 2); err != nil {
 		return err
 	}
-	if _, moved := b.find(0, demoLogMsg("partition claimed")); moved {
+	if _, moved := b.find(0, demoLogMsg(consumer.MsgClaimed)); moved {
 		// The sticky assignor keeps partitions where they are; if it did
 		// not, this run cannot show a pause-driven hand-off.
 		return errors.New("the group moved partition 0 to worker B before A was frozen, so this run cannot show the story; run the demo again")
@@ -300,7 +301,7 @@ func (d *demo) story(ctx context.Context) error {
 	}
 	d.say("%d more jobs arrive while A is frozen (offsets %s)", more, demoSpan(from, to))
 
-	claimed, err := b.waitLog(ctx, demoWait+2*d.session, 0, "the group to hand partition 0 to worker B", demoLogMsg("partition claimed"))
+	claimed, err := b.waitLog(ctx, demoWait+2*d.session, 0, "the group to hand partition 0 to worker B", demoLogMsg(consumer.MsgClaimed))
 	if err != nil {
 		return err
 	}

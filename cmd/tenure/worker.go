@@ -19,10 +19,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/export"
 	"github.com/tenure-dev/tenure/internal/jobs"
 	"github.com/tenure-dev/tenure/metrics"
 	"github.com/tenure-dev/tenure/sink"
-	"github.com/tenure-dev/tenure/export"
 )
 
 func init() {
@@ -181,7 +181,7 @@ func runWorker(ctx context.Context, e *env, args []string) error {
 		}
 	} else if applied, err := sink.Migrate(ctx, pool, *schema); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		if errors.As(err, &pgErr) && pgErr.Code == sink.CodeInsufficientPrivilege {
 			return fmt.Errorf("%v; this worker's database role may not migrate it (%s): run `tenure migrate up --schema %s` as the schema's owner", behind, pgErr.Message, *schema)
 		}
 		return fmt.Errorf("migrating schema %q: %w", *schema, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -44,7 +45,7 @@ type Assignment struct {
 // AssignmentLogMsg is the message of the line a worker logs when it was given
 // a partition and is about to claim it (consumer's claim); with its fields
 // topic, partition, member, claim_id and ts it is one Assignment.
-const AssignmentLogMsg = "claiming partition"
+const AssignmentLogMsg = consumer.MsgClaiming
 
 // ParseAssignment reads an Assignment from a worker's JSON log line, as
 // decoded into a map; ok is false for any other line.

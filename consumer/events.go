@@ -1,0 +1,43 @@
+package consumer
+
+// The messages of a worker's ownership events. They are a contract: the
+// history checker (the coordinator's side of a partition's history), the
+// chaos run's logbook, the demo and the tests find events by them, so each
+// is written once, here. Every event of a partition is logged by its lane's
+// logger, with the partition's topic and partition, the member, and the
+// lane's claim id; observe.go lists the fields of each.
+const (
+	// MsgPartitionsAssigned: the group gave this member partitions (member,
+	// epoch, partitions).
+	MsgPartitionsAssigned = "partitions assigned"
+	// MsgClaiming: a lane starts claiming a partition it was assigned
+	// (member_epoch, start_offset): the coordinator's side of the history.
+	MsgClaiming = "claiming partition"
+	// MsgClaimed: the claim was accepted (token, next_offset).
+	MsgClaimed = "partition claimed"
+	// MsgClaimFenced: the claim was rejected (claim_token, held_by).
+	MsgClaimFenced = "claim rejected: fenced"
+	// MsgRecovered: a lane claimed its partition again after a rejection.
+	MsgRecovered = "partition claimed again: processing resumes"
+	// MsgBatchFenced: the fence rejected a batch (from, to).
+	MsgBatchFenced = "batch rejected: fenced; dropping this partition's buffered records and checking whether this member still holds it"
+	// MsgStalled: the member holds the partition but cannot claim it.
+	MsgStalled = "partition stalled: this member holds it but cannot claim it; trying again"
+	// MsgRevoked, MsgLost, MsgReleased: a lane has stopped (token,
+	// next_offset) after a revoke, a loss, or a graceful stop.
+	MsgRevoked  = "partition revoked"
+	MsgLost     = "partition lost"
+	MsgReleased = "partition released: worker stopping"
+	// MsgHeldForLog and MsgHeldDiverged: a partition held for an operator
+	// (hold, reason, next_offset, and the log's or the acknowledged
+	// offsets).
+	MsgHeldForLog   = "partition held: its stored offsets do not fit the log; waiting for an operator to run `"
+	MsgHeldDiverged = "partition held: the database is behind what this group had acknowledged (it lost commits); waiting for an operator to run `"
+	// IncarnationMovedOn: a claim of this worker moved the group's
+	// incarnation on (why: a reset of the group's epochs, or a tie).
+	IncarnationMovedOn = "incarnation moved on"
+	// MsgSteppedDown and MsgRejoining: the worker left the group because its
+	// database did not answer, and joins again now that it does.
+	MsgSteppedDown = "worker stepped down: it holds no partitions until its database answers"
+	MsgRejoining   = "the database answers again: joining the group"
+)
