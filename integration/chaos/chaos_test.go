@@ -48,14 +48,15 @@ const (
 	kindBrokerRst   = "broker-restart"
 	kindGroupDelete = "group-delete"
 	kindPauseInTx   = "pause-in-tx"
-	kindPGFailover  = "pg-failover" // with -chaos.postgres formation (formation_test.go)
+	kindPGFailover  = "pg-failover"    // with -chaos.postgres formation (formation_test.go)
+	kindDeleteRecs  = "delete-records" // deleterecords_test.go
 )
 
-var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindPGFailover}
+var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs, kindPGFailover}
 
 // deck is one round of faults; each round is shuffled, so that every kind
 // comes up in every round.
-var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete}
+var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs}
 
 // Group reset modes (issue 7), the group-delete fault's Mode: how the
 // group's lifetime ends, and what else is going on meanwhile.
@@ -145,6 +146,8 @@ type world struct {
 	markerWG    sync.WaitGroup
 	keepLogs    bool // findings: keep the logs for whoever reads them
 	trackerDone chan struct{}
+
+	trunc truncation // delete-records: the deletions and the harness as operator (deleterecords_test.go)
 }
 
 func TestChaos(t *testing.T) {
@@ -168,6 +171,7 @@ func TestChaos(t *testing.T) {
 		cfg.seed, cfg.workers, cfg.protocol, cfg.duration, cfg.rate, partitions, cfg.seed)
 	w.setup()
 	w.inject()
+	w.acknowledgeLeftovers()
 	hwm, records := w.drain()
 	w.checkFailovers()
 	w.checkAndReport(hwm, records)
@@ -256,6 +260,7 @@ func (w *world) setup() {
 	trackCtx, stopTracking := context.WithCancel(context.Background())
 	t.Cleanup(func() { stopTracking(); <-w.trackerDone })
 	go w.track(trackCtx)
+	w.startOperator()
 	go w.prod.run(w.cfg.rate, rand.New(rand.NewPCG(uint64(w.cfg.seed), 2)))
 	t.Cleanup(w.prod.halt) // a run that fails early stops producing too
 
@@ -517,6 +522,8 @@ func (w *world) inject() {
 			w.pauseInTx()
 		case kindPGFailover:
 			w.failoverPostgres()
+		case kindDeleteRecs:
+			w.deleteRecords()
 		}
 		w.sleep(w.between(time.Second, 4*time.Second))
 	}
@@ -957,6 +964,7 @@ func (w *world) drain() (map[int32]int64, map[int32][]*kgo.Record) {
 		w.sleep(200 * time.Millisecond)
 	}
 
+	w.stopOperator() // before the broker stops: it acknowledges with the brokers' help
 	records := w.readLog(hwm)
 
 	// Stop everything gracefully: a worker that does not stop is a finding too.
@@ -1145,21 +1153,32 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	w.mu.Unlock()
 	sort.Slice(faults, func(i, j int) bool { return faults[i].Injected.Before(faults[j].Injected) })
 
-	// 1. The log as it is: every record is a job the workers had to handle.
+	// 1. The log as it is: every record is a job the workers had to handle,
+	// but for the offsets the harness deleted (delete-records), which are
+	// not the log's any more: they are checked against the producer's
+	// acknowledgements instead (checkDeleted), and left out of every check
+	// below that compares the log with the producer or with the exports,
+	// even where kfake shows some of them again (reappeared).
+	dels := w.deletedRanges()
 	produced := map[history.TopicPartition][]int64{}
 	byPos := map[pos]*kgo.Record{}
+	reappeared := map[int32][]int64{}
 	for p := int32(0); p < partitions; p++ {
 		tp := history.TopicPartition{Topic: topicName, Partition: p}
 		var prev int64 = -1
 		for _, r := range records[p] {
-			if r.Offset != prev+1 {
-				violate("log: partition %d has no record at offsets [%d,%d)", p, prev+1, r.Offset)
+			if dels[p].contains(r.Offset) {
+				reappeared[p] = append(reappeared[p], r.Offset)
+				continue
+			}
+			for _, g := range dels[p].outside(prev+1, r.Offset) {
+				violate("log: partition %d has no record at offsets [%d,%d)", p, g.from, g.to)
 			}
 			prev = r.Offset
 			produced[tp] = append(produced[tp], r.Offset)
 			byPos[pos{p, r.Offset}] = r
 		}
-		if prev+1 != hwm[p] {
+		if len(dels[p].outside(prev+1, hwm[p])) > 0 {
 			violate("log: partition %d read up to %d, the log ends at %d", p, prev+1, hwm[p])
 		}
 	}
@@ -1227,14 +1246,35 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 		dead[pos{d.Partition, d.Offset}]++
 	}
 	dls := w.deadLetters(ctx)
+	acked, failed := w.prod.snapshot()
+	// The deleted jobs: each processed once or declared lost by a hold.
+	// Those processed are judged below as the log's jobs are.
+	deleted := w.checkDeleted(acked, dels, reappeared, writes, dead, h.Log)
+	for _, v := range deleted.violations {
+		violate("deleted jobs: %s", v)
+	}
+	for _, f := range deleted.findings {
+		find("%s", f)
+	}
+	type jobAt struct {
+		key string
+		v   jobValue
+	}
+	jobs := map[pos]jobAt{}
+	for ps, r := range byPos {
+		jobs[ps] = jobAt{string(r.Key), recordValue(r)}
+	}
+	for ps, j := range deleted.done {
+		jobs[ps] = jobAt{j.Key, jobValue{Seq: j.Seq, Key: j.Key, Marker: j.Marker, Fault: j.Fault}}
+	}
 	var faultJobs, faultErr, faultPanic int
 	goodDead := map[string]int{} // by the latest fault before it
 	newest := map[string]int64{} // per key, the newest exported job's offset
-	for ps, r := range byPos {
+	for ps, r := range jobs {
 		if ps.off >= fenceNext[ps.p] {
 			continue // not processed (a stuck partition, reported above)
 		}
-		v := recordValue(r)
+		v := r.v
 		if v.Fault != "" {
 			faultJobs++
 			if v.Fault == "error" {
@@ -1248,8 +1288,8 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 			continue
 		}
 		for _, wr := range writes[ps] {
-			if wr.Key != string(r.Key) {
-				violate("effect at %d/%d is for key %q, the job's key is %q", ps.p, ps.off, wr.Key, r.Key)
+			if wr.Key != r.key {
+				violate("effect at %d/%d is for key %q, the job's key is %q", ps.p, ps.off, wr.Key, r.key)
 			}
 		}
 		if dead[ps] > 0 {
@@ -1262,22 +1302,25 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 				goodDead["none"]++
 			}
 			find("good job %s/%d/%d (key %s) was dead-lettered at %s (after %s) by %s: %q after %d attempts",
-				topicName, ps.p, ps.off, r.Key, d.at.Format("15:04:05.000"), after, d.owner, d.err, d.attempts)
+				topicName, ps.p, ps.off, r.key, d.at.Format("15:04:05.000"), after, d.owner, d.err, d.attempts)
 			continue
 		}
-		if o, ok := newest[string(r.Key)]; !ok || ps.off > o {
-			newest[string(r.Key)] = ps.off
+		if o, ok := newest[r.key]; !ok || ps.off > o {
+			newest[r.key] = ps.off
 		}
 	}
 
-	// 4. Every acknowledged job is in the log where the broker said.
-	acked, failed := w.prod.snapshot()
+	// 4. Every acknowledged job is in the log where the broker said, but for
+	// the jobs the harness deleted (checked above).
 	seqs := map[int64]int{}
 	for _, r := range byPos {
 		seqs[recordValue(r).Seq]++
 	}
 	ackedPos := map[pos]bool{}
 	for _, j := range acked {
+		if dels[j.Partition].contains(j.Offset) {
+			continue
+		}
 		ackedPos[pos{j.Partition, j.Offset}] = true
 		r := byPos[pos{j.Partition, j.Offset}]
 		if r == nil || recordValue(r).Seq != j.Seq {
@@ -1377,6 +1420,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 		total, len(acked), len(failed), unacked, dupSeq, len(h.Writes), len(h.DeadLetters))
 	fmt.Fprintf(&s, "fault jobs:  %d (%d error, %d panic), each must be dead-lettered; good jobs dead-lettered: %d %v\n",
 		faultJobs, faultErr, faultPanic, sumMap(goodDead), goodDead)
+	s.WriteString(deleted.summary())
 	fmt.Fprintf(&s, "history:     %d claims, %d commits in the fence log; %d incarnation bumps (seen by %d claims)\n", claims, commits, book.incarnations, book.incSeen)
 	fmt.Fprintf(&s, "rejections:  %d batches fenced, %d claims fenced; %d partitions-lost events; %d commits of unknown outcome %v; %d handler panics\n",
 		book.batchRej, book.claimRej, book.lost, sumMap(book.unknown), book.unknown, book.panics)
@@ -1425,8 +1469,8 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	fmt.Fprintf(&s, "ownership:   %d fence log entries checked against %d assignments the workers logged; %d unmatched\n",
 		len(h.Log), len(assignments), len(unmatched))
 	s.WriteString(w.failoverSummary())
-	fmt.Fprintf(&s, "violations:  %d (history checker %d, ownership %d, harness checks %d)\n", len(violations), len(checked), len(owned),
-		len(violations)-len(checked)-len(owned))
+	fmt.Fprintf(&s, "violations:  %d (history checker %d, ownership %d, deleted jobs %d, harness checks %d)\n", len(violations), len(checked), len(owned),
+		len(deleted.violations), len(violations)-len(checked)-len(owned)-len(deleted.violations))
 	fmt.Fprintf(&s, "findings:    %d (allowed by the guarantee, listed in the test log)\n", len(findings))
 	fmt.Fprintf(&s, "worker logs: %d lines (%d not JSON), %d commits logged; most frequent warnings and errors:\n", book.lines, book.unparsed, book.loggedCommits)
 	for _, l := range w.book.topMessages(8) {
@@ -1493,9 +1537,9 @@ func (w *world) kinds() []string {
 	return out
 }
 
-// row is the fault's line in the summary's tables: its kind, and for group
-// resets the mode too.
-// resets by mode, pauses inside a transaction by who frees their locks.
+// row is the fault's line in the summary's tables: its kind, with group
+// resets by mode, pauses inside a transaction by who frees their locks, and
+// deletions of records by mode.
 func (f *fault) row() string {
 	switch f.Kind {
 	case kindGroupDelete:
@@ -1503,6 +1547,8 @@ func (f *fault) row() string {
 	case kindPauseInTx:
 		mode, _, _ := strings.Cut(f.Mode, " ")
 		return f.Kind + "/" + mode
+	case kindDeleteRecs:
+		return f.Kind + "/" + f.Mode
 	}
 	return f.Kind
 }
@@ -1517,6 +1563,10 @@ func tableRows(kinds []string) []string {
 			}
 		case kindPauseInTx:
 			out = append(out, k+"/idle-timeout", k+"/lock-watch")
+		case kindDeleteRecs:
+			for _, m := range deleteModes {
+				out = append(out, k+"/"+m)
+			}
 		default:
 			out = append(out, k)
 		}

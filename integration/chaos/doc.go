@@ -20,6 +20,21 @@
 //     every partition), live (every worker SIGKILLed, the group deleted the
 //     moment it is empty) and expiry (the empty group's offsets expire and
 //     the broker sweeps it: nobody deletes anything);
+//   - delete-records: a burst of 20-60 jobs produced to one partition and
+//     its log start moved into the middle of the burst (kadm DeleteRecords),
+//     above the partition's stored next offset, so that jobs not processed
+//     yet are deleted (deleterecords_test.go), in one of two modes: lagging
+//     (the worker holding the partition, found from the fencing row's owner
+//     and the members the workers logged, SIGSTOPped for 1-2s, under the
+//     session timeout, around the burst and the deletion: it wakes up with a
+//     fetch position below the log start) and live (nobody frozen: whether
+//     the lane fetched the deleted jobs first is a race). A lane the log
+//     moved under holds the partition as log-truncated; the harness plays
+//     the operator: it acknowledges each such hold that names offsets it
+//     deleted with `tenure admin holds acknowledge --actor chaos` (a
+//     log-truncated hold it did not cause is a violation; one still open at
+//     the end of the faults is a finding, acknowledged so that the drain
+//     can finish);
 //   - pg-failover, with -chaos.postgres formation (in place of pg-restart):
 //     the run's PostgreSQL is a pg_auto_failover formation (a monitor, a
 //     primary and a synchronous standby: internal/pgha), everything connects
@@ -37,13 +52,21 @@
 // fault jobs were dead-lettered and nothing else was, every acknowledged job
 // is in the log, every commit a worker logged is in the fence log and no
 // rejected batch is, and each key's final export is its newest job. The
+// offsets the harness deleted are not the log's: every acknowledged job
+// there must have been processed exactly once (its lane had fetched it
+// before the deletion) or be inside the range a log-truncated hold declared
+// lost and the harness acknowledged, never both and never neither (a job
+// "skipped in silence"); the checks above leave exactly those offsets out
+// (kfake, SIGKILLed, can bring deleted records back: its log start is only
+// saved by a clean shutdown). The
 // fence log is also checked against the coordinator's side
 // (history.CheckOwnership over the assignments every worker logged): once a
 // newer assignment's claim was accepted, nothing of an older one may be,
 // whatever the tokens say. The summary gives the jobs, the faults by kind
-// (group resets by mode), the rejections observed, the violations (must be
-// 0), the time to recover from each kind of fault, and the hand-off latency
-// of kills and pauses.
+// (group resets and deletions by mode), the deleted jobs (processed before
+// the deletion, reported lost by holds, skipped in silence: must be 0), the
+// rejections observed, the violations (must be 0), the time to recover from
+// each kind of fault, and the hand-off latency of kills and pauses.
 //
 // A violation (a broken promise) fails the test. A finding is something the
 // guarantee allows but that deserves a look: a good job dead-lettered, a
@@ -52,13 +75,15 @@
 // are listed in the test log and keep the logs directory.
 //
 // Recovery time of a fault: once the fault is in effect (the worker stopped
-// or dead, the server down, the group's workers stopped) the harness produces
-// one marker job to every partition; the fault has recovered when every
-// partition's stored next offset is past its marker. It is measured from
-// injection (SIGSTOP, SIGKILL, the server stop, the first SIGTERM) and from
-// the end of the fault (SIGCONT, the restart, the workers started again); a
-// pause often recovers before its end, as the group moves the partitions
-// after one session timeout.
+// or dead, the server down, the group's workers stopped, the records
+// deleted) the harness produces one marker job to every partition; the
+// fault has recovered when every partition's stored next offset is past its
+// marker (after a deletion, that includes the hold and the harness's
+// acknowledgement of it). It is measured from injection (SIGSTOP, SIGKILL,
+// the server stop, the first SIGTERM, a deletion's start) and from the end of
+// the fault (SIGCONT, the restart, the workers started again, the deletion
+// done); a pause often recovers before its end, as the group moves the
+// partitions after one session timeout.
 //
 // The summary goes to the test log and to stdout; `go test` shows a passing
 // package's output only with -v.

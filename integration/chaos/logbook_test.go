@@ -175,6 +175,19 @@ func (lb *logbook) claimants() (map[int64]string, []history.Assignment) {
 	return byClaim, out
 }
 
+// workerOf returns the worker process that last logged being assigned p
+// as member ("claiming partition"), or "".
+func (lb *logbook) workerOf(member string, p int32) string {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	for i := len(lb.assignments) - 1; i >= 0; i-- {
+		if a := lb.assignments[i]; a.Member == member && a.Partition.Partition == p {
+			return a.Worker
+		}
+	}
+	return ""
+}
+
 // topMessages lists the most frequent warn and error messages.
 func (lb *logbook) topMessages(n int) []string {
 	lb.mu.Lock()

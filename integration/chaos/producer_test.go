@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -178,6 +179,52 @@ func (p *producer) mark(ctx context.Context) (map[int32]int64, error) {
 		}
 	}
 	return out, nil
+}
+
+// burst produces n plain jobs to partition part (keys that map onto it,
+// picked with rng) and returns them in offset order once acknowledged: they
+// are tracked like every other job (snapshot). A job that failed is
+// recorded as a produce error and left out.
+func (p *producer) burst(ctx context.Context, part int32, n int, rng *rand.Rand) ([]job, error) {
+	var keys []string
+	for _, k := range p.keys {
+		if partition.For([]byte(k), p.partitions) == part {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("no key maps onto partition %d", part)
+	}
+	recs := make([]*kgo.Record, n)
+	jobs := make([]job, n)
+	for i := range recs {
+		jobs[i] = job{Seq: p.seq.Add(1), Key: keys[rng.IntN(len(keys))]}
+		recs[i] = p.record(jobs[i])
+	}
+	res := p.cl.ProduceSync(ctx, recs...)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []job
+	for _, r := range res {
+		i := slices.Index(recs, r.Record) // results come in completion order
+		if i < 0 {
+			return nil, fmt.Errorf("burst result for a record that was not produced")
+		}
+		if r.Err != nil {
+			p.failed = append(p.failed, fmt.Sprintf("burst seq %d key %s: %v", jobs[i].Seq, jobs[i].Key, r.Err))
+			continue
+		}
+		jobs[i].Partition, jobs[i].Offset = r.Record.Partition, r.Record.Offset
+		p.acked = append(p.acked, jobs[i])
+		out = append(out, jobs[i])
+	}
+	slices.SortFunc(out, func(a, b job) int { return cmp.Compare(a.Offset, b.Offset) })
+	for _, j := range out {
+		if j.Partition != part {
+			return out, fmt.Errorf("burst job seq %d (key %s) landed on partition %d, not %d: partitioner mismatch", j.Seq, j.Key, j.Partition, part)
+		}
+	}
+	return out, res.FirstErr()
 }
 
 // halt stops the producing loop (idempotent) and waits for it.
