@@ -132,7 +132,7 @@ type Config struct {
 	// lane does not cancel: once the handler is done, the fence (not the
 	// worker's belief about ownership) decides whether the batch lands. Past
 	// the timeout the outcome is unknown, and the lane finds it out exactly
-	// (sink.Store.Resolve), waiting while the COMMIT is still running: a
+	// (sink.Store.ResolveSession), waiting while the COMMIT is still running: a
 	// short timeout costs nothing but a round trip to ask.
 	CommitTimeout time.Duration
 	// DatabaseTimeout is how long the database may go without answering

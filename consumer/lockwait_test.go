@@ -34,6 +34,7 @@ func TestLockWaitsAreNotTheJobsFault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = zombie.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
 	if _, err := zombie.Exec(ctx, `UPDATE "`+b.schema+`".counters SET n = n WHERE k = 'k'`); err != nil {
 		t.Fatal(err)
 	}

@@ -159,7 +159,13 @@ func TestExportPointerOnlyForward(t *testing.T) {
 		if order == "earlier first" {
 			offs = [2]int64{30, 40}
 		}
-		tx1, _ := b.pool.Begin(ctx)
+		tx1, err := b.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Released on every path: a failure must read as a failure, not as
+		// the pool's Close waiting for this transaction until the timeout.
+		t.Cleanup(func() { _ = tx1.Rollback(context.Background()) })
 		if err := b.h.Handle(ctx, testTx{tx1}, b.batch(tok, "W1", 0, offs[0], [2]string{key, "first"})); err != nil {
 			t.Fatal(err)
 		}

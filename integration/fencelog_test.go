@@ -29,6 +29,7 @@ func TestCLIFencesPrune(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
 		if err := store.Commit(ctx, tx, sink.CommitRequest{Partition: p, Token: tk, Owner: "w", From: i, To: i + 1}); err != nil {
 			t.Fatal(err)
 		}

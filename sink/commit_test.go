@@ -502,6 +502,7 @@ func TestCommitAcceptedThenRolledBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
 	if err := e.handle(tx, req); err != nil {
 		t.Fatal(err)
 	}

@@ -83,6 +83,8 @@ type DeadLetter struct {
 // AddDeadLetter records d inside tx: the caller's fenced transaction, which
 // must also Commit the partition past d.Offset so that the job is parked
 // exactly when the partition moves on.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) AddDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) error {
 	headers := d.Headers
 	if headers == nil {

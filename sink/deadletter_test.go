@@ -112,6 +112,7 @@ func TestAddDeadLetterRolledBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
 	d.Token, d.Owner = tok(0, 1), "owner"
 	if err := e.store.AddDeadLetter(e.ctx, tx, d); err != nil {
 		t.Fatal(err)

@@ -19,4 +19,22 @@
 // Both are single statements whose WHERE clause is the check: no read before
 // the write, no lease timestamps, no wall clocks. The design note is
 // docs/fencing.md in the repository.
+//
+// # The worker's protocol is not API
+//
+// Besides Claim and Commit, a Store has the methods that package consumer
+// calls from a worker's lanes: Register, BumpIncarnation, CommitBatch,
+// ResolveSession, EndStaleBlockers, HoldPartition, ClearStall,
+// OpenHoldNeedingAck, CheckLayout, AddDeadLetter, PruneFenceLog and
+// FenceLogCuts. They are exported only because consumer is another package.
+// Their order, arguments and meaning follow the protocol that
+// docs/fencing.md describes and the model checks, and they change with it in
+// any release: call them through package consumer, not directly. Each says
+// so in its comment.
+//
+// The rest is the operator's API, what `tenure admin` and tests use to read
+// and act on the fencing state: Get, List, OpenHold, OpenHolds,
+// AcknowledgeHold, AcknowledgePartitions, DeadLetters, DeadLetterByID,
+// Replay, Discard, PruneFenceLogs, Incarnation, and Migrate with its
+// companions.
 package sink

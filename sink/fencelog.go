@@ -51,6 +51,8 @@ type FenceLogCut struct {
 // It is safe while workers commit: the fencing row's lock serialises a
 // partition's claims and commits, so an entry not yet visible has a higher
 // id than every visible one, and the cut is chosen among visible ones.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) PruneFenceLog(ctx context.Context, p Partition, r FenceLogRetention) (int64, error) {
 	if !r.Enabled() {
 		return 0, nil
@@ -144,6 +146,8 @@ func (s *Store) PruneFenceLogs(ctx context.Context, group string, r FenceLogRete
 
 // FenceLogCuts lists the cuts recorded by PruneFenceLog for group (every
 // group when group is "").
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) FenceLogCuts(ctx context.Context, group string) ([]FenceLogCut, error) {
 	rows, err := s.pool.Query(ctx, `SELECT consumer_group, topic, partition, through_id, coalesce(kept_claim_id, 0), next_offset,
 		max_incarnation, max_epoch, pruned, pruned_at FROM `+quote(s.schema)+`.fence_log_pruned

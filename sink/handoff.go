@@ -28,6 +28,8 @@ func ApplicationName(claimID int64) string { return "tenure:" + strconv.FormatIn
 // It returns the PIDs it ended. Ending another session needs the same role,
 // or membership in pg_signal_backend; without it the error says so and the
 // caller falls back on idle_in_transaction_session_timeout.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) EndStaleBlockers(ctx context.Context, p Partition, claimID int64, pid uint32) ([]int32, error) {
 	q := quote(s.schema)
 	rows, err := s.pool.Query(ctx, `SELECT a.pid, pg_terminate_backend(a.pid)
@@ -65,7 +67,7 @@ func (s *Store) EndStaleBlockers(ctx context.Context, p Partition, claimID int64
 const claimWatchAfter = 250 * time.Millisecond
 
 // watchClaim looks, while the claim of backend pid waits, for sessions of
-// older claimants of p that block it, and ends them (EndOlderClaimants).
+// older claimants of p that block it, and ends them (endOlderClaimants).
 // stop ends the watch and returns how many sessions it ended.
 func (s *Store) watchClaim(p Partition, t Token, pid uint32) (stop func() int) {
 	done := make(chan struct{})
@@ -83,7 +85,7 @@ func (s *Store) watchClaim(p Partition, t Token, pid uint32) (stop func() int) {
 			case <-timer.C:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			n, err := s.EndOlderClaimants(ctx, p, t, pid)
+			n, err := s.endOlderClaimants(ctx, p, t, pid)
 			cancel()
 			ended.Add(int64(len(n)))
 			if err != nil && isPrivilege(err) {
@@ -99,7 +101,7 @@ func (s *Store) watchClaim(p Partition, t Token, pid uint32) (stop func() int) {
 	}
 }
 
-// EndOlderClaimants ends the sessions that block backend pid (a claim of p
+// endOlderClaimants ends the sessions that block backend pid (a claim of p
 // with token t, which the coordinator has confirmed) if they are batch
 // transactions of a claim of p with a lower token (their application_name
 // names it, ApplicationName, and the fence log records it). Such a session
@@ -109,7 +111,7 @@ func (s *Store) watchClaim(p Partition, t Token, pid uint32) (stop func() int) {
 // the highest never ends the current owner's session: a zombie's claim
 // waits, then is rejected. It returns the PIDs it ended; see
 // EndStaleBlockers for the privilege it needs.
-func (s *Store) EndOlderClaimants(ctx context.Context, p Partition, t Token, pid uint32) ([]int32, error) {
+func (s *Store) endOlderClaimants(ctx context.Context, p Partition, t Token, pid uint32) ([]int32, error) {
 	q := quote(s.schema)
 	rows, err := s.pool.Query(ctx, `SELECT a.pid, pg_terminate_backend(a.pid)
 	FROM pg_stat_activity a

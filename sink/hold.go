@@ -74,6 +74,8 @@ type Hold struct {
 // hold of another kind: each one waits for its own acknowledgement, so
 // that nothing an operator must see disappears unresolved. A stall replaces
 // only a stall, and is not recorded while any hold is open.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) HoldPartition(ctx context.Context, h Hold) error {
 	q := quote(s.schema)
 	p := h.Partition
@@ -117,6 +119,8 @@ func (s *Store) HoldPartition(ctx context.Context, h Hold) error {
 
 // ClearStall removes p's open stalled hold, if any: the worker recovered.
 // Holds that need an operator are left alone.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) ClearStall(ctx context.Context, p Partition) error {
 	_, err := s.pool.Exec(ctx, `DELETE FROM `+quote(s.schema)+`.partition_holds
 		WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL AND kind = 'stalled'`,
@@ -152,6 +156,8 @@ func (s *Store) OpenHolds(ctx context.Context, group string) ([]Hold, error) {
 
 // OpenHoldNeedingAck returns p's oldest open hold that waits for an
 // operator; ok is false if there is none (or only a stall).
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) OpenHoldNeedingAck(ctx context.Context, p Partition) (h Hold, ok bool, err error) {
 	h, err = s.OpenHold(ctx, p)
 	switch {

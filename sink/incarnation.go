@@ -43,6 +43,8 @@ type Registration struct {
 // confirmation, every member of an older group lifetime registered before
 // the reset that ended it, so the first claimant of the new lifetime sees
 // their epochs, whichever claim happens to come first.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) Register(ctx context.Context, group string, epoch int32, by string) (Registration, error) {
 	if epoch < 0 {
 		return Registration{}, fmt.Errorf("sink: cannot register negative epoch %d", epoch)
@@ -70,6 +72,8 @@ func (s *Store) Register(ctx context.Context, group string, epoch int32, by stri
 // the coordinator confirmed their epoch although a higher one is registered
 // (the epochs restarted) or a claim at their very token is stored (a tie);
 // `tenure admin group delete` calls it before deleting a group.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) BumpIncarnation(ctx context.Context, group string, from int64, by, reason string) (int64, bool, error) {
 	var inc int64
 	err := s.pool.QueryRow(ctx, `INSERT INTO `+quote(s.schema)+`.group_incarnations AS g

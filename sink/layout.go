@@ -32,6 +32,8 @@ func (e *LayoutError) Is(target error) bool { return target == ErrPartitionsChan
 // CheckLayout records the topic's partition count for the group the first
 // time it is seen and compares it afterwards. A different count returns a
 // *LayoutError.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) CheckLayout(ctx context.Context, group, topic string, now int32) error {
 	if now <= 0 {
 		return fmt.Errorf("topic %q has %d partitions", topic, now)

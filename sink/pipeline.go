@@ -16,7 +16,7 @@ import (
 // fence statement.
 var ErrTxEnded = errors.New("the batch's transaction was ended before the fence")
 
-// Session identifies a batch transaction's database session for Resolve:
+// Session identifies a batch transaction's database session for ResolveSession:
 // the backend's PID, and the application_name the transaction set
 // (ApplicationName). While a session with both is there, the transaction
 // is not over.
@@ -36,7 +36,9 @@ type Session struct {
 // or ErrTxEnded means nothing was committed; the caller rolls tx back. A
 // *pgconn.PgError means the server refused and nothing was committed.
 // Anything else (the connection broke, the context ended) leaves the outcome
-// unknown: find it out with Resolve.
+// unknown: find it out with ResolveSession.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) CommitBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, marker string) error {
 	if req.To <= req.From {
 		return fmt.Errorf("sink: commit of %s must advance: from %d to %d", req.Partition, req.From, req.To)
@@ -68,16 +70,19 @@ func (s *Store) CommitBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, m
 	return fmt.Errorf("commit of %s: %w", p, closeErr)
 }
 
-// ResolveSession is Resolve for a transaction known by its session rather
+// ResolveSession finds out exactly whether a commit whose answer was lost (the
+// connection broke during COMMIT, or the wait for it timed out) took effect, for a transaction known by its session rather
 // than its id (CommitBatch does not learn the id before COMMIT): it waits
 // while a session with that PID and application_name is still in the
 // transaction (ending it if it sits idle in it: its COMMIT never came),
-// then answers from the fence log and the row, exactly as Resolve does.
+// then answers from the fence log and the row (resolve).
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) ResolveSession(ctx context.Context, req CommitRequest, sess Session) (Outcome, error) {
 	if err := s.awaitSession(ctx, sess); err != nil {
 		return 0, err
 	}
-	return s.Resolve(ctx, req, 0)
+	return s.resolve(ctx, req, 0)
 }
 
 func (s *Store) awaitSession(ctx context.Context, sess Session) error {

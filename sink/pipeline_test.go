@@ -57,6 +57,7 @@ func TestCommitBatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
 			if _, err := tx.Exec(e.ctx, `SET LOCAL tenure.tx = 'm1'; INSERT INTO `+e.q()+`.effects_cb VALUES (1)`); err != nil {
 				t.Fatal(err)
 			}
@@ -110,6 +111,7 @@ func TestResolveSessionEndsAnIdleTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
 	app := sink.ApplicationName(42)
 	if _, err := tx.Exec(e.ctx, `SET LOCAL application_name = '`+app+`'`); err != nil {
 		t.Fatal(err)

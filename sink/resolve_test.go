@@ -28,6 +28,7 @@ func TestResolve(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
 			if err := e.store.Commit(e.ctx, tx, req); err != nil {
 				t.Fatal(err)
 			}
@@ -125,6 +126,18 @@ func TestResolveWaitsForACommitInProgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Released on every path, so that a failure reads as one instead of the
+	// pool's Close waiting for this transaction: rolled back if the COMMIT
+	// below never started, waited for if it did.
+	commitDone := make(chan struct{})
+	started := false
+	defer func() {
+		if started {
+			<-commitDone
+			return
+		}
+		_ = tx.Rollback(context.Background())
+	}()
 	if _, err := tx.Exec(e.ctx, `INSERT INTO `+slow+` VALUES (1)`); err != nil {
 		t.Fatal(err)
 	}
@@ -133,8 +146,9 @@ func TestResolveWaitsForACommitInProgress(t *testing.T) {
 		t.Fatalf("CommitTracked: xid %d, %v", xid, err)
 	}
 	committed := make(chan error, 1)
-	go func() { committed <- tx.Commit(e.ctx) }() // sleeps 1.5s in COMMIT
-	time.Sleep(300 * time.Millisecond)            // the COMMIT is running
+	started = true
+	go func() { committed <- tx.Commit(e.ctx); close(commitDone) }() // sleeps 1.5s in COMMIT
+	time.Sleep(300 * time.Millisecond)                               // the COMMIT is running
 	start := time.Now()
 	out, err := e.store.Resolve(e.ctx, req, xid)
 	if out != sink.Committed || err != nil {

@@ -198,7 +198,7 @@ type Claimed struct {
 	// database had no record of the partition.
 	Created bool
 	// StaleSessionsEnded counts the sessions of older claimants of the
-	// partition the claim ended because they held its row (EndOlderClaimants).
+	// partition the claim ended because they held its row (endOlderClaimants).
 	StaleSessionsEnded int
 }
 
@@ -277,14 +277,14 @@ type CommitRequest struct {
 // possible. On rejection it returns an error matching ErrFenced and the caller
 // must roll tx back; nothing of the batch may be committed.
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx, req CommitRequest) error {
-	_, err := s.CommitTracked(ctx, tx, req)
+	_, err := s.commitTracked(ctx, tx, req)
 	return err
 }
 
-// CommitTracked is Commit, and also returns the transaction's id (xid8), so
-// that Resolve can find out exactly what became of the transaction if the
+// commitTracked is Commit, and also returns the transaction's id (xid8), so
+// that resolve can find out exactly what became of the transaction if the
 // answer to its COMMIT is lost.
-func (s *Store) CommitTracked(ctx context.Context, tx pgx.Tx, req CommitRequest) (xid int64, err error) {
+func (s *Store) commitTracked(ctx context.Context, tx pgx.Tx, req CommitRequest) (xid int64, err error) {
 	if req.To <= req.From {
 		return 0, fmt.Errorf("sink: commit of %s must advance: from %d to %d", req.Partition, req.From, req.To)
 	}
@@ -335,7 +335,7 @@ func withClaim(err error, req CommitRequest) error {
 	return err
 }
 
-// Outcome is what Resolve learned about a commit whose result was not seen.
+// Outcome is what ResolveSession learned about a commit whose result was not seen.
 type Outcome int
 
 const (
@@ -344,7 +344,7 @@ const (
 	// NotCommitted: the row still shows this owner at the batch's start;
 	// the batch may be retried.
 	NotCommitted
-	// Fenced: another token or owner holds the row; Resolve's error says which.
+	// Fenced: another token or owner holds the row; ResolveSession's error says which.
 	Fenced
 )
 
@@ -360,10 +360,10 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
-// Resolve finds out exactly whether a commit whose answer was lost (the
+// resolve finds out exactly whether a commit whose answer was lost (the
 // connection broke during COMMIT, or the wait for it timed out) took effect.
 //
-// xid is the transaction's id from CommitTracked (0: unknown). While that
+// xid is the transaction's id from commitTracked (0: unknown). While that
 // transaction is still in progress on the server (its COMMIT may yet land, or
 // it never arrived and the session sits idle in the transaction), Resolve
 // does not answer: an idle session is ended (pg_terminate_backend, allowed
@@ -373,7 +373,7 @@ func (o Outcome) String() string {
 // if a later claim has superseded it since. Otherwise the fencing row says
 // whether the batch may be retried (NotCommitted: the row still shows this
 // claimant at req.From) or the claimant is fenced.
-func (s *Store) Resolve(ctx context.Context, req CommitRequest, xid int64) (Outcome, error) {
+func (s *Store) resolve(ctx context.Context, req CommitRequest, xid int64) (Outcome, error) {
 	if xid > 0 {
 		if err := s.awaitTransaction(ctx, xid); err != nil {
 			return 0, err

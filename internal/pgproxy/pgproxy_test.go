@@ -80,6 +80,7 @@ func insertAndCommit(t *testing.T, c *pgx.Conn, table string, x int, before func
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
 	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, x); err != nil {
 		t.Fatal(err)
 	}
