@@ -20,10 +20,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/effect"
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/testdb"
 	"github.com/tenure-dev/tenure/sink"
-	"github.com/tenure-dev/tenure/effect"
 )
 
 // TestMain runs the worker child of TestEffectReconcileAfterKill when asked.

@@ -15,8 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/sink"
 	"github.com/tenure-dev/tenure/effect"
+	"github.com/tenure-dev/tenure/sink"
 )
 
 // Func computes what one job exports. It is called for every job of a

@@ -32,8 +32,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/sink"
 	"github.com/tenure-dev/tenure/export"
+	"github.com/tenure-dev/tenure/sink"
 )
 
 // Names lists the built-in handlers.
