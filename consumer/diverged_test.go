@@ -13,7 +13,7 @@ import (
 	"github.com/tenure-dev/tenure/sink"
 )
 
-// Issue 15: the database can come back behind what its workers had
+// The database can come back behind what its workers had
 // acknowledged (a failover to a standby that was behind, a restore from a
 // backup). Here the "restore" is done by hand: the stored offset is put back
 // below what was committed and mirrored to Kafka. The worker must notice

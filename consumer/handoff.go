@@ -9,7 +9,7 @@ import (
 )
 
 // A new owner must not wait for an older owner that froze in the middle of
-// its transaction (a GC pause, a VM migration: the seeds' own story) and
+// its transaction (a GC pause, a VM migration: the paused-worker story itself) and
 // holds row locks the new owner's batch needs: Postgres would end that
 // session only at idle_in_transaction_session_timeout, which must outlast a
 // legal handler and so is often far longer than the session timeout. So a

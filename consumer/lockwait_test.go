@@ -72,7 +72,7 @@ func TestLockWaitsAreNotTheJobsFault(t *testing.T) {
 	if err := b.pool.QueryRow(ctx, `SELECT n FROM "`+b.schema+`".counters WHERE k = 'k'`).Scan(&n); err != nil || n != 5 {
 		t.Fatalf("counter = %d (%v), want 5: every job exactly once", n, err)
 	}
-	// Issue 16: each lock wait is retried after a short fixed delay, not a
+	// Each lock wait is retried after a short fixed delay, not a
 	// growing backoff that would keep the partition idle after the lock is
 	// free.
 	waits := 0

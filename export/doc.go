@@ -1,4 +1,4 @@
-// Package export is the seeds' export protocol for tenure: each job's output
+// Package export is tenure's protocol for replaceable exports: each job's output
 // is staged in an object store under an immutable, generation-specific name,
 // and the key's visible pointer moves in the same fenced Postgres
 // transaction that commits the job's offset.

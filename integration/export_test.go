@@ -227,7 +227,7 @@ func (w *exportWorld) check(partitions ...int32) *history.History {
 	return h
 }
 
-// The seeds' scenario on the export sink, with real processes: A takes a
+// The paused-worker scenario on the export sink, with real processes: A takes a
 // batch and is frozen (SIGSTOP); B gets the partition at a higher token and
 // publishes newer exports; A is resumed, stages its old batch's objects and
 // tries to publish them: Postgres rejects the transaction, so A's objects

@@ -9,7 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Issue 16: a worker frozen inside its batch transaction, holding row locks
+// A worker frozen inside its batch transaction, holding row locks
 // that the next owner's batch needs (the export handler updates each key's
 // row), must not hold the successor back beyond about one session timeout.
 // With the workers' defaults the idle-in-transaction timeout is far longer
@@ -65,7 +65,7 @@ func TestSuccessorEndsAFrozenOwnersTransaction(t *testing.T) {
 	}
 }
 
-// Issue 16: once its lanes have stopped, a stopping worker owns nothing, so
+// Once its lanes have stopped, a stopping worker owns nothing, so
 // leaving the group and closing the client share one short deadline, even
 // when the coordinator does not answer (here it never answers the worker's
 // LeaveGroup). It used to wait 10s for the leave and 10s more for Close.

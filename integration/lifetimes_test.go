@@ -17,7 +17,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/pgproxy"
 )
 
-// Issue 7: tokens must stay ordered across group lifetimes. A worker Z is
+// Tokens must stay ordered across group lifetimes. A worker Z is
 // assigned a partition at a high epoch, confirmed by the coordinator, and
 // stopped just before its claim reaches Postgres. The group is then deleted
 // (its epochs restart at 1) and a new worker N takes the partition at epoch
@@ -32,7 +32,7 @@ import (
 //     incarnation, and partition 1 (no row) must not be claimed under the
 //     incarnation N read before that bump.
 //
-// Both fail on the protocol before issue 7 (incarnation read once, bumped
+// Both fail on the protocol before group lifetimes were registered (incarnation read once, bumped
 // only on a rejection): Z's claim with the old incarnation and epoch 3 beats
 // N's 0.1, and N's lane is fenced.
 func TestZombieOfDeletedGroupCannotClaim(t *testing.T) {

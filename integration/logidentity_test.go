@@ -14,7 +14,7 @@ import (
 	"github.com/tenure-dev/tenure/sink"
 )
 
-// Issue 8, the log's identity: offsets stored in Postgres belong to one log.
+// The log's identity: offsets stored in Postgres belong to one log.
 // A topic deleted and re-created under the same name, or a log whose start
 // moved above the stored offset (retention, DeleteRecords), must not be
 // carried on silently: the partition is held, with the cause and the offsets

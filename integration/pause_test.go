@@ -14,7 +14,7 @@ import (
 // keys of the jobs: a handful, so that every key gets many export versions.
 var keys = []string{"acme", "globex", "initech", "umbrella", "hooli"}
 
-// The seeds' scenario, with real processes. Worker A takes a batch and is
+// The paused-worker scenario, with real processes. Worker A takes a batch and is
 // frozen with SIGSTOP after it has the jobs and before it commits. Past the
 // session timeout the group gives the partition to B at a higher epoch; B
 // claims it, does A's jobs and newer ones. Then A is resumed and goes on to

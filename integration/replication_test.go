@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Issue 15: a worker says at start when its database acknowledges commits
+// A worker says at start when its database acknowledges commits
 // without a synchronous standby, and refuses to start with
 // --require-sync-standby. The test database is a single server.
 func TestWorkerSaysWhetherCommitsAreOnASynchronousStandby(t *testing.T) {

@@ -226,7 +226,7 @@ func equalTimePtr(a, b *time.Time) bool {
 	return a.Equal(*b)
 }
 
-// G3, the seeds' "81 arrives after 82 claimed" case: the old owner A paused
+// G3, the "token 81 arrives after 82 claimed" case: the old owner A paused
 // inside its transaction, after its handler wrote. The new owner B claims at
 // 82 and writes nothing. A's commit from the offset it claimed is rejected and
 // its handler's writes roll back with it, whatever isolation level A's

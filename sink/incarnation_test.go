@@ -215,7 +215,7 @@ func TestRegisterHighEpoch(t *testing.T) {
 	}
 }
 
-// Issue 7's second path: once the group's incarnation has moved on, a claim
+// The second path of a group reset: once the group's incarnation has moved on, a claim
 // carrying an older one is rejected even where no fencing row exists, so a
 // zombie from before the reset cannot insert one with its high old epoch.
 func TestClaimNeedsCurrentIncarnation(t *testing.T) {

@@ -1,4 +1,4 @@
--- Group lifetimes (issue 7). Epochs restart when a group is deleted or
+-- Group lifetimes. Epochs restart when a group is deleted or
 -- expires, and a reset can reject nothing (a partition without a fencing row,
 -- or stored epochs below the new lifetime's), so it is detected on
 -- registration instead: before the coordinator confirms a claimant's epoch,

@@ -1,4 +1,4 @@
--- Partition holds (issue 8): a partition workers do not process, and why, so
+-- Partition holds: a partition workers do not process, and why, so
 -- that `tenure admin assignments` and `tenure admin holds` can say so and an
 -- operator can act. A stall clears itself (the worker is recovering on its
 -- own); the other kinds wait for an operator's acknowledgement (`tenure admin

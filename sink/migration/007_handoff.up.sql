@@ -1,4 +1,4 @@
--- Fast hand-off (issue 16): a new owner that waits on a lock held by an older
+-- Fast hand-off: a new owner that waits on a lock held by an older
 -- claimant of its partition ends that session. Batch transactions name their
 -- claim in application_name ('tenure:<claim id>'); this index finds the
 -- partition a claim id belongs to.

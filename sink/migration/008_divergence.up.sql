@@ -1,4 +1,4 @@
--- Divergence (issue 15): after a failover to a standby that was behind, or a
+-- Divergence: after a failover to a standby that was behind, or a
 -- restore, the database can be behind the offsets workers had acknowledged
 -- (mirrored to Kafka's committed offsets). A 'diverged' hold records the
 -- highest offset acknowledged before; its acknowledgement accepts the
