@@ -1,26 +1,48 @@
 // Package deploy holds the deployment files. No container engine or
-// cluster runs in CI, so this test checks them against the binary instead:
-// they parse as YAML; every TENURE_* variable and every flag a file passes
+// cluster runs in CI, so this test checks them offline instead. The
+// Kubernetes manifests decode strictly into k8s.io/api's types (a misspelt
+// field fails), and their pods pass the "restricted" Pod Security Standard
+// as Kubernetes' own evaluator (k8s.io/pod-security-admission) judges it.
+// Against the binary: every TENURE_* variable and every flag a file passes
 // is one the command takes; probes and health checks use real endpoints on
 // the worker's HTTP port; grace periods cover a graceful stop; credentials
-// come from secrets; the Dockerfile builds the real command.
+// come from secrets, files from mounted volumes; the schema is migrated
+// before the workers start. Against the Dockerfile: it builds the real
+// command, and its numeric USER is the user the manifests and Compose run.
 package deploy
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	psaapi "k8s.io/pod-security-admission/api"
+	psapolicy "k8s.io/pod-security-admission/policy"
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // tenureBin builds the binary once per test run.
@@ -171,153 +193,546 @@ func strs(v any) []string {
 	return out
 }
 
-// k8sContainer is one container of a workload, with its pod spec.
-type k8sContainer struct {
-	kind, name string
-	pod, c     map[string]any
+// imageUser is the Dockerfile's USER as a uid and gid. It must be numeric:
+// a kubelet enforcing runAsNonRoot cannot tell whether a user name is root,
+// and refuses the pod ("image has non-numeric user").
+func imageUser(t *testing.T) (uid, gid int64) {
+	t.Helper()
+	b, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^USER[ \t]+(\S+)[ \t]*$`).FindAllStringSubmatch(string(b), -1)
+	if m == nil {
+		t.Fatal("Dockerfile: no USER: the image runs as root")
+	}
+	user := m[len(m)-1][1]
+	u, g, _ := strings.Cut(user, ":")
+	uid, errU := strconv.ParseInt(u, 10, 64)
+	gid, errG := strconv.ParseInt(g, 10, 64)
+	if errU != nil || errG != nil || uid == 0 {
+		t.Fatalf("Dockerfile: USER %s: want a numeric, non-root uid:gid (a kubelet enforcing runAsNonRoot cannot verify a user name)", user)
+	}
+	return uid, gid
 }
+
+// serviceMonitor is the part of the Prometheus Operator's ServiceMonitor
+// (not a k8s.io/api kind) that servicemonitor.yaml uses, decoded as
+// strictly as the rest: a field the file adds must be added here too.
+type serviceMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Selector  metav1.LabelSelector `json:"selector"`
+		Endpoints []struct {
+			Port     string `json:"port"`
+			Path     string `json:"path"`
+			Interval string `json:"interval"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+// decodeK8s decodes every document of a manifest into its k8s.io/api type
+// (a *appsv1.Deployment, a *corev1.Secret, ...; a *serviceMonitor), as
+// strictly as `kubectl apply` validates: an unknown or duplicated field, a
+// kind or apiVersion the API lacks, a value of the wrong type or a quantity
+// that does not parse is an error. Defaults are not applied.
+func decodeK8s(path string, data []byte) ([]any, error) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, batchv1.AddToScheme, policyv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return nil, err
+		}
+	}
+	dec := serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var out []any
+	var errs []error
+	for n := 1; ; n++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return out, fmt.Errorf("%s: %w", path, err)
+		}
+		if j, err := sigsyaml.YAMLToJSON(doc); err == nil && string(bytes.TrimSpace(j)) == "null" {
+			continue // comments only
+		}
+		obj, _, err := dec.Decode(doc, nil, nil)
+		var tm metav1.TypeMeta
+		if runtime.IsNotRegisteredError(err) && sigsyaml.Unmarshal(doc, &tm) == nil && tm.APIVersion == "monitoring.coreos.com/v1" && tm.Kind == "ServiceMonitor" {
+			sm := &serviceMonitor{}
+			if err := sigsyaml.UnmarshalStrict(doc, sm); err != nil {
+				errs = append(errs, fmt.Errorf("%s, document %d (%s): %w", path, n, tm.Kind, err))
+			}
+			out = append(out, sm)
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s, document %d: %w", path, n, err))
+		}
+		if obj != nil { // a strict decoding error still decodes the rest
+			out = append(out, obj)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// podTemplate is the pod a workload runs.
+type podTemplate struct {
+	where string // "Deployment/tenure-worker"
+	meta  metav1.ObjectMeta
+	spec  corev1.PodSpec
+}
+
+func podTemplates(objs []any) []podTemplate {
+	var out []podTemplate
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *appsv1.Deployment:
+			out = append(out, podTemplate{"Deployment/" + o.Name, o.Spec.Template.ObjectMeta, o.Spec.Template.Spec})
+		case *appsv1.StatefulSet:
+			out = append(out, podTemplate{"StatefulSet/" + o.Name, o.Spec.Template.ObjectMeta, o.Spec.Template.Spec})
+		case *appsv1.DaemonSet:
+			out = append(out, podTemplate{"DaemonSet/" + o.Name, o.Spec.Template.ObjectMeta, o.Spec.Template.Spec})
+		case *batchv1.Job:
+			out = append(out, podTemplate{"Job/" + o.Name + o.GenerateName, o.Spec.Template.ObjectMeta, o.Spec.Template.Spec})
+		case *batchv1.CronJob:
+			out = append(out, podTemplate{"CronJob/" + o.Name, o.Spec.JobTemplate.Spec.Template.ObjectMeta, o.Spec.JobTemplate.Spec.Template.Spec})
+		case *corev1.Pod:
+			out = append(out, podTemplate{"Pod/" + o.Name, o.ObjectMeta, o.Spec})
+		}
+	}
+	return out
+}
+
+// restrictedViolations are the reasons the API server's PodSecurity
+// admission, enforcing the "restricted" level at its latest version, would
+// refuse the pod; Kubernetes' own evaluator (k8s.io/pod-security-admission),
+// run offline.
+func restrictedViolations(t *testing.T, meta *metav1.ObjectMeta, spec *corev1.PodSpec) []string {
+	t.Helper()
+	ev, err := psapolicy.NewEvaluator(psapolicy.DefaultChecks(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range ev.EvaluatePod(psaapi.LevelVersion{Level: psaapi.LevelRestricted, Version: psaapi.LatestVersion()}, meta, spec) {
+		if !r.Allowed {
+			v := r.ForbiddenReason
+			if r.ForbiddenDetail != "" {
+				v += " (" + r.ForbiddenDetail + ")"
+			}
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// Peak RSS of a worker with the default buffers (--partition-buffer-bytes
+// 4MiB, --worker-buffer-bytes 64MiB): draining a backlog, 110-140 MB
+// (README, "Benchmarks": 98-124 MB with 12 partitions over 1-3 workers; the
+// Operations issue: 101-120 MB, 111 MB per worker with 1,000 partitions);
+// the largest measured, 261 MB, one worker holding 48 partitions. The
+// request must cover the first, the limit the second.
+var (
+	workerDrainPeak   = resource.NewQuantity(140_000_000, resource.DecimalSI)
+	workerLargestPeak = resource.NewQuantity(261_000_000, resource.DecimalSI)
+)
 
 func TestKubernetesManifests(t *testing.T) {
 	bin := tenureBin(t)
-	all := append(docs(t, "kubernetes/worker.yaml"), docs(t, "kubernetes/servicemonitor.yaml")...)
-	byKind := map[string][]map[string]any{}
-	secrets := map[string]map[string]bool{}
+	uid, gid := imageUser(t)
+	var objs []any
+	for _, path := range []string{"kubernetes/worker.yaml", "kubernetes/servicemonitor.yaml"} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := decodeK8s(path, b)
+		if err != nil {
+			t.Errorf("not valid Kubernetes objects:\n%v", err)
+		}
+		objs = append(objs, o...)
+	}
+	secrets := map[string]map[string]string{}
 	configMaps := map[string]map[string]bool{}
-	var containers []k8sContainer
-	for _, d := range all {
-		kind, name := str(d["kind"]), str(get(d, "metadata", "name"))
-		byKind[kind] = append(byKind[kind], d)
-		switch kind {
-		case "Secret":
-			secrets[name] = map[string]bool{}
-			for k := range get(d, "stringData").(map[string]any) {
-				secrets[name][k] = true
+	var (
+		deployments []*appsv1.Deployment
+		pdbs        []*policyv1.PodDisruptionBudget
+		services    []*corev1.Service
+		monitors    []*serviceMonitor
+	)
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *corev1.Secret:
+			secrets[o.Name] = map[string]string{}
+			for k, v := range o.StringData {
+				secrets[o.Name][k] = v
 			}
-		case "ConfigMap":
-			configMaps[name] = map[string]bool{}
-			for k := range get(d, "data").(map[string]any) {
-				configMaps[name][k] = true
+			for k, v := range o.Data {
+				secrets[o.Name][k] = string(v)
 			}
-		case "Deployment", "Job":
-			pod := get(d, "spec", "template", "spec").(map[string]any)
-			for _, c := range get(pod, "containers").([]any) {
-				containers = append(containers, k8sContainer{kind, name, pod, c.(map[string]any)})
+		case *corev1.ConfigMap:
+			configMaps[o.Name] = map[string]bool{}
+			for k := range o.Data {
+				configMaps[o.Name][k] = true
+			}
+		case *appsv1.Deployment:
+			deployments = append(deployments, o)
+		case *policyv1.PodDisruptionBudget:
+			pdbs = append(pdbs, o)
+		case *corev1.Service:
+			services = append(services, o)
+		case *serviceMonitor:
+			monitors = append(monitors, o)
+		case *batchv1.Job:
+			// A Job's pod template is immutable: applying the same name
+			// with a new release's image fails.
+			if o.Name != "" {
+				t.Errorf("Job/%s: a fixed name cannot be applied again for the next release (Jobs are immutable); use metadata.generateName or the migrate init container", o.Name)
 			}
 		}
 	}
-	if len(containers) < 2 || len(byKind["Deployment"]) != 1 || len(byKind["PodDisruptionBudget"]) != 1 || len(byKind["ServiceMonitor"]) != 1 {
-		t.Fatalf("want a worker Deployment, a migration Job, a PodDisruptionBudget and a ServiceMonitor; kinds %v", byKind)
+	if len(deployments) != 1 || len(pdbs) != 1 || len(services) != 1 || len(monitors) != 1 {
+		t.Fatalf("want one worker Deployment, PodDisruptionBudget, Service and ServiceMonitor; got %d, %d, %d, %d", len(deployments), len(pdbs), len(services), len(monitors))
 	}
 
-	for _, k := range containers {
-		where := k.kind + "/" + k.name
-		args := strs(k.c["args"])
-		env := map[string]string{}
-		var vars []string
-		for _, e := range get(k.c, "env").([]any) {
-			name := str(get(e, "name"))
-			vars = append(vars, name)
-			env[name] = str(get(e, "value"))
-			if strings.Contains(name, "PASSWORD") && !strings.HasSuffix(name, "_FILE") {
-				t.Errorf("%s: %s is in the environment; mount it as a file (--sasl-password-file)", where, name)
+	for _, p := range podTemplates(objs) {
+		if v := restrictedViolations(t, &p.meta, &p.spec); len(v) > 0 {
+			t.Errorf("%s: the %q Pod Security level (latest) refuses its pods:\n  %s", p.where, psaapi.LevelRestricted, strings.Join(v, "\n  "))
+		}
+		psc := p.spec.SecurityContext
+		if psc == nil {
+			psc = &corev1.PodSecurityContext{}
+		}
+		// Volumes hold keys this file defines; a secret readable by its
+		// group only needs the image's group as fsGroup.
+		for _, v := range p.spec.Volumes {
+			var keys map[string]bool
+			var items []corev1.KeyToPath
+			var mode *int32
+			switch {
+			case v.Secret != nil:
+				if s := secrets[v.Secret.SecretName]; s != nil {
+					keys = map[string]bool{}
+					for k := range s {
+						keys[k] = true
+					}
+				}
+				items, mode = v.Secret.Items, v.Secret.DefaultMode
+			case v.ConfigMap != nil:
+				keys, items, mode = configMaps[v.ConfigMap.Name], v.ConfigMap.Items, v.ConfigMap.DefaultMode
+			default:
+				continue
 			}
-			if ref := get(e, "valueFrom", "secretKeyRef"); ref != nil {
-				if s := secrets[str(get(ref, "name"))]; s == nil || !s[str(get(ref, "key"))] {
-					t.Errorf("%s: %s refers to secret %v, which this file does not define", where, name, ref)
+			if keys == nil {
+				t.Errorf("%s: volume %s refers to a Secret or ConfigMap this file does not define", p.where, v.Name)
+			}
+			for _, it := range items {
+				if keys != nil && !keys[it.Key] {
+					t.Errorf("%s: volume %s refers to key %s, which its Secret or ConfigMap lacks", p.where, v.Name, it.Key)
 				}
 			}
+			if mode != nil && *mode&0o004 == 0 && (psc.FSGroup == nil || *psc.FSGroup != gid) {
+				t.Errorf("%s: volume %s (mode %#o) is readable by its group only, and the pod's fsGroup is not the image's group %d", p.where, v.Name, *mode, gid)
+			}
 		}
-		checkCommand(t, bin, where, args, vars)
-		if get(k.c, "env") != nil {
-			for _, e := range get(k.c, "env").([]any) {
-				if str(get(e, "name")) == "TENURE_DATABASE_URL" && get(e, "valueFrom", "secretKeyRef") == nil {
+		for i, c := range append(append([]corev1.Container{}, p.spec.InitContainers...), p.spec.Containers...) {
+			where := p.where + " container " + c.Name
+			if len(c.Command) > 0 {
+				t.Errorf("%s: command %v replaces the image's entrypoint; pass args to tenure", where, c.Command)
+			}
+			if len(c.Args) == 0 {
+				t.Errorf("%s: no args", where)
+				continue
+			}
+			// The flags and variables are the command's; credentials
+			// come from Secrets and files from volumes.
+			env := map[string]string{}
+			var vars []string
+			dbURL := ""
+			for _, e := range c.Env {
+				vars = append(vars, e.Name)
+				env[e.Name] = e.Value
+				if strings.Contains(e.Name, "PASSWORD") && !strings.HasSuffix(e.Name, "_FILE") {
+					t.Errorf("%s: %s is in the environment; mount it as a file (--sasl-password-file)", where, e.Name)
+				}
+				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+					ref := e.ValueFrom.SecretKeyRef
+					v, ok := secrets[ref.Name][ref.Key]
+					if !ok {
+						t.Errorf("%s: %s refers to secret %s key %s, which this file does not define", where, e.Name, ref.Name, ref.Key)
+					}
+					if e.Name == "TENURE_DATABASE_URL" {
+						dbURL = v
+					}
+				} else if e.Name == "TENURE_DATABASE_URL" {
 					t.Errorf("%s: the database URL (and its password) must come from a Secret", where)
 				}
 			}
-		}
-		// Files named by *_FILE variables and the database URL's
-		// sslrootcert must be under a mounted volume.
-		var mounts []string
-		if vm, ok := k.c["volumeMounts"].([]any); ok {
-			for _, m := range vm {
-				mounts = append(mounts, str(get(m, "mountPath")))
-			}
-		}
-		for name, v := range env {
-			if strings.HasSuffix(name, "_FILE") {
-				mounted := false
-				for _, m := range mounts {
-					mounted = mounted || strings.HasPrefix(v, m+"/")
+			checkCommand(t, bin, where, c.Args, vars)
+			mounted := func(file string) bool {
+				for _, m := range c.VolumeMounts {
+					if strings.HasPrefix(file, m.MountPath+"/") {
+						return true
+					}
 				}
-				if !mounted {
-					t.Errorf("%s: %s=%s is not under a mounted volume %v", where, name, v, mounts)
+				return false
+			}
+			for name, v := range env {
+				if strings.HasSuffix(name, "_FILE") && !mounted(v) {
+					t.Errorf("%s: %s=%s is not under a mounted volume", where, name, v)
 				}
 			}
-		}
-		if args[0] != "worker" {
-			continue
-		}
-		// The worker: probes on its HTTP port, a grace period above a
-		// graceful stop, no static membership.
-		port := httpPort(t, env["TENURE_HTTP_ADDR"])
-		portName := ""
-		for _, p := range get(k.c, "ports").([]any) {
-			if str(get(p, "containerPort")) == port {
-				portName = str(get(p, "name"))
+			if u, err := url.Parse(dbURL); err == nil && u.Query().Get("sslrootcert") != "" && !mounted(u.Query().Get("sslrootcert")) {
+				t.Errorf("%s: the database URL's sslrootcert %s is not under a mounted volume", where, u.Query().Get("sslrootcert"))
 			}
-		}
-		if portName == "" {
-			t.Errorf("%s: no container port %s (TENURE_HTTP_ADDR)", where, port)
-		}
-		for probe, path := range map[string]string{"readinessProbe": "/readyz", "livenessProbe": "/healthz"} {
-			if got := str(get(k.c, probe, "httpGet", "path")); got != path {
-				t.Errorf("%s: %s path %q, want %s", where, probe, got, path)
+
+			// Beyond "restricted": the image's user, a read-only root,
+			// resources.
+			csc := c.SecurityContext
+			if csc == nil {
+				csc = &corev1.SecurityContext{}
 			}
-			if got := str(get(k.c, probe, "httpGet", "port")); got != portName && got != port {
-				t.Errorf("%s: %s port %q, want %s", where, probe, got, portName)
+			for _, id := range []struct {
+				name     string
+				pod, ctr *int64
+				want     int64
+			}{{"runAsUser", psc.RunAsUser, csc.RunAsUser, uid}, {"runAsGroup", psc.RunAsGroup, csc.RunAsGroup, gid}} {
+				got := id.pod
+				if id.ctr != nil {
+					got = id.ctr
+				}
+				if got == nil || *got != id.want {
+					t.Errorf("%s: %s is not %d, the image's USER (Dockerfile)", where, id.name, id.want)
+				}
 			}
-		}
-		grace, _ := get(k.pod, "terminationGracePeriodSeconds").(int)
-		if stop := gracefulStop(t, bin, env["TENURE_SHUTDOWN_TIMEOUT"]); time.Duration(grace)*time.Second < stop+5*time.Second {
-			t.Errorf("%s: terminationGracePeriodSeconds %d does not cover a graceful stop (%s) and a margin", where, grace, stop)
-		}
-		for _, v := range vars {
-			if strings.Contains(v, "INSTANCE") {
-				t.Errorf("%s: static membership (%s) must not be configured", where, v)
+			if csc.ReadOnlyRootFilesystem == nil || !*csc.ReadOnlyRootFilesystem {
+				t.Errorf("%s: no readOnlyRootFilesystem: true", where)
+			}
+			req, lim := c.Resources.Requests, c.Resources.Limits
+			for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+				if _, ok := req[r]; !ok {
+					t.Errorf("%s: no %s request", where, r)
+				}
+			}
+			if l, ok := lim[corev1.ResourceMemory]; !ok {
+				t.Errorf("%s: no memory limit", where)
+			} else if l.Cmp(req[corev1.ResourceMemory]) < 0 {
+				t.Errorf("%s: memory limit %s below its request %s", where, l.String(), req.Memory().String())
+			}
+
+			if c.Args[0] != "worker" {
+				continue
+			}
+			// The worker: a main container, its probes on its HTTP port, a
+			// grace period above a graceful stop, no static membership,
+			// memory for a backlog.
+			if i < len(p.spec.InitContainers) {
+				t.Errorf("%s: the worker is an init container", where)
+			}
+			port := httpPort(t, env["TENURE_HTTP_ADDR"])
+			portName := ""
+			for _, cp := range c.Ports {
+				if strconv.Itoa(int(cp.ContainerPort)) == port {
+					portName = cp.Name
+				}
+			}
+			if portName == "" {
+				t.Errorf("%s: no container port %s (TENURE_HTTP_ADDR)", where, port)
+			}
+			for _, pr := range []struct {
+				name, path string
+				probe      *corev1.Probe
+			}{{"readinessProbe", "/readyz", c.ReadinessProbe}, {"livenessProbe", "/healthz", c.LivenessProbe}} {
+				if pr.probe == nil || pr.probe.HTTPGet == nil {
+					t.Errorf("%s: no %s on %s", where, pr.name, pr.path)
+					continue
+				}
+				if got := pr.probe.HTTPGet.Path; got != pr.path {
+					t.Errorf("%s: %s path %q, want %s", where, pr.name, got, pr.path)
+				}
+				if got := pr.probe.HTTPGet.Port.String(); got != portName && got != port {
+					t.Errorf("%s: %s port %q, want %s", where, pr.name, got, portName)
+				}
+			}
+			grace := int64(0)
+			if p.spec.TerminationGracePeriodSeconds != nil {
+				grace = *p.spec.TerminationGracePeriodSeconds
+			}
+			if stop := gracefulStop(t, bin, env["TENURE_SHUTDOWN_TIMEOUT"]); time.Duration(grace)*time.Second < stop+5*time.Second {
+				t.Errorf("%s: terminationGracePeriodSeconds %d does not cover a graceful stop (%s) and a margin", where, grace, stop)
+			}
+			for _, v := range vars {
+				if strings.Contains(v, "INSTANCE") {
+					t.Errorf("%s: static membership (%s) must not be configured", where, v)
+				}
+			}
+			if r := req[corev1.ResourceMemory]; r.Cmp(*workerDrainPeak) < 0 {
+				t.Errorf("%s: memory request %s is below a worker's peak draining a backlog (%s)", where, r.String(), workerDrainPeak)
+			}
+			if l := lim[corev1.ResourceMemory]; l.Cmp(*workerLargestPeak) < 0 {
+				t.Errorf("%s: memory limit %s is below the largest measured peak (%s)", where, l.String(), workerLargestPeak)
 			}
 		}
 	}
 
-	// The PodDisruptionBudget and the ServiceMonitor's Service select the
-	// workers.
-	labels := get(byKind["Deployment"][0], "spec", "template", "metadata", "labels").(map[string]any)
-	matches := func(sel any) bool {
-		m, ok := sel.(map[string]any)
-		if !ok || len(m) == 0 {
-			return false
+	dep := deployments[0]
+	pod := dep.Spec.Template.Spec
+	workers := labels.Set(dep.Spec.Template.Labels)
+	selects := func(sel *metav1.LabelSelector) bool {
+		s, err := metav1.LabelSelectorAsSelector(sel)
+		return err == nil && !s.Empty() && s.Matches(workers)
+	}
+	envOf := func(c corev1.Container) map[string]corev1.EnvVar {
+		m := map[string]corev1.EnvVar{}
+		for _, e := range c.Env {
+			m[e.Name] = e
 		}
-		for k, v := range m {
-			if labels[k] != v {
-				return false
-			}
+		return m
+	}
+	dbUser := func(e corev1.EnvVar) string {
+		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+			return ""
 		}
-		return true
+		u, err := url.Parse(secrets[e.ValueFrom.SecretKeyRef.Name][e.ValueFrom.SecretKeyRef.Key])
+		if err != nil || u.User == nil {
+			return ""
+		}
+		return u.User.Username()
 	}
-	if pdb := byKind["PodDisruptionBudget"][0]; !matches(get(pdb, "spec", "selector", "matchLabels")) || get(pdb, "spec", "maxUnavailable") == nil {
-		t.Errorf("the PodDisruptionBudget does not select the workers with a maxUnavailable: %v", pdb["spec"])
+
+	// The schema is migrated before a worker starts: an init container
+	// (not a sidecar) runs `tenure migrate up` as the schema's owner; the
+	// worker, under its own role, does not migrate.
+	var migrate, worker *corev1.Container
+	for i, c := range pod.InitContainers {
+		if len(c.Args) > 0 && c.Args[0] == "migrate" && (len(c.Args) == 1 || c.Args[1] == "up") && c.RestartPolicy == nil {
+			migrate = &pod.InitContainers[i]
+		}
 	}
-	svc := byKind["Service"][0]
-	if !matches(get(svc, "spec", "selector")) || str(get(svc, "spec", "ports", 0, "targetPort")) != "http" {
-		t.Errorf("the Service does not reach the workers' http port: %v", svc["spec"])
+	for i, c := range pod.Containers {
+		if len(c.Args) > 0 && c.Args[0] == "worker" {
+			worker = &pod.Containers[i]
+		}
 	}
-	sm := byKind["ServiceMonitor"][0]
-	if str(get(sm, "spec", "endpoints", 0, "path")) != "/metrics" || str(get(sm, "spec", "endpoints", 0, "port")) != "http" {
-		t.Errorf("the ServiceMonitor does not scrape /metrics on the http port: %v", sm["spec"])
+	switch {
+	case worker == nil:
+		t.Errorf("Deployment/%s runs no worker", dep.Name)
+	case migrate == nil:
+		t.Errorf("Deployment/%s: no init container runs `tenure migrate up`: nothing migrates the schema before the workers start", dep.Name)
+	default:
+		me, we := envOf(*migrate), envOf(*worker)
+		if me["TENURE_SCHEMA"].Value != we["TENURE_SCHEMA"].Value {
+			t.Errorf("Deployment/%s: the init container migrates schema %q, the worker uses %q", dep.Name, me["TENURE_SCHEMA"].Value, we["TENURE_SCHEMA"].Value)
+		}
+		if mu, wu := dbUser(me["TENURE_DATABASE_URL"]), dbUser(we["TENURE_DATABASE_URL"]); mu == "" || mu == wu {
+			t.Errorf("Deployment/%s: the migration connects as %q, the worker as %q: want the schema's owner and the workers' least-privilege role", dep.Name, mu, wu)
+		}
+		if v, _ := strconv.ParseBool(we["TENURE_NO_MIGRATE"].Value); !v {
+			t.Errorf("Deployment/%s: the worker would migrate a schema that is behind, under a role that may not (set TENURE_NO_MIGRATE=true)", dep.Name)
+		}
+	}
+	// A rollout stops at a pod whose migration fails, with the old workers
+	// still running.
+	if s := dep.Spec.Strategy.RollingUpdate; s == nil || s.MaxUnavailable == nil || s.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("Deployment/%s: want a rolling update with maxUnavailable 0", dep.Name)
+	}
+
+	// The replicas spread over nodes and, where the cluster has them,
+	// zones.
+	spread := map[string]corev1.TopologySpreadConstraint{}
+	for _, c := range pod.TopologySpreadConstraints {
+		if !selects(c.LabelSelector) {
+			t.Errorf("Deployment/%s: the topology spread constraint on %s does not select the workers", dep.Name, c.TopologyKey)
+		}
+		spread[c.TopologyKey] = c
+	}
+	if _, ok := spread[corev1.LabelHostname]; !ok {
+		t.Errorf("Deployment/%s: the replicas are not spread over nodes (%s)", dep.Name, corev1.LabelHostname)
+	}
+	if c, ok := spread[corev1.LabelTopologyZone]; !ok {
+		t.Errorf("Deployment/%s: the replicas are not spread over zones (%s)", dep.Name, corev1.LabelTopologyZone)
+	} else if c.WhenUnsatisfiable != corev1.ScheduleAnyway {
+		t.Errorf("Deployment/%s: spreading over zones is %s: in a cluster with fewer zones than replicas some would never run; want ScheduleAnyway", dep.Name, c.WhenUnsatisfiable)
+	}
+
+	// The PodDisruptionBudget, the Service and the ServiceMonitor select
+	// the workers.
+	if pdb := pdbs[0]; !selects(pdb.Spec.Selector) || pdb.Spec.MaxUnavailable == nil {
+		t.Errorf("PodDisruptionBudget/%s does not select the workers with a maxUnavailable", pdb.Name)
+	}
+	svc := services[0]
+	if len(svc.Spec.Selector) == 0 || !labels.SelectorFromSet(svc.Spec.Selector).Matches(workers) || len(svc.Spec.Ports) == 0 || svc.Spec.Ports[0].TargetPort.String() != "http" {
+		t.Errorf("Service/%s does not reach the workers' http port", svc.Name)
+	}
+	sm := monitors[0]
+	if s, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector); err != nil || s.Empty() || !s.Matches(labels.Set(svc.Labels)) {
+		t.Errorf("ServiceMonitor/%s does not select Service/%s", sm.Name, svc.Name)
+	}
+	if len(sm.Spec.Endpoints) == 0 || sm.Spec.Endpoints[0].Path != "/metrics" || sm.Spec.Endpoints[0].Port != svc.Spec.Ports[0].Name {
+		t.Errorf("ServiceMonitor/%s does not scrape /metrics on the Service's http port", sm.Name)
+	}
+}
+
+// The checks above can fail: the evaluator names each fault the manifest
+// once had (no seccomp profile, capabilities kept, a container without a
+// security context, ...), and the decoder refuses a misspelt field.
+func TestManifestChecksCatchFaults(t *testing.T) {
+	b, err := os.ReadFile("kubernetes/worker.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := decodeK8s("kubernetes/worker.yaml", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pod *podTemplate
+	for _, p := range podTemplates(objs) {
+		if strings.HasPrefix(p.where, "Deployment/") {
+			pod = &p
+		}
+	}
+	if pod == nil || len(pod.spec.InitContainers) == 0 || len(pod.spec.Containers) == 0 {
+		t.Fatal("worker.yaml: no Deployment with an init container and a container")
+	}
+	if v := restrictedViolations(t, &pod.meta, &pod.spec); len(v) > 0 {
+		t.Fatalf("%s: %v", pod.where, v)
+	}
+	for _, f := range []struct {
+		fault, want string
+		change      func(*corev1.PodSpec)
+	}{
+		{"no seccomp profile", "seccompProfile", func(s *corev1.PodSpec) { s.SecurityContext.SeccompProfile = nil }},
+		{"the worker keeps its capabilities", "unrestricted capabilities", func(s *corev1.PodSpec) { s.Containers[0].SecurityContext.Capabilities = nil }},
+		{"the init container has no security context", "allowPrivilegeEscalation != false", func(s *corev1.PodSpec) { s.InitContainers[0].SecurityContext = nil }},
+		{"root is not refused", "runAsNonRoot != true", func(s *corev1.PodSpec) { s.SecurityContext.RunAsNonRoot = nil }},
+		{"runs as root", "runAsUser=0", func(s *corev1.PodSpec) { s.SecurityContext.RunAsUser = new(int64) }},
+		{"a host path", "restricted volume types", func(s *corev1.PodSpec) {
+			s.Volumes = append(s.Volumes, corev1.Volume{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
+		}},
+	} {
+		spec := pod.spec.DeepCopy()
+		f.change(spec)
+		v := restrictedViolations(t, &pod.meta, spec)
+		if !strings.Contains(strings.Join(v, "\n"), f.want) {
+			t.Errorf("%s: the evaluator said %q, want %q", f.fault, v, f.want)
+		}
+	}
+	bad := bytes.Replace(b, []byte("readOnlyRootFilesystem:"), []byte("readOnlyRootFileSystem:"), 1)
+	if _, err := decodeK8s("worker.yaml", bad); err == nil || !strings.Contains(err.Error(), `unknown field "spec.template.spec.initContainers[0].securityContext.readOnlyRootFileSystem"`) {
+		t.Errorf("a misspelt field decodes: %v", err)
+	}
+	bad = bytes.Replace(b, []byte("memory: 160Mi"), []byte("memory: 160MB!"), 1)
+	if _, err := decodeK8s("worker.yaml", bad); err == nil {
+		t.Error("a quantity that does not parse decodes")
 	}
 }
 
 func TestComposeFile(t *testing.T) {
 	bin := tenureBin(t)
+	uid, gid := imageUser(t)
 	d := docs(t, "compose/compose.yaml")
 	if len(d) != 1 {
 		t.Fatalf("compose.yaml has %d documents", len(d))
@@ -341,6 +756,20 @@ func TestComposeFile(t *testing.T) {
 		}
 		if str(get(s, "build", "dockerfile")) != "deploy/Dockerfile" || str(get(s, "build", "context")) != "../.." {
 			t.Errorf("%s: does not build deploy/Dockerfile from the repository root", name)
+		}
+		// As on Kubernetes: the image's numeric user, a read-only root,
+		// no capabilities, no privilege escalation.
+		if u := str(get(s, "user")); u != fmt.Sprintf("%d:%d", uid, gid) {
+			t.Errorf("%s: user %q, want the image's %d:%d", name, u, uid, gid)
+		}
+		if ro, _ := get(s, "read_only").(bool); !ro {
+			t.Errorf("%s: no read_only: true", name)
+		}
+		if c := strs(get(s, "cap_drop")); len(c) != 1 || c[0] != "ALL" {
+			t.Errorf("%s: cap_drop %v, want [ALL]", name, c)
+		}
+		if o := strs(get(s, "security_opt")); !slices.Contains(o, "no-new-privileges:true") {
+			t.Errorf("%s: security_opt %v lacks no-new-privileges:true", name, o)
 		}
 		env, _ := get(s, "environment").(map[string]any)
 		var vars []string
@@ -414,10 +843,14 @@ func TestDockerfileBuildsTheCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := string(b)
-	for _, want := range []string{"./cmd/tenure", "FROM golang:1.26", "ENTRYPOINT", "nonroot"} {
+	for _, want := range []string{"./cmd/tenure", "FROM golang:1.26", "ENTRYPOINT", "distroless/static-debian12:nonroot"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("Dockerfile lacks %q", want)
 		}
+	}
+	// distroless's nonroot user, by number.
+	if uid, gid := imageUser(t); uid != 65532 || gid != 65532 {
+		t.Errorf("Dockerfile: USER %d:%d, want 65532:65532 (distroless's nonroot)", uid, gid)
 	}
 	gomod, err := os.ReadFile("../go.mod")
 	if err != nil {
