@@ -2,9 +2,9 @@
 # The test command (README, `make test`, CI): sets up what the tests need on
 # a fresh Debian machine, then runs every check.
 #
-#   1. tools: a C compiler for -race, spin for the model check and kcat
-#      (librdkafka's client, for the interoperability test) (installed with
-#      apt-get if missing, as root)
+#   1. tools: a C compiler for -race, spin for the model check, kcat
+#      (librdkafka's client, for the interoperability test), and ip and nft
+#      for the network faults (installed with apt-get if missing, as root)
 #   2. PostgreSQL at TENURE_TEST_DATABASE_URL or the local default (scripts/ensure-postgres.sh),
 #      and pg_auto_failover for the failover tests (apt-get, as root, if missing)
 #   3. go vet and a gofmt check
@@ -28,9 +28,13 @@ missing=()
 command -v gcc >/dev/null || missing+=(gcc libc6-dev)
 command -v spin >/dev/null || missing+=(spin)
 command -v kcat >/dev/null || missing+=(kcat)
+# Network faults (internal/netfault: workers in network namespaces of their
+# own, packets dropped by nftables) need ip and nft, and root.
+command -v ip >/dev/null || missing+=(iproute2)
+command -v nft >/dev/null || [[ -x /usr/sbin/nft ]] || missing+=(nftables)
 if ((${#missing[@]})); then
 	if [[ $EUID -ne 0 ]]; then
-		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test); install them with apt-get or run as root" >&2
+		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test, iproute2 and nftables for the network faults); install them with apt-get or run as root" >&2
 		exit 1
 	fi
 	echo "test: installing ${missing[*]}"
