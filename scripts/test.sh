@@ -3,8 +3,9 @@
 # a fresh Debian machine, then runs every check.
 #
 #   1. tools: a C compiler for -race, spin for the model check, kcat
-#      (librdkafka's client, for the interoperability test), and ip and nft
-#      for the network faults (installed with apt-get if missing, as root)
+#      (librdkafka's client, for the interoperability test), ip and nft for
+#      the network faults, and prometheus/promtool for the alerting rules
+#      (installed with apt-get if missing, as root)
 #   2. PostgreSQL at TENURE_TEST_DATABASE_URL or the local default (scripts/ensure-postgres.sh),
 #      and pg_auto_failover for the failover tests (apt-get, as root, if missing)
 #   3. go vet and a gofmt check
@@ -32,14 +33,17 @@ command -v kcat >/dev/null || missing+=(kcat)
 # own, packets dropped by nftables) need ip and nft, and root.
 command -v ip >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || [[ -x /usr/sbin/nft ]] || missing+=(nftables)
+# Prometheus and promtool: the alerting rules' tests (promtool check/test
+# rules) and a real server evaluating one rule to firing.
+{ command -v prometheus >/dev/null && command -v promtool >/dev/null; } || missing+=(prometheus)
 if ((${#missing[@]})); then
 	if [[ $EUID -ne 0 ]]; then
-		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test, iproute2 and nftables for the network faults); install them with apt-get or run as root" >&2
+		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test, iproute2 and nftables for the network faults, prometheus for the alerting rules); install them with apt-get or run as root" >&2
 		exit 1
 	fi
 	echo "test: installing ${missing[*]}"
 	timeout 600 apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq "${missing[@]}" >/dev/null
+	DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 bash scripts/ensure-postgres.sh

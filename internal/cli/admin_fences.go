@@ -1,0 +1,217 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// assignments is `tenure admin assignments`.
+type assignments struct {
+	admin
+	group, topic string
+}
+
+func (c *assignments) define(f *flagSet) {
+	c.withKafka(f, brokersUsage, required)
+	f.String(&c.group, "group", "", "consumer group to describe", arg("G"), required)
+	c.withDB(f)
+	f.String(&c.topic, "topic", "", "topics, comma separated (default: those the group's members consume plus those in its fencing rows)", arg("T[,T2]"))
+	c.withOutput(f, "output format: table or json", "table", "json")
+}
+
+func (c *assignments) check([]string) error {
+	if err := validGroup("group", c.group); err != nil {
+		return err
+	}
+	return validTopics("topic", splitList(c.topic))
+}
+
+func (c *assignments) run(ctx context.Context) error {
+	topics := splitList(c.topic)
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	store, err := c.Store()
+	if err != nil {
+		return err
+	}
+	if len(topics) > 0 {
+		if _, err := checkTopics(c.ctx, cl, c.brokers(), topics); err != nil {
+			return err
+		}
+	}
+	// Read the fencing rows once up front, so that a database problem is
+	// reported as one, not as a failed describe.
+	if _, err := store.List(ctx, c.group); err != nil {
+		return c.dbError("reading the fencing rows", err)
+	}
+	rows, err := consumer.Describe(ctx, cl, store, c.group, topics)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || pgconn.Timeout(err) {
+			return c.dbError("reading the fencing rows", err)
+		}
+		return c.kafkaError("describing group "+c.group, err)
+	}
+	if len(rows) == 0 {
+		return fmt.Errorf("nothing to show: group %q has no members, no fencing rows in schema %q, and no --topic was given", c.group, c.schema)
+	}
+	if c.output == "json" {
+		return c.json(rows)
+	}
+	tw := c.table()
+	fmt.Fprintln(tw, "TOPIC\tPARTITION\tMEMBER_ID\tCLIENT_ID\tHOST\tEPOCH\tFENCE_EPOCH\tFENCE_OWNER\tNEXT_OFFSET\tHIGH_WATERMARK\tLAG\tSTATE")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printableString(r.Topic), r.Partition,
+			dash(printableString(r.MemberID)), dash(printableString(r.ClientID)), dash(printableString(r.Host)), dashInt(r.Epoch),
+			dash(r.FenceEpoch), dash(printableString(r.FenceOwner)), dashInt(r.NextOffset),
+			dashInt(r.HighWatermark), dashInt(r.Lag), r.State)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if r.Reason != "" {
+			fmt.Fprintf(c.stdout, "%s/%d %s: %s\n", printableString(r.Topic), r.Partition, r.State, printableString(r.Reason))
+		}
+	}
+	return nil
+}
+
+// fenceRow is one row of `tenure admin fences`: the fences table as is, plus
+// the token in its "incarnation.epoch" form.
+type fenceRow struct {
+	Group          string     `json:"consumer_group"`
+	Topic          string     `json:"topic"`
+	Partition      int32      `json:"partition"`
+	Token          string     `json:"token"`
+	Incarnation    int64      `json:"incarnation"`
+	Epoch          int32      `json:"epoch"`
+	Owner          string     `json:"owner"`
+	NextOffset     int64      `json:"next_offset"`
+	PartitionCount int32      `json:"partition_count"`
+	CreatedAt      time.Time  `json:"created_at"`
+	ClaimedAt      time.Time  `json:"claimed_at"`
+	CommittedAt    *time.Time `json:"committed_at"`
+}
+
+// fences is `tenure admin fences`.
+type fences struct {
+	admin
+	group string
+}
+
+func (c *fences) define(f *flagSet) {
+	c.withDB(f)
+	f.String(&c.group, "group", "", "only this consumer group's rows (default: every group)", arg("G"))
+	c.withOutput(f, "output format: table or json", "table", "json")
+}
+
+func (c *fences) check([]string) error {
+	return optional(c.group, func() error { return validGroup("group", c.group) })
+}
+
+func (c *fences) run(ctx context.Context) error {
+	store, err := c.Store()
+	if err != nil {
+		return err
+	}
+	fences, err := store.List(ctx, c.group)
+	if err != nil {
+		return c.dbError("reading the fencing rows", err)
+	}
+	rows := make([]fenceRow, len(fences))
+	for i, fe := range fences {
+		rows[i] = fenceRow{Group: fe.Group, Topic: fe.Topic, Partition: fe.Partition.Partition,
+			Token: fe.Token.String(), Incarnation: fe.Token.Incarnation, Epoch: fe.Token.Epoch,
+			Owner: fe.Owner, NextOffset: fe.NextOffset, PartitionCount: fe.PartitionCount,
+			CreatedAt: fe.CreatedAt.UTC(), ClaimedAt: fe.ClaimedAt.UTC()}
+		if fe.CommittedAt != nil {
+			t := fe.CommittedAt.UTC()
+			rows[i].CommittedAt = &t
+		}
+	}
+	if c.output == "json" {
+		return c.json(rows)
+	}
+	const ts = "2006-01-02 15:04:05.000Z"
+	tw := c.table()
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tTOKEN\tOWNER\tNEXT_OFFSET\tPARTITION_COUNT\tCLAIMED_AT\tCOMMITTED_AT")
+	for _, r := range rows {
+		committed := "-"
+		if r.CommittedAt != nil {
+			committed = r.CommittedAt.Format(ts)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", printableString(r.Group), printableString(r.Topic), r.Partition, r.Token, printableString(r.Owner),
+			r.NextOffset, r.PartitionCount, r.ClaimedAt.Format(ts), committed)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		where := "schema " + c.schema
+		if c.group != "" {
+			where += " for group " + printableString(c.group)
+		}
+		fmt.Fprintf(c.stderr, "no fencing rows in %s\n", where)
+	}
+	return nil
+}
+
+// fencesPrune is `tenure admin fences prune`.
+type fencesPrune struct {
+	admin
+	group      string
+	maxAge     time.Duration
+	maxEntries int
+}
+
+func (c *fencesPrune) define(f *flagSet) {
+	// Pruning a long log takes a while: no adminTimeout here, only the
+	// command's own context (a signal stops it; what was pruned stays, each
+	// partition in its own transaction).
+	c.ownTimeouts = true
+	c.withDB(f)
+	f.String(&c.group, "group", "", "only this consumer group's partitions (default: every group)", arg("G"))
+	f.Duration(&c.maxAge, "max-age", consumer.DefaultFenceLogMaxAge, "remove entries older than this (0: no age limit)")
+	f.Int(&c.maxEntries, "max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many entries per partition (0: no count limit)")
+}
+
+func (c *fencesPrune) check([]string) error {
+	if err := optional(c.group, func() error { return validGroup("group", c.group) }); err != nil {
+		return err
+	}
+	if c.maxAge < 0 || c.maxEntries < 0 {
+		return usagef("--max-age and --max-entries must not be negative (0 means no limit)")
+	}
+	if c.maxAge == 0 && c.maxEntries == 0 {
+		return usagef("--max-age 0 and --max-entries 0 keep everything: nothing to prune")
+	}
+	return nil
+}
+
+func (c *fencesPrune) run(ctx context.Context) error {
+	store, err := c.Store()
+	if err != nil {
+		return err
+	}
+	removed, parts, err := store.PruneFenceLogs(ctx, c.group, sink.FenceLogRetention{MaxAge: c.maxAge, MaxEntries: c.maxEntries})
+	if err != nil {
+		return c.dbError("pruning the fence log", err)
+	}
+	where := "every group"
+	if c.group != "" {
+		where = "group " + printableString(c.group)
+	}
+	fmt.Fprintf(c.stdout, "pruned %d fence log entries of %d partitions (%s, schema %s); each partition keeps the claim that holds it and every entry after the cut, which is recorded in fence_log_pruned\n",
+		removed, parts, where, c.schema)
+	return nil
+}

@@ -1,0 +1,122 @@
+package cli
+
+import (
+	"context"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tenure-dev/tenure/internal/bench"
+)
+
+var benchSpec = spec{name: "bench", short: "throughput side by side: tenure fenced and unfenced, an at-least-once program, a naive one, the COPY ceiling"}
+
+// benchCmd is `tenure bench`; the measuring is internal/bench's.
+type benchCmd struct {
+	base
+	kafka                                         kafkaFlags
+	dbURL, workerFlags, jsonOut                   string
+	jobs, partitions, valueBytes, keys, naiveJobs int
+	latencySeconds, latencyRate, scalingJobs      int
+	skipScaling                                   bool
+}
+
+func (c *benchCmd) define(f *flagSet) {
+	c.kafka.define(f, "Kafka seed brokers (default: a development broker in this process)")
+	f.String(&c.dbURL, "database-url", localDatabaseURL, "PostgreSQL URL; bench creates and drops its own schemas", arg("URL"))
+	f.Int(&c.jobs, "jobs", 1_000_000, "jobs pre-produced for each throughput run")
+	f.Int(&c.partitions, "partitions", 12, "partitions of the topics", arg("P"))
+	f.Int(&c.valueBytes, "value-bytes", 100, "size of a job's value")
+	f.Int(&c.keys, "keys", 10_000, "distinct keys, spread evenly")
+	f.Int(&c.naiveJobs, "naive-jobs", 20_000, "jobs the naive program (one INSERT per job) runs, its rate measured on them")
+	f.Int(&c.latencySeconds, "latency-seconds", 15, "how long jobs are produced at half of tenure's rate, for the end-to-end latency")
+	f.Int(&c.latencyRate, "latency-rate", 0, "produce at this many jobs/s for the latency instead (0: half of tenure's measured rate)")
+	f.String(&c.workerFlags, "worker-flags", "", "extra flags for the tenure workers of every tenure run, e.g. \"--batch-max 5000\" (the table then no longer shows the defaults)", arg("\"...\""))
+	f.Int(&c.scalingJobs, "scaling-jobs", 500_000, "jobs of each scaling run (1, 2, 3 workers; 1, 12, 48 partitions)")
+	f.Bool(&c.skipScaling, "skip-scaling", false, "skip the scaling runs")
+	f.String(&c.jsonOut, "json", "", "also write the report as JSON to this file", arg("FILE"))
+}
+
+func (c *benchCmd) check([]string) error {
+	if c.latencyRate < 0 || c.latencySeconds < 1 {
+		return usagef("--latency-rate must not be negative and --latency-seconds must be at least 1")
+	}
+	if c.jobs < 1000 || c.partitions < 1 || c.partitions > 1000 || c.valueBytes < 16 || c.keys < 1 {
+		return usagef("--jobs must be at least 1000, --partitions from 1 to 1000, --value-bytes at least 16, --keys at least 1")
+	}
+	return nil
+}
+
+func (c *benchCmd) run(ctx context.Context) error {
+	if _, err := c.kafka.kgoOpts(nil); err != nil {
+		return err
+	}
+	if c.kafka.brokers == "" && len(c.kafka.args()) > 0 {
+		return usagef("the TLS and SASL flags need --brokers: the development broker bench starts itself speaks plaintext")
+	}
+	pool, err := openDB(ctx, c.dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return bench.Run(ctx, bench.Config{
+		Brokers: c.kafka.list(), KafkaArgs: c.kafka.args(),
+		NewClient: func(brokers []string, opts ...kgo.Opt) (*kgo.Client, error) { return c.kafka.client(brokers, opts...) },
+		Pool:      pool, DatabaseURL: c.dbURL,
+		Jobs: c.jobs, Partitions: c.partitions, ValueBytes: c.valueBytes, Keys: c.keys, NaiveJobs: c.naiveJobs,
+		LatencySeconds: c.latencySeconds, LatencyRate: c.latencyRate, ScalingJobs: c.scalingJobs, SkipScaling: c.skipScaling,
+		WorkerFlags: strings.Fields(c.workerFlags), JSONFile: c.jsonOut,
+		Getenv: c.getenv, Stdout: c.stdout, Progress: c.stderr,
+	})
+}
+
+var benchChildSpec = spec{name: "bench-child", args: "alo|naive|copy", maxArgs: 1, hidden: true,
+	short: "internal: a program tenure bench measures (alo, naive, copy)"}
+
+// benchChild is `tenure bench-child KIND`, started by `tenure bench`.
+type benchChild struct {
+	base
+	kafka                              kafkaFlags
+	group, topic, dbURL, schema, table string
+	jobs, partitions, batchMax         int
+	kind                               string
+}
+
+func (c *benchChild) define(f *flagSet) {
+	c.kafka.define(f, "Kafka seed brokers")
+	f.String(&c.group, "group", "", "consumer group", arg("G"))
+	f.String(&c.topic, "topic", "", "topic", arg("T"))
+	f.String(&c.dbURL, "database-url", "", "PostgreSQL URL", arg("URL"))
+	f.String(&c.schema, "schema", "", "schema of the ledger table", arg("S"))
+	f.String(&c.table, "table", "ledger", "copy: the table to copy into", arg("T"))
+	f.Int(&c.jobs, "jobs", 0, "copy: rows to write; naive: stop after this many")
+	f.Int(&c.partitions, "partitions", 12, "copy: parallel writers (one per partition)", arg("P"))
+	f.Int(&c.batchMax, "batch-max", 0, "alo: rows per COPY, at most (0: each partition's part of a poll in one COPY)")
+}
+
+func (c *benchChild) check(args []string) error {
+	if len(args) != 1 {
+		return usagef("a kind is required: alo, naive or copy")
+	}
+	switch c.kind = args[0]; c.kind {
+	case "alo", "naive", "copy":
+		return nil
+	}
+	return usagef("unknown kind %q: alo, naive or copy", c.kind)
+}
+
+func (c *benchChild) run(ctx context.Context) error {
+	pool, err := openDB(ctx, c.dbURL, poolSize{max: 32, min: 4})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cfg := bench.ChildConfig{Kind: c.kind, Pool: pool, Schema: c.schema, Table: c.table, Brokers: c.kafka.list(),
+		Group: c.group, Topic: c.topic, Jobs: c.jobs, Partitions: c.partitions, BatchMax: c.batchMax}
+	if c.kind != "copy" {
+		if cfg.KafkaOpts, err = c.kafka.kgoOpts(nil); err != nil {
+			return err
+		}
+	}
+	return bench.Child(ctx, cfg)
+}

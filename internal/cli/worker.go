@@ -1,0 +1,417 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kprom"
+	"go.uber.org/zap"
+
+	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/export"
+	"github.com/tenure-dev/tenure/internal/jobs"
+	"github.com/tenure-dev/tenure/metrics"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+var workerSpec = spec{name: "worker", short: "run one worker replica"}
+
+// workerCmd is `tenure worker`: one replica of a group's workers. Its
+// steps: check the flags (check); build the consumer's configuration and
+// let consumer.New check it, before anything connects (configure); open
+// the database, migrating the schema if it is behind (database); check
+// the topics exist; serve --http-addr; run until a signal stops it.
+type workerCmd struct {
+	base
+	kafka kafkaFlags
+	logs  logFlags
+
+	group, topic, dbURL, handler, schema, protocol, name  string
+	exportStore, jobIDHeader, httpAddr, metricsAddr, hold string
+
+	session, rebalance, batchLinger, idleTx, handlerTimeout time.Duration
+	dbTimeout, shutdown, logAge                             time.Duration
+	batchMax, maxAttempts, logEntries, dbMaxConns           int
+	batchMaxBytes, partitionBuffer, workerBuffer            int64
+
+	injectFaults, noMigrate, unsafeNoFence, requireSync bool
+
+	// addr is where /healthz, /readyz and /metrics are served ("": not).
+	addr string
+}
+
+func (w *workerCmd) define(f *flagSet) {
+	w.kafka.define(f, brokersUsage, required)
+	f.String(&w.group, "group", "", "consumer group shared by the replicas", arg("G"), required)
+	f.String(&w.topic, "topic", "", "topics to consume, comma separated", arg("T[,T2]"), required)
+	f.String(&w.dbURL, "database-url", "", "PostgreSQL URL (libpq PG* variables fill in what it leaves out)", arg("URL"), required)
+	f.String(&w.handler, "handler", "", "built-in handler: "+strings.Join(jobs.Names(), ", "), arg(strings.Join(jobs.Names(), "|")), required)
+	f.String(&w.schema, "schema", sink.DefaultSchema, "Postgres schema of tenure's tables", arg("S"))
+	f.String(&w.name, "name", defaultWorkerName(), "this replica's name, recorded with what it writes")
+	f.String(&w.protocol, "protocol", "classic", "group protocol: classic (cooperative-sticky) or consumer (KIP-848)", arg("classic|consumer"))
+	f.Duration(&w.session, "session-timeout", 45*time.Second, "classic protocol session timeout (KIP-848: set on the broker)")
+	f.Duration(&w.rebalance, "rebalance-timeout", 60*time.Second, "classic protocol rebalance timeout; revoked partitions get half of it to finish their batch")
+	f.Int(&w.batchMax, "batch-max", consumer.DefaultBatchMax, "most jobs per transaction; a lane takes what it has buffered, up to this, so batches grow with the backlog")
+	f.Bytes(&w.batchMaxBytes, "batch-max-bytes", consumer.DefaultBatchMaxBytes, "most bytes (keys, values, headers) per transaction; a larger job makes a batch of its own")
+	f.Duration(&w.batchLinger, "batch-linger", 0, "how long a lane with less than a full batch waits for more (0: at once; a few ms makes fewer, larger batches at moderate load, at that much latency)")
+	f.Bytes(&w.partitionBuffer, "partition-buffer-bytes", consumer.DefaultPartitionBufferBytes, "the records one partition holds ahead of its handler: fetching it pauses there")
+	f.Bytes(&w.workerBuffer, "worker-buffer-bytes", consumer.DefaultWorkerBufferBytes, "the records all partitions together hold ahead of their handlers: past it, fetching pauses; with --partition-buffer-bytes it bounds the worker's memory whatever the backlog")
+	f.Int(&w.maxAttempts, "max-attempts", 5, "attempts of a failing job before it is dead-lettered")
+	f.Duration(&w.handlerTimeout, "handler-timeout", 60*time.Second, "bound on one handler call (a batch); a job that keeps timing out is dead-lettered")
+	f.Duration(&w.idleTx, "idle-in-tx-timeout", 0, "Postgres idle_in_transaction_session_timeout for batch transactions: how long a worker frozen mid-transaction can hold row locks; it must be longer than --handler-timeout (default: --handler-timeout plus a quarter, at least 1s more)")
+	f.Duration(&w.shutdown, "shutdown-timeout", 30*time.Second, "graceful stop: how long in-flight batches may finish before their handlers are cancelled; a stop takes at most this plus 18s (a commit in flight, then leaving the group), so give containers a grace period above that")
+	f.Duration(&w.dbTimeout, "database-timeout", 0, "how long the database may not answer before this worker gives its partitions up (leaves the group) until it answers again; 0 derives it: the session timeout, at least 10s; negative never gives them up")
+	f.Bool(&w.noMigrate, "no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
+	f.Bool(&w.requireSync, "require-sync-standby", false, "refuse to start unless the database acknowledges commits only once a synchronous standby has them (see docs/fencing.md, \"Running on highly available Postgres\")")
+	f.Int(&w.dbMaxConns, "db-max-conns", 32, "the most database connections this worker opens: one per partition whose batch runs, plus a few")
+	f.Duration(&w.logAge, "fence-log-max-age", consumer.DefaultFenceLogMaxAge, "prune fence log entries older than this from the partitions this worker holds (0: no age limit)")
+	f.Int(&w.logEntries, "fence-log-max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many fence log entries per partition (0: no count limit; both 0 keep the whole log)")
+	f.String(&w.exportStore, "export-store", "", "export handler: publish to this object store (file:///path or s3://bucket/prefix?endpoint=URL&region=R) through staged immutable objects and a fenced pointer, instead of the exports table; see docs/export.md", arg("URL"))
+	f.String(&w.jobIDHeader, "job-id-header", "", "export handler with --export-store: skip a job whose key and value of this header (a producer-supplied job id) were already processed, recording the skip", arg("H"))
+	f.String(&w.httpAddr, "http-addr", "", "serve /healthz (alive, not wedged), /readyz (joined the group, database reachable, schema current) and /metrics (Prometheus) on this address, e.g. 0.0.0.0:8080", arg("ADDR"))
+	f.String(&w.metricsAddr, "metrics-addr", "", "deprecated name of --http-addr (logged as a warning)", arg("ADDR"))
+	w.logs.define(f, "json", "info")
+	f.String(&w.hold, "hold-once", "", "demos and tests: the point (before-claim, before-batch or before-commit; before-claim:P for partition P only) at which to log \"holding\" once and wait for SIGCONT", arg("POINT"), testOnly)
+	f.Bool(&w.injectFaults, "inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout", testOnly)
+	f.Bool(&w.unsafeNoFence, "unsafe-no-fence", false, "benchmarks only (tenure bench): commit batches WITHOUT the fence; the guarantee is gone", testOnly)
+}
+
+// maxBatch bounds --batch-max: a lane buffers four batches.
+const maxBatch = 100_000
+
+// Bounds of the worker's durations. Kafka's brokers accept group session
+// timeouts from group.min.session.timeout.ms to group.max.session.timeout.ms
+// (6s and 30m by default; tenure's development broker goes down to 500ms);
+// below a second kgo could not heartbeat often enough. Postgres takes
+// lock_timeout (half the handler timeout) and
+// idle_in_transaction_session_timeout in milliseconds up to 2^31-1 (24.8
+// days): a day is the bound here.
+const (
+	minSession, maxSession = time.Second, 30 * time.Minute
+	maxTxTimeout           = 24 * time.Hour
+)
+
+// check refuses, before anything connects, what consumer.New does not
+// check or words by the configuration's field rather than the flag: names,
+// durations a broker or Postgres would refuse later, over and over, sizes
+// and counts whose 0 would mean the default to consumer.Config, and flags
+// that go together.
+func (w *workerCmd) check([]string) error {
+	if err := validGroup("group", w.group); err != nil {
+		return err
+	}
+	if err := validTopics("topic", splitList(w.topic)); err != nil {
+		return err
+	}
+	if err := consumer.ValidateClientID(w.name); err != nil {
+		return usagef("--name: %v", strings.Replace(err.Error(), "client id", "worker name", 1))
+	}
+	if err := sink.ValidateSchema(w.schema); err != nil {
+		return err
+	}
+	if err := w.checkSizes(); err != nil {
+		return err
+	}
+	if err := checkDurations(w.session, w.rebalance, w.handlerTimeout, w.idleTx); err != nil {
+		return err
+	}
+	if w.dbTimeout > maxSession {
+		return usagef("--database-timeout %s is out of range: it must be at most %s (0 derives it: %s)", w.dbTimeout, maxSession, consumer.DefaultDatabaseTimeout(w.session))
+	}
+	if w.shutdown <= 0 || w.shutdown > maxSession {
+		return usagef("--shutdown-timeout %s is out of range: it must be positive and at most %s", w.shutdown, maxSession)
+	}
+	w.addr = w.httpAddr
+	if w.metricsAddr != "" {
+		if w.addr != "" && w.addr != w.metricsAddr {
+			return usagef("--metrics-addr is the deprecated name of --http-addr: give one")
+		}
+		w.addr = w.metricsAddr
+	}
+	if w.exportStore != "" && w.handler != "export" {
+		return usagef("--export-store is for --handler export, not %s", w.handler)
+	}
+	if w.jobIDHeader != "" && w.exportStore == "" {
+		return usagef("--job-id-header needs --export-store")
+	}
+	return nil
+}
+
+// checkSizes checks the counts and sizes, whose 0 consumer.Config would
+// take as its default.
+func (w *workerCmd) checkSizes() error {
+	switch {
+	case w.dbMaxConns < 2 || w.dbMaxConns > 10000:
+		return usagef("--db-max-conns %d is not between 2 and 10000", w.dbMaxConns)
+	case w.batchMax < 1 || w.batchMax > maxBatch:
+		return usagef("--batch-max must be from 1 to %d", maxBatch)
+	case w.batchMaxBytes < 1<<10 || w.partitionBuffer < 64<<10 || w.workerBuffer < w.partitionBuffer:
+		return usagef("--batch-max-bytes must be at least 1KiB, --partition-buffer-bytes at least 64KiB, and --worker-buffer-bytes at least --partition-buffer-bytes")
+	case w.batchLinger < 0 || w.batchLinger > time.Minute:
+		return usagef("--batch-linger %s is out of range: from 0 to 1m", w.batchLinger)
+	case w.maxAttempts < 1:
+		return usagef("--max-attempts must be at least 1")
+	case w.logAge < 0 || w.logEntries < 0:
+		return usagef("--fence-log-max-age and --fence-log-max-entries must not be negative (0 means no limit)")
+	}
+	return nil
+}
+
+// checkDurations refuses, before anything starts, durations a broker or
+// Postgres would refuse later, over and over.
+func checkDurations(session, rebalance, handler, idleTx time.Duration) error {
+	switch {
+	case session < minSession || session > maxSession:
+		return usagef("--session-timeout %s is out of range: it must be from %s to %s (Kafka's default bounds are 6s and 30m)", session, minSession, maxSession)
+	case rebalance < minSession || rebalance > maxSession:
+		return usagef("--rebalance-timeout %s is out of range: it must be from %s to %s", rebalance, minSession, maxSession)
+	case handler <= 0 || handler > maxTxTimeout:
+		return usagef("--handler-timeout %s is out of range: it must be positive and at most %s", handler, maxTxTimeout)
+	case idleTx < 0 || idleTx > maxTxTimeout:
+		return usagef("--idle-in-tx-timeout %s is out of range: it must be from 0 (which derives it from --handler-timeout: %s) to %s",
+			idleTx, consumer.DefaultIdleInTxTimeout(handler), maxTxTimeout)
+	case idleTx != 0 && idleTx <= handler:
+		// Postgres would end the session of a job still within its time.
+		// consumer.New refuses it too; this says it by the flags' names.
+		return usagef("--idle-in-tx-timeout %s must be longer than --handler-timeout %s: Postgres would end the session of a job that is still within its time (leave it unset to derive it: %s)",
+			idleTx, handler, consumer.DefaultIdleInTxTimeout(handler))
+	case idleTx == 0 && consumer.DefaultIdleInTxTimeout(handler) > maxTxTimeout:
+		return usagef("--handler-timeout %s leaves no room for the idle-in-transaction timeout, which must be longer and at most %s", handler, maxTxTimeout)
+	}
+	return nil
+}
+
+func (w *workerCmd) run(ctx context.Context) error {
+	log, err := w.logs.logger(w.env)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	log = log.With(zap.String("worker", w.name))
+	cfg, m, reg, err := w.configure(ctx, log)
+	if err != nil {
+		return err
+	}
+	if w.metricsAddr != "" {
+		log.Warn("--metrics-addr (TENURE_METRICS_ADDR) is deprecated: use --http-addr (TENURE_HTTP_ADDR), which serves /readyz too")
+	}
+	pool, store, err := w.database(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := w.topicsExist(ctx); err != nil {
+		return err
+	}
+	cfg.Store = store
+	// Instrumented only now: the collector reads the lag through the store.
+	c, err := consumer.New(m.Instrument(cfg))
+	if err != nil {
+		return err
+	}
+	m.Attach(c)
+	if w.addr != "" {
+		hp, err := healthPool(w.dbURL)
+		if err != nil {
+			return err
+		}
+		defer hp.Close()
+		h := &health{c: c, m: m, db: hp, schema: w.schema, wedged: wedgedAfter(w.handlerTimeout),
+			stopped: func() bool { return ctx.Err() != nil }, log: log}
+		if err := serveHTTP(w.addr, reg, h); err != nil {
+			return err
+		}
+	}
+	if w.unsafeNoFence {
+		log.Warn("--unsafe-no-fence: batches commit WITHOUT the fence; a stale owner's writes land; for benchmarks only")
+	}
+	topics := splitList(w.topic)
+	log.Info("worker starting", zap.Strings("topics", topics), zap.String("group", w.group),
+		zap.String("handler", w.handler), zap.String("protocol", w.protocol), zap.Int("pid", os.Getpid()),
+		zap.String("export_store", w.exportStore))
+	go func() {
+		<-ctx.Done()
+		if sig := stopSignal(ctx); sig != "" {
+			log.Info("stopping gracefully (a second signal stops at once)", zap.String("signal", sig))
+		}
+	}()
+	go watchWaiting(ctx, c, store, w.group, topics, waitBounds{protocol: w.protocol, session: w.session, rebalance: w.rebalance}, log)
+	return c.Run(ctx)
+}
+
+// configure builds the consumer's configuration, all but its store, and
+// has consumer.New check it before anything connects: what New refuses is
+// bad usage, in New's own words. The metrics collector and registry come
+// with it (kgo's hooks are among the options).
+func (w *workerCmd) configure(ctx context.Context, log *zap.Logger) (consumer.Config, *metrics.Collector, *prometheus.Registry, error) {
+	var opts jobs.Options
+	if w.exportStore != "" {
+		st, err := export.Open(ctx, w.exportStore)
+		if err != nil {
+			return consumer.Config{}, nil, nil, usageError{msg: err.Error()}
+		}
+		opts.ExportStore, opts.JobIDHeader = st, w.jobIDHeader
+		w.exportStore = st.String()
+	}
+	h, err := jobs.NewWith(w.handler, w.schema, w.name, opts)
+	if err != nil {
+		return consumer.Config{}, nil, nil, usageError{msg: err.Error()}
+	}
+	if w.injectFaults {
+		h = jobs.InjectFaults(h)
+	}
+	hooks, err := holdHooks(w.hold)
+	if err != nil {
+		return consumer.Config{}, nil, nil, err
+	}
+	// TLS and SASL, checked before anything connects.
+	kafkaOpts, err := w.kafka.kgoOpts(func(msg string) { log.Warn(msg) })
+	if err != nil {
+		return consumer.Config{}, nil, nil, err
+	}
+	m := metrics.New(metrics.Options{})
+	reg := prometheus.NewRegistry()
+	if w.addr != "" {
+		reg.MustRegister(m)
+		// kgo's own metrics: connections and connection errors per broker
+		// (TLS and SASL failures show there), bytes, buffered records.
+		kafkaOpts = append(kafkaOpts, kgo.WithHooks(kprom.NewMetrics("tenure_kafka", kprom.Registry(reg))))
+	}
+	cfg := consumer.Config{
+		Brokers: w.kafka.list(), Group: w.group, Topics: splitList(w.topic),
+		Handler:              h,
+		Protocol:             consumer.Protocol(w.protocol),
+		SessionTimeout:       w.session,
+		RebalanceTimeout:     w.rebalance,
+		BatchMax:             w.batchMax,
+		BatchMaxBytes:        w.batchMaxBytes,
+		BatchLinger:          w.batchLinger,
+		PartitionBufferBytes: w.partitionBuffer,
+		WorkerBufferBytes:    w.workerBuffer,
+		MaxAttempts:          w.maxAttempts,
+		HandlerTimeout:       w.handlerTimeout,
+		IdleInTxTimeout:      w.idleTx,
+		ShutdownTimeout:      w.shutdown,
+		DatabaseTimeout:      w.dbTimeout,
+		// 0 on the command line is "no limit"; in Config it is "the default".
+		FenceLogRetention: sink.FenceLogRetention{MaxAge: noLimit(w.logAge), MaxEntries: noLimit(w.logEntries)},
+		ClientID:          "tenure-" + w.name,
+		KgoOpts:           kafkaOpts,
+		Logger:            log,
+		Hooks:             hooks(log),
+		UnsafeNoFence:     w.unsafeNoFence,
+	}
+	// New does no I/O and only keeps the store, so a stand-in lets it
+	// check the configuration now; the real store needs the database.
+	check := cfg
+	check.Store = new(sink.Store)
+	if _, err := consumer.New(check); err != nil {
+		if errors.Is(err, consumer.ErrReservedKgoOpt) {
+			return consumer.Config{}, nil, nil, err
+		}
+		return consumer.Config{}, nil, nil, usageError{msg: err.Error()}
+	}
+	return cfg, m, reg, nil
+}
+
+// noLimit turns a flag's 0 ("no limit") into Config's negative.
+func noLimit[T int | time.Duration](v T) T {
+	if v == 0 {
+		return -1
+	}
+	return v
+}
+
+// database opens the pool, brings the schema up to date unless
+// --no-migrate, and says how the database acknowledges commits
+// (--require-sync-standby refuses to start without a synchronous standby).
+func (w *workerCmd) database(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, *sink.Store, error) {
+	// Every lane holds a connection while its batch runs: size the pool
+	// for the partitions a worker may hold, and open a few up front (a
+	// lazy pool adds tens of milliseconds at start and after a hand-off).
+	pool, err := openDB(ctx, w.dbURL, poolSize{max: int32(w.dbMaxConns), min: int32(min(w.dbMaxConns, 4))})
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := w.schemaReady(ctx, pool, log)
+	if err == nil {
+		err = w.checkReplication(ctx, pool, log)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, store, nil
+}
+
+// schemaReady migrates the schema if it is behind. A current schema is not
+// migrated: a worker with a least-privilege role (tenure migrate
+// --print-roles) may not run DDL, not even CREATE SCHEMA IF NOT EXISTS.
+func (w *workerCmd) schemaReady(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) (*sink.Store, error) {
+	switch behind := sink.CheckSchema(ctx, pool, w.schema); {
+	case behind == nil:
+	case w.noMigrate:
+		return nil, behind
+	default:
+		applied, err := sink.Migrate(ctx, pool, w.schema)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == sink.CodeInsufficientPrivilege:
+			return nil, fmt.Errorf("%v; this worker's database role may not migrate it (%s): run `tenure migrate up --schema %s` as the schema's owner", behind, pgErr.Message, w.schema)
+		case err != nil:
+			return nil, fmt.Errorf("migrating schema %q: %w", w.schema, err)
+		case len(applied) > 0:
+			log.Info("migrations applied", zap.Ints("versions", applied), zap.String("schema", w.schema))
+		}
+	}
+	return sink.NewStore(pool, w.schema)
+}
+
+// checkReplication logs whether commits wait for a synchronous standby, and
+// refuses to start without one with --require-sync-standby.
+func (w *workerCmd) checkReplication(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) error {
+	repl, err := sink.ReplicationOf(ctx, pool)
+	switch {
+	case err != nil:
+		log.Warn("cannot tell how the database acknowledges commits", zap.Error(err))
+		if w.requireSync {
+			return fmt.Errorf("--require-sync-standby: cannot tell whether the database has a synchronous standby: %v", err)
+		}
+	case !repl.Synchronous():
+		if w.requireSync {
+			return fmt.Errorf("--require-sync-standby: %s", repl.Describe())
+		}
+		log.Warn("no synchronous standby: "+repl.Describe(), zap.String("synchronous_standby_names", repl.SynchronousStandbyNames),
+			zap.String("synchronous_commit", repl.SynchronousCommit), zap.Int("standbys", repl.Standbys), zap.Int("sync_standbys", repl.SyncStandbys))
+	default:
+		log.Info("replication: "+repl.Describe(), zap.Int("sync_standbys", repl.SyncStandbys))
+	}
+	return nil
+}
+
+// topicsExist says which topic does not exist, and how to create it.
+func (w *workerCmd) topicsExist(ctx context.Context) error {
+	cl, err := w.kafka.client(w.kafka.list())
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	_, err = checkTopics(ctx, cl, w.kafka.list(), splitList(w.topic))
+	return err
+}
+
+func defaultWorkerName() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "worker"
+	}
+	return fmt.Sprintf("%s-%d", h, os.Getpid())
+}
