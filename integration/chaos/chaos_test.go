@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/internal/history"
+	"github.com/tenure-dev/tenure/internal/netfault"
 	"github.com/tenure-dev/tenure/internal/pgtest"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -52,11 +53,13 @@ const (
 	kindDeleteRecs  = "delete-records" // deleterecords_test.go
 )
 
-var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs, kindPGFailover}
+var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs, kindPGFailover,
+	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull} // the last four: network_test.go
 
 // deck is one round of faults; each round is shuffled, so that every kind
 // comes up in every round.
-var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs}
+var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs,
+	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull}
 
 // Group reset modes (issue 7), the group-delete fault's Mode: how the
 // group's lifetime ends, and what else is going on meanwhile.
@@ -87,6 +90,7 @@ type fault struct {
 	Markers            map[int32]int64 // the job produced to each partition at injection
 	MarkErr            error
 	Recovered          time.Time // every partition past its marker
+	Net                *netCut   // a network fault's particulars (network_test.go), or nil
 }
 
 func (f *fault) String() string {
@@ -113,6 +117,7 @@ type slot struct {
 	n   int
 	gen int
 	p   *proc
+	ns  *netfault.Namespace // the slot's network namespace: every worker of the slot runs in it
 }
 
 // world is one chaos run.
@@ -148,6 +153,9 @@ type world struct {
 	trackerDone chan struct{}
 
 	trunc truncation // delete-records: the deletions and the harness as operator (deleterecords_test.go)
+
+	svc  netfault.Services // the ports the workers' namespaces forward (network_test.go)
+	sess sessionStats      // the workers' Postgres sessions and the live processes, sampled
 }
 
 func TestChaos(t *testing.T) {
@@ -217,11 +225,15 @@ func (w *world) setup() {
 	if err != nil {
 		t.Fatalf("tenure migrate: %v: %s", err, out)
 	}
-	w.pool, err = pgxpool.New(ctx, w.dbURL()+"&pool_max_conns=4")
+	w.pool, err = pgxpool.New(ctx, w.dbURL()+"&pool_max_conns=4&application_name="+harnessApp)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(w.pool.Close)
+	sampleCtx, stopSampling := context.WithCancel(context.Background())
+	sampled := make(chan struct{})
+	go w.sampleSessions(sampleCtx, sampled)
+	t.Cleanup(func() { stopSampling(); <-sampled })
 
 	port, err := freePort()
 	if err != nil {
@@ -250,8 +262,10 @@ func (w *world) setup() {
 	t.Cleanup(w.prod.cl.Close)
 
 	for i := 1; i <= w.cfg.workers; i++ {
-		s := &slot{n: i}
-		w.slots = append(w.slots, s)
+		w.slots = append(w.slots, &slot{n: i})
+	}
+	w.setupNetwork(port)
+	for _, s := range w.slots {
 		if err := w.startWorker(s); err != nil {
 			t.Fatal(err)
 		}
@@ -293,7 +307,7 @@ func (w *world) startBroker() error {
 	w.brokerGen++
 	name := fmt.Sprintf("broker.%d", w.brokerGen)
 	w.mu.Unlock()
-	p, err := startProc(name, filepath.Join(w.logDir, "broker.log"), w.brokerArgs, nil)
+	p, err := startProc(name, filepath.Join(w.logDir, "broker.log"), nil, w.brokerArgs, nil)
 	if err != nil {
 		return err
 	}
@@ -323,7 +337,7 @@ func (w *world) startWorker(s *slot, extra ...string) error {
 		"--name", name, "--log-level", "debug",
 	}
 	args = append(args, extra...)
-	p, err := startProc(name, filepath.Join(w.logDir, fmt.Sprintf("w%d.log", s.n)), args,
+	p, err := startProc(name, filepath.Join(w.logDir, fmt.Sprintf("w%d.log", s.n)), s.ns, args,
 		func(p *proc, line string) { w.book.record(p.name, line) })
 	if err != nil {
 		return err
@@ -524,6 +538,8 @@ func (w *world) inject() {
 			w.failoverPostgres()
 		case kindDeleteRecs:
 			w.deleteRecords()
+		case kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull:
+			w.partition(kind)
 		}
 		w.sleep(w.between(time.Second, 4*time.Second))
 	}
@@ -639,36 +655,8 @@ func (w *world) pauseInTx() {
 	if w.rng.IntN(2) == 0 {
 		mode, flags = "lock-watch", append(flags, "--idle-in-tx-timeout", "60s")
 	}
-	if err := s.p.stop(45 * time.Second); err != nil {
-		w.note("pause-in-tx: %v", err)
-	}
-	holding := w.book.awaitHolding(s.nextName())
-	if err := w.startWorker(s, flags...); err != nil {
-		w.t.Fatalf("starting %s: %v", s.nextName(), err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		select {
-		case <-holding:
-		default:
-			if time.Now().Before(deadline) && !s.p.exited() {
-				w.supervise()
-				time.Sleep(5 * time.Millisecond)
-				continue
-			}
-			// Never reached its hold (no partition, or it died): restart
-			// it without the hold, which would otherwise stop its first
-			// batch for good once it came.
-			w.note("pause-in-tx: %s did not reach its hold within 30s; restarted without it", s.p.name)
-			if err := s.p.stop(45 * time.Second); err != nil {
-				w.note("pause-in-tx: %v", err)
-			}
-			if err := w.startWorker(s); err != nil {
-				w.t.Fatalf("restarting %s: %v", s.p.name, err)
-			}
-			return
-		}
-		break
+	if !w.restartHolding(s, kindPauseInTx, flags...) {
+		return
 	}
 	w.freeze(w.begin(kindPauseInTx, mode+" "+d.Round(100*time.Millisecond).String(), s.p.name), s, d)
 }
@@ -966,6 +954,11 @@ func (w *world) drain() (map[int32]int64, map[int32][]*kgo.Record) {
 
 	w.stopOperator() // before the broker stops: it acknowledges with the brokers' help
 	records := w.readLog(hwm)
+	if n, _, err := w.countSessions(context.Background()); err == nil {
+		w.mu.Lock()
+		w.sess.atDrain = n
+		w.mu.Unlock()
+	}
 
 	// Stop everything gracefully: a worker that does not stop is a finding too.
 	var wg sync.WaitGroup
@@ -979,6 +972,16 @@ func (w *world) drain() (map[int32]int64, map[int32][]*kgo.Record) {
 		}(s.p)
 	}
 	wg.Wait()
+	// What the stopped workers leave behind: a session whose client
+	// vanished during a cut lasts until a keepalive or a timeout ends it.
+	time.Sleep(2 * time.Second)
+	if left, err := w.leftoverSessions(context.Background()); err == nil {
+		w.mu.Lock()
+		w.sess.leftover = left
+		w.mu.Unlock()
+	} else {
+		w.note("listing the sessions left once the workers had stopped: %v", err)
+	}
 	if err := w.broker.stop(20 * time.Second); err != nil {
 		w.note("final stop: %v", err)
 	}
@@ -1400,13 +1403,23 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	}
 
 	// 7. Hand-off latency of kills and pauses (measured, not asserted).
-	ho, err := w.handoffs(ctx, faults, claimWorker)
+	byPart, err := w.fenceEntries(ctx)
 	if err != nil {
-		t.Errorf("measuring hand-offs: %v", err)
+		t.Errorf("reading the fence log for the hand-offs: %v", err)
 	}
+	ho := handoffsOf(byPart, faults, claimWorker)
 	for _, l := range ho.slow {
 		find("%s", l)
 	}
+	// 8. Network faults: hand-offs (a miss is a finding), step-downs and
+	// rejoins, zombies, commits cut in the middle.
+	nr := w.networkReport(faults, byPart, claimWorker)
+	for _, l := range nr.findings {
+		find("%s", l)
+	}
+	w.mu.Lock()
+	sess := w.sess
+	w.mu.Unlock()
 
 	// The summary.
 	var total int64
@@ -1430,7 +1443,8 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	}
 	fmt.Fprintf(&s, "; unexpected process exits %d\n", len(unexpected))
 	fmt.Fprintf(&s, "recovery:    time until every partition has processed a job produced once the fault was in effect\n")
-	fmt.Fprintf(&s, "  %-24s %5s %23s %23s %11s %11s\n", "kind", "count", "from injection p50/max", "from fault end p50/max", "unrecovered", "rejections")
+	kw := kindWidth(tableRows(w.kinds()))
+	fmt.Fprintf(&s, "  %-*s %5s %23s %23s %11s %11s\n", kw, "kind", "count", "from injection p50/max", "from fault end p50/max", "unrecovered", "rejections")
 	for _, k := range tableRows(w.kinds()) {
 		var fromInj, fromEnd []time.Duration
 		unrec, n := 0, 0
@@ -1446,11 +1460,11 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 			fromInj = append(fromInj, f.Recovered.Sub(f.Injected))
 			fromEnd = append(fromEnd, max(0, f.Recovered.Sub(f.Ended)))
 		}
-		fmt.Fprintf(&s, "  %-24s %5d %23s %23s %11d %11d\n", k, n, p50max(fromInj), p50max(fromEnd), unrec, rejectionsAfter(faults, k, rejections))
+		fmt.Fprintf(&s, "  %-*s %5d %23s %23s %11d %11d\n", kw, k, n, p50max(fromInj), p50max(fromEnd), unrec, rejectionsAfter(faults, k, rejections))
 	}
 	fmt.Fprintf(&s, "hand-off:    from the fault (SIGKILL, SIGSTOP) to the first commit by a new owner of each partition the worker held then (Postgres's clock); "+
 		"target max <= %s (session timeout + 2s); overlapped: another fault was injected before the new owner's commit (apart: not in the target)\n", handoffTarget)
-	fmt.Fprintf(&s, "  %-24s %5s %9s %9s %9s %8s %14s %10s %14s\n", "kind", "count", "p50", "p99", "max", "target", "not handed off", "overlapped", "overlapped max")
+	fmt.Fprintf(&s, "  %-*s %5s %9s %9s %9s %8s %14s %10s %14s\n", kw, "kind", "count", "p50", "p99", "max", "target", "not handed off", "overlapped", "overlapped max")
 	for _, k := range tableRows(w.kinds()) {
 		if !slices.Contains(handoffKinds, strings.Split(k, "/")[0]) {
 			continue
@@ -1463,9 +1477,10 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 				within = "MISSED"
 			}
 		}
-		fmt.Fprintf(&s, "  %-24s %5d %9s %9s %9s %8s %14d %10d %14s\n", k, len(ds), pct(ds, 50), pct(ds, 99), pct(ds, 100), within, ho.none[k],
+		fmt.Fprintf(&s, "  %-*s %5d %9s %9s %9s %8s %14d %10d %14s\n", kw, k, len(ds), pct(ds, 50), pct(ds, 99), pct(ds, 100), within, ho.none[k],
 			len(ho.overlapped[k]), pct(ho.overlapped[k], 100))
 	}
+	s.WriteString(nr.summary(w, sess))
 	fmt.Fprintf(&s, "ownership:   %d fence log entries checked against %d assignments the workers logged; %d unmatched\n",
 		len(h.Log), len(assignments), len(unmatched))
 	s.WriteString(w.failoverSummary())
@@ -1550,7 +1565,19 @@ func (f *fault) row() string {
 	case kindDeleteRecs:
 		return f.Kind + "/" + f.Mode
 	}
+	if f.Net != nil && f.Net.mode != "" {
+		return f.Kind + "/" + f.Net.mode
+	}
 	return f.Kind
+}
+
+// kindWidth is the width of the summary tables' kind column.
+func kindWidth(rows []string) int {
+	n := 24
+	for _, r := range rows {
+		n = max(n, len(r))
+	}
+	return n
 }
 
 func tableRows(kinds []string) []string {
@@ -1565,6 +1592,10 @@ func tableRows(kinds []string) []string {
 			out = append(out, k+"/idle-timeout", k+"/lock-watch")
 		case kindDeleteRecs:
 			for _, m := range deleteModes {
+				out = append(out, k+"/"+m)
+			}
+		case kindPartPG, kindPartOneWay:
+			for _, m := range netModes[k] {
 				out = append(out, k+"/"+m)
 			}
 		default:
@@ -1657,7 +1688,7 @@ type handoffs struct {
 	slow       []string // the hand-offs above the target, for the findings
 }
 
-// handoffs measures, for each kill, pause and pause-in-tx, the time from the
+// handoffsOf measures, for each kill, pause and pause-in-tx, the time from the
 // fault (the SIGKILL or SIGSTOP) to the first commit by a new owner of each
 // partition the target held at that instant, from tenure's side: the fence
 // log's commit times (clock_timestamp() of the commit statement, the
@@ -1668,42 +1699,15 @@ type handoffs struct {
 // claim, the target's own after it rejoined included (a new lane the
 // coordinator gave the partition to). Measuring commits, not the harness's
 // markers, keeps the producer's own stalls out of it.
-func (w *world) handoffs(ctx context.Context, faults []*fault, claimWorker map[int64]string) (handoffs, error) {
+func handoffsOf(byPart map[int32][]fenceEntry, faults []*fault, claimWorker map[int64]string) handoffs {
 	ho := handoffs{took: map[string][]time.Duration{}, none: map[string]int{}, overlapped: map[string][]time.Duration{}}
-	type entry struct {
-		kind    string
-		claimID int64
-		at      time.Time
-	}
-	byPart := map[int32][]entry{}
-	rows, err := w.pool.Query(ctx, `SELECT kind, partition, claim_id, at FROM `+schemaName+`.fence_log WHERE consumer_group = $1 AND topic = $2 ORDER BY id`,
-		groupName, topicName)
-	if err != nil {
-		return ho, err
-	}
-	var e entry
-	var p int32
-	if _, err := pgx.ForEachRow(rows, []any{&e.kind, &p, &e.claimID, &e.at}, func() error {
-		byPart[p] = append(byPart[p], e)
-		return nil
-	}); err != nil {
-		return ho, err
-	}
 	for _, f := range faults {
 		if !slices.Contains(handoffKinds, f.Kind) {
 			continue
 		}
 		for p := int32(0); p < partitions; p++ {
 			es := byPart[p]
-			held := -1
-			for i, e := range es {
-				if e.at.After(f.Injected) {
-					break
-				}
-				if e.kind == "claim" {
-					held = i
-				}
-			}
+			held := heldAt(es, f.Injected)
 			if held < 0 || claimWorker[es[held].claimID] != f.Target {
 				continue
 			}
@@ -1740,7 +1744,7 @@ func (w *world) handoffs(ctx context.Context, faults []*fault, claimWorker map[i
 			}
 		}
 	}
-	return ho, nil
+	return ho
 }
 
 // pct is the q-th percentile (nearest rank) of ds.

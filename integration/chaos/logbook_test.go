@@ -22,10 +22,14 @@ const (
 	msgDeadLetter  = "job dead-lettered"
 	msgIncarnation = consumer.IncarnationMovedOn
 	msgUnknown     = "commit outcome was unknown; resolved from the fencing row"
+	msgUnknownLeft = "commit outcome still unknown when the lane stopped; the next claim reads the stored offset"
 	msgPanicked    = "handler panicked"
 	msgLost        = "partitions lost"
+	msgRevokedAll  = "partitions revoked"
 	msgClaimed     = "partition claimed"
 	msgHolding     = "holding" // --hold-once (cmd/tenure/worker.go holdHooks)
+	msgSteppedDown = consumer.MsgSteppedDown
+	msgRejoining   = consumer.MsgRejoining
 )
 
 // assignment is one "claiming partition" line: the coordinator's side of
@@ -35,14 +39,17 @@ type assignment struct {
 	history.Assignment
 }
 
-// batchEvent is a commit or a rejection a worker logged.
+// batchEvent is a commit or a rejection a worker logged (or another line
+// of a lane, or of the worker: then only Worker and At may be set).
 type batchEvent struct {
 	Worker    string
 	At        time.Time
 	Partition int32
 	Token     string
 	Member    string
+	ClaimID   int64
 	From, To  int64
+	Outcome   string // a commit of unknown outcome: how it was resolved
 }
 
 func (b batchEvent) String() string {
@@ -66,12 +73,20 @@ type logbook struct {
 	claims       int
 	assignments  []assignment
 	holding      map[string]chan struct{}  // worker -> closed when it logged "holding"
+	held         map[string]batchEvent     // worker -> the batch it held at its "holding" line
 	byLevel      map[string]map[string]int // level -> msg -> count (warn and error)
+
+	// The database watch (consumer/dbwatch.go) and what a zombie notices.
+	stepDowns   []batchEvent // "stepped_down":true: the worker gives its partitions up
+	steppedDown []batchEvent // consumer.MsgSteppedDown: it has left the group
+	rejoins     []batchEvent // consumer.MsgRejoining
+	lostEvents  []batchEvent // "partitions lost" and "partitions revoked": kgo took partitions from the worker
+	unknowns    []batchEvent // commits of unknown outcome, with how they were resolved
 }
 
 func newLogbook() *logbook {
 	return &logbook{deadLetters: map[string]int{}, unknown: map[string]int{}, byLevel: map[string]map[string]int{},
-		holding: map[string]chan struct{}{}}
+		holding: map[string]chan struct{}{}, held: map[string]batchEvent{}}
 }
 
 func (lb *logbook) record(worker, line string) {
@@ -103,6 +118,9 @@ func (lb *logbook) record(worker, line string) {
 		if t, ok := m["to"].(float64); ok {
 			e.To = int64(t)
 		}
+		if c, ok := m["claim_id"].(float64); ok {
+			e.ClaimID = int64(c)
+		}
 		return e
 	}
 	lb.mu.Lock()
@@ -114,12 +132,16 @@ func (lb *logbook) record(worker, line string) {
 		}
 		lb.byLevel[level][msg]++
 	}
+	if sd, _ := m["stepped_down"].(bool); sd {
+		lb.stepDowns = append(lb.stepDowns, ev())
+	}
 	if a, ok := history.ParseAssignment(groupName, m); ok {
 		lb.assignments = append(lb.assignments, assignment{Worker: worker, Assignment: a})
 	}
 	switch msg {
 	case msgHolding:
 		if ch := lb.holding[worker]; ch != nil {
+			lb.held[worker] = ev()
 			close(ch)
 			delete(lb.holding, worker)
 		}
@@ -142,10 +164,24 @@ func (lb *logbook) record(worker, line string) {
 	case msgUnknown:
 		out, _ := m["outcome"].(string)
 		lb.unknown[out]++
+		e := ev()
+		e.Outcome = out
+		lb.unknowns = append(lb.unknowns, e)
+	case msgUnknownLeft:
+		e := ev()
+		e.Outcome = "unresolved when the lane stopped"
+		lb.unknowns = append(lb.unknowns, e)
 	case msgPanicked:
 		lb.panics++
 	case msgLost:
 		lb.lost++
+		lb.lostEvents = append(lb.lostEvents, ev())
+	case msgRevokedAll:
+		lb.lostEvents = append(lb.lostEvents, ev())
+	case msgSteppedDown:
+		lb.steppedDown = append(lb.steppedDown, ev())
+	case msgRejoining:
+		lb.rejoins = append(lb.rejoins, ev())
 	case msgClaimed:
 		lb.claims++
 	}
@@ -159,6 +195,14 @@ func (lb *logbook) awaitHolding(worker string) <-chan struct{} {
 	ch := make(chan struct{})
 	lb.holding[worker] = ch
 	return ch
+}
+
+// heldBatch is the batch worker held at its --hold-once point, if it did.
+func (lb *logbook) heldBatch(worker string) (batchEvent, bool) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	e, ok := lb.held[worker]
+	return e, ok
 }
 
 // claimants maps each claim id to the worker process whose lane claimed with

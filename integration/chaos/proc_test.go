@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tenure-dev/tenure/internal/netfault"
 )
 
 // proc is one process the run started: a worker or the broker. Every
@@ -28,18 +30,25 @@ type proc struct {
 	expected bool // we ended it (kill, stop): its exit is not news
 	tail     []string
 	exitErr  error
+	exitedAt time.Time
 }
 
 const tailLines = 200
 
-// startProc starts bin with args; every line of its stdout and stderr goes
-// to logPath and, for stderr, to onLine.
-func startProc(name, logPath string, args []string, onLine func(p *proc, line string)) (*proc, error) {
+// startProc starts tenure with args, inside network namespace ns unless it
+// is nil (ns.Command: the PID is still tenure's own); every line of its
+// stdout and stderr goes to logPath and, for stderr, to onLine.
+func startProc(name, logPath string, ns *netfault.Namespace, args []string, onLine func(p *proc, line string)) (*proc, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(tenureBin, args...)
+	where := ""
+	if ns != nil {
+		cmd = ns.Command(tenureBin, args...)
+		where = " in network namespace " + ns.Name()
+	}
 	cmd.Env = os.Environ()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -51,7 +60,7 @@ func startProc(name, logPath string, args []string, onLine func(p *proc, line st
 		f.Close()
 		return nil, err
 	}
-	fmt.Fprintf(f, "---- %s started at %s: %s %s\n", name, time.Now().Format(time.RFC3339Nano), filepath.Base(tenureBin), strings.Join(args, " "))
+	fmt.Fprintf(f, "---- %s started at %s%s: %s %s\n", name, time.Now().Format(time.RFC3339Nano), where, filepath.Base(tenureBin), strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, err
@@ -87,7 +96,7 @@ func startProc(name, logPath string, args []string, onLine func(p *proc, line st
 		readers.Wait()
 		err := cmd.Wait()
 		p.mu.Lock()
-		p.exitErr = err
+		p.exitErr, p.exitedAt = err, time.Now()
 		p.mu.Unlock()
 		fmt.Fprintf(f, "---- %s exited at %s: %v\n", name, time.Now().Format(time.RFC3339Nano), exitString(err))
 		f.Close()
@@ -112,6 +121,13 @@ func (p *proc) exited() bool {
 	default:
 		return false
 	}
+}
+
+// exitTime is when the process exited (its output read), or zero.
+func (p *proc) exitTime() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exitedAt
 }
 
 func (p *proc) signal(sig syscall.Signal) {
