@@ -45,8 +45,9 @@ FAILOVER_DURATION ?= 10m
 chaos-failover: ## a chaos run on a pg_auto_failover formation, its primary killed over and over (pg-failover), FAILOVER_DURATION (10m) of faults
 	$(GO) test -count=1 -timeout 0 -v -run TestChaos ./integration/chaos -chaos.postgres formation -chaos.duration $(FAILOVER_DURATION)
 
-model: ## model-check the ownership protocol with spin (docs/model/ownership.pml)
+model: ## model-check the ownership protocol and strict hand-off with spin (docs/model/*.pml)
 	bash scripts/model-check.sh
+	bash scripts/model-check-strict.sh
 
 # The soak's length and group protocol: make chaos-soak CHAOS_DURATION=2h CHAOS_PROTOCOL=consumer
 # (the seed comes from the clock and is printed; TENURE_CHAOS_SEED=N replays one).

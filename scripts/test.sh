@@ -9,7 +9,8 @@
 #   2. PostgreSQL at TENURE_TEST_DATABASE_URL or the local default (scripts/ensure-postgres.sh),
 #      and pg_auto_failover for the failover tests (apt-get, as root, if missing)
 #   3. go vet and a gofmt check
-#   4. the model check of the ownership protocol (scripts/model-check.sh)
+#   4. the model checks of the ownership protocol and of strict hand-off
+#      (scripts/model-check.sh, scripts/model-check-strict.sh)
 #   5. SeaweedFS's `weed` for the S3 export test: built once per machine
 #      (scripts/build-weed.sh, 10-15 minutes the first time, cached in
 #      ~/.cache/tenure) and passed to the tests as TENURE_TEST_WEED
@@ -36,9 +37,12 @@ command -v nft >/dev/null || [[ -x /usr/sbin/nft ]] || missing+=(nftables)
 # Prometheus and promtool: the alerting rules' tests (promtool check/test
 # rules) and a real server evaluating one rule to firing.
 { command -v prometheus >/dev/null && command -v promtool >/dev/null; } || missing+=(prometheus)
+# Headless Chromium (and a font for its screenshots): the ownership page's
+# browser test.
+command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)
 if ((${#missing[@]})); then
 	if [[ $EUID -ne 0 ]]; then
-		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test, iproute2 and nftables for the network faults, prometheus for the alerting rules); install them with apt-get or run as root" >&2
+		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test, iproute2 and nftables for the network faults, prometheus for the alerting rules, chromium for the ownership page's browser test); install them with apt-get or run as root" >&2
 		exit 1
 	fi
 	echo "test: installing ${missing[*]}"
@@ -82,6 +86,8 @@ fi
 
 echo "== model check"
 bash scripts/model-check.sh
+echo "== model check of strict hand-off"
+bash scripts/model-check-strict.sh
 
 echo "== SeaweedFS for the S3 export test"
 if weed=$(bash scripts/build-weed.sh); then
