@@ -48,17 +48,22 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 		if attempt > 1 {
 			l.c.stats.retries.Add(1)
 		}
-		err := l.attempt(b)
+		ctx, span := l.startBatch(b, attempt)
+		err := l.attempt(ctx, b)
 		switch {
 		case err == nil:
+			span.end(OutcomeCommitted, nil)
 			l.afterBatch(b, nil)
 			return b.To, nil
 		case errors.Is(err, sink.ErrFenced):
+			span.end(OutcomeFenced, err)
 			l.afterBatch(b, err)
 			return from, err
 		case errors.Is(err, ErrHandlerEndedTx):
+			span.end(OutcomeHalted, err)
 			return from, err // never again: the lane halts the partition
 		case l.stopping():
+			span.end(OutcomeStopped, err)
 			return from, fmt.Errorf("%w: %v", errStopped, err)
 		}
 		class := failInfra // whatever is not the handler's is tenure's own database work
@@ -67,6 +72,7 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 			class = he.class
 		}
 		if class != failJob && class != failPermanent {
+			span.end(OutcomeRetried, err)
 			stalls++
 			d := l.c.retryDelay(stalls, err)
 			if sqlState(err) == sink.CodeLockNotAvailable {
@@ -96,6 +102,7 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 		if !l.databaseAnswers() {
 			// The handler failed while the database is away: not the job's
 			// fault, whatever the error says.
+			span.end(OutcomeRetried, err)
 			stalls++
 			if !l.sleep(min(l.c.backoff(stalls), reconnectBackoffMax)) {
 				return from, errStopped
@@ -107,6 +114,7 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 		final := class == failPermanent
 		if len(recs) > 1 {
 			if handlerFailures < 2 && !final {
+				span.end(OutcomeRetried, err)
 				d := l.c.backoff(handlerFailures)
 				l.log.Warn("batch failed, retrying", zap.Int64("from", b.From), zap.Int64("to", b.To),
 					zap.Int("attempt", handlerFailures), zap.Duration("backoff", d), zap.Error(err))
@@ -115,6 +123,7 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 				}
 				continue
 			}
+			span.end(OutcomeSplit, err)
 			mid := len(recs) / 2
 			l.log.Warn("batch keeps failing: splitting it to isolate the failing job", zap.Int64("from", b.From), zap.Int64("to", b.To),
 				zap.Int("records", len(recs)), zap.Error(err))
@@ -125,6 +134,7 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 			return l.process(recs[mid:], next)
 		}
 		if handlerFailures < cfg.MaxAttempts && !final {
+			span.end(OutcomeRetried, err)
 			d := l.c.backoff(handlerFailures)
 			l.log.Warn("job failed, retrying", zap.String("job", JobID(recs[0])),
 				zap.Int("attempt", handlerFailures), zap.Duration("backoff", d), zap.Error(err))
@@ -133,7 +143,7 @@ func (l *lane) process(recs []*kgo.Record, from int64) (int64, error) {
 			}
 			continue
 		}
-		return l.deadLetter(b, err, handlerFailures)
+		return l.deadLetter(ctx, span, b, err, handlerFailures)
 	}
 }
 
@@ -189,8 +199,22 @@ func (l *lane) afterBatch(b *Batch, err error) {
 
 // deadLetter parks b's single job in the dead-letter table in the fenced
 // transaction that moves the partition past it. Database failures are
-// retried like any commit.
-func (l *lane) deadLetter(b *Batch, cause error, attempts int) (int64, error) {
+// retried like any commit. It ends span, the batch span of the job's last
+// attempt (ctx is its context), with what became of the job.
+func (l *lane) deadLetter(ctx context.Context, span batchSpan, b *Batch, cause error, attempts int) (next int64, err error) {
+	span.deadLettered(attempts)
+	ctx, ds := l.c.trace.child(ctx, SpanDeadLetter)
+	defer func() {
+		endSpan(ds, err)
+		switch {
+		case err == nil:
+			span.end(OutcomeDeadLettered, cause)
+		case errors.Is(err, sink.ErrFenced):
+			span.end(OutcomeFenced, err)
+		default:
+			span.end(OutcomeStopped, err)
+		}
+	}()
 	r := b.Records[0]
 	headers := make([]sink.Header, len(r.Headers))
 	for i, h := range r.Headers {
@@ -199,7 +223,7 @@ func (l *lane) deadLetter(b *Batch, cause error, attempts int) (int64, error) {
 	d := sink.DeadLetter{Partition: l.key, Offset: r.Offset, Key: r.Key, Value: r.Value, Headers: headers,
 		Error: cause.Error(), Attempts: attempts, Token: l.token, Owner: l.owner}
 	for attempt := 1; ; attempt++ {
-		err := l.commitTx(b, func(ctx context.Context, tx pgx.Tx) error {
+		err := l.commitTx(ctx, b, func(ctx context.Context, tx pgx.Tx) error {
 			return l.c.store.AddDeadLetter(ctx, tx, d)
 		})
 		switch {
@@ -224,28 +248,35 @@ func (l *lane) deadLetter(b *Batch, cause error, attempts int) (int64, error) {
 }
 
 // attempt runs the batch once in one transaction: handler, fence, commit.
-func (l *lane) attempt(b *Batch) error {
+// ctx is the lane's context, or the batch span's (startBatch).
+func (l *lane) attempt(ctx context.Context, b *Batch) error {
 	if h := l.c.cfg.Hooks.BeforeBatch; h != nil {
-		h(l.ctx, b)
+		h(ctx, b)
 	}
-	return l.commitTx(b, func(ctx context.Context, tx pgx.Tx) error {
+	return l.commitTx(ctx, b, func(ctx context.Context, tx pgx.Tx) error {
 		hctx, cancel := ctx, context.CancelFunc(func() {})
 		if l.c.cfg.HandlerTimeout > 0 {
 			hctx, cancel = context.WithTimeout(ctx, l.c.cfg.HandlerTimeout)
 		}
 		defer cancel()
+		hctx, hspan := l.c.trace.child(hctx, SpanHandler)
 		err := l.handle(hctx, tx, b)
 		// Our own timeout, not a stop of the lane.
 		timedOut := errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 		if err != nil {
-			return &handlerError{err, classifyHandlerError(err, tx.Conn().IsClosed(), timedOut)}
+			err = &handlerError{err, classifyHandlerError(err, tx.Conn().IsClosed(), timedOut)}
+			endSpan(hspan, err)
+			return err
 		}
 		if timedOut {
 			// A handler that ignored its context: what it did is rolled back
 			// like any timed-out batch, rather than raced against Postgres's
 			// idle-in-transaction timeout.
-			return &handlerError{fmt.Errorf("handler timed out after %s (it returned only after its deadline)", l.c.cfg.HandlerTimeout), failJob}
+			err := &handlerError{fmt.Errorf("handler timed out after %s (it returned only after its deadline)", l.c.cfg.HandlerTimeout), failJob}
+			endSpan(hspan, err)
+			return err
 		}
+		endSpan(hspan, nil)
 		if h := l.c.cfg.Hooks.BeforeCommit; h != nil {
 			h(ctx, b)
 		}
@@ -265,8 +296,10 @@ func (l *lane) attempt(b *Batch) error {
 // check reports that as a *HandlerBugError instead of committing anything.
 // Nothing of the handler's can run between the check and the fence: its Tx
 // refuses work once Handle has returned.
-func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) error) error {
-	ctx := l.ctx
+//
+// ctx is the lane's context, or a span's under it: every statement of the
+// transaction runs with it, so that a pgx tracer makes them its children.
+func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	marker := l.c.txMarker()
 	opts := l.c.txOptions
 	// The claim id in application_name lets a newer owner that waits on
@@ -305,6 +338,10 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 	// settled by the fence.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.cfg.CommitTimeout)
 	defer cancel()
+	// One span for the fence statement and COMMIT: one round trip. It ends
+	// once the outcome is known (resolved, if the answer was lost).
+	cctx, fspan := l.c.trace.child(cctx, SpanFenceCommit)
+	defer func() { endSpan(fspan, err) }()
 	req := sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To, LogEpoch: l.logEpoch}
 	if l.c.cfg.UnsafeNoFence { // benchmarks only: see Config.UnsafeNoFence
 		done = true
@@ -332,6 +369,7 @@ func (l *lane) commitTx(b *Batch, work func(ctx context.Context, tx pgx.Tx) erro
 	// while that session is still in the transaction.
 	done = true
 	_ = conn.Conn().Close(context.Background())
+	unknownOutcome(fspan, err)
 	return l.resolve(req, sess, err)
 }
 

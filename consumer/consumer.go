@@ -71,6 +71,8 @@ type Consumer struct {
 	claimBase int64
 	claimSeq  atomic.Int64
 	stats     counters
+	// trace traces batches (trace.go); nil: Config.TracerProvider is nil.
+	trace *tracing
 }
 
 // txMarker returns a value no other batch transaction uses.
@@ -96,6 +98,7 @@ func New(cfg Config) (*Consumer, error) {
 		lanes:   map[tp]*lane{},
 		running: make(chan struct{}),
 	}
+	c.trace = newTracing(&c.cfg)
 	// Set per transaction so that a pool shared with other code keeps its
 	// own settings. One round trip: BEGIN and the SETs travel together.
 	begin := "BEGIN"

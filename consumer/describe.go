@@ -74,6 +74,8 @@ const (
 // claimed has no fence_epoch, fence_owner or next_offset; lag needs both a
 // fencing row and a high watermark.
 type Assignment struct {
+	// Group is the consumer group described.
+	Group     string `json:"consumer_group"`
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`
 
@@ -128,8 +130,26 @@ type Assignment struct {
 	// (tenure admin holds) overrides it: stalled, handler-bug,
 	// topic-recreated, log-truncated or ahead-of-log.
 	State State `json:"state"`
-	// Reason says why a held partition is held ("" otherwise).
+	// Reason says why a held partition is held, and what resolves it
+	// (held-partitions: PartitionsChangedReason; an open hold: its own
+	// reason); "" otherwise.
 	Reason string `json:"reason"`
+}
+
+// PartitionsChangedReason says why the workers of group process none of
+// topic, whose partition count in Kafka (now) is not the one the group
+// recorded, and what resolves it: `tenure admin topic
+// acknowledge-partitions` for a topic that grew; a topic with fewer
+// partitions was re-created, and a decrease is never acknowledged.
+func PartitionsChangedReason(group, topic string, recorded, now int32) string {
+	if now < recorded {
+		return fmt.Sprintf("topic %s has %d partitions in Kafka, fewer than the %d group %s recorded: the topic was deleted and re-created, "+
+			"so the offsets in Postgres belong to the old one; a decrease is never acknowledged, and the group's workers process none of the topic",
+			topic, now, recorded, group)
+	}
+	return fmt.Sprintf("topic %s has %d partitions in Kafka but group %s recorded %d: keys now hash to other partitions, so the group's workers "+
+		"process none of the topic until `tenure admin topic acknowledge-partitions --group %s --topic %s` accepts the new count "+
+		"(if per-key order matters, drain the old partitions first)", topic, now, group, recorded, group, topic)
 }
 
 // Describe joins the group coordinator's view of group with the fencing rows
@@ -205,7 +225,14 @@ func Describe(ctx context.Context, cl *kgo.Client, store *sink.Store, group stri
 	if err != nil {
 		return nil, fmt.Errorf("reading the holds of group %q: %w", group, err)
 	}
-	return applyHolds(join(view, fences, ends, recorded, topics), holds), nil
+	rows := join(view, fences, ends, recorded, topics)
+	for i := range rows {
+		rows[i].Group = group
+		if t := rows[i].Topic; rows[i].State == StateHeldPartitions {
+			rows[i].Reason = PartitionsChangedReason(group, t, recorded[t], int32(len(ends[t])))
+		}
+	}
+	return applyHolds(rows, holds), nil
 }
 
 // applyHolds shows each partition's open hold on its row (see

@@ -233,7 +233,7 @@ func TestAssignmentJSONFields(t *testing.T) {
 		got = append(got, k)
 	}
 	sort.Strings(got)
-	want := []string{"client_id", "epoch", "fence_epoch", "fence_owner", "high_watermark", "host", "lag",
+	want := []string{"client_id", "consumer_group", "epoch", "fence_epoch", "fence_owner", "high_watermark", "host", "lag",
 		"member_id", "next_offset", "partition", "reason", "state", "topic"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("JSON fields %v, want %v", got, want)

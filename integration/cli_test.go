@@ -117,7 +117,7 @@ func (e *env) totalHighWatermark(partitions int32) int64 {
 }
 
 // assignmentFields are the JSON fields of `tenure admin assignments`.
-var assignmentFields = []string{"client_id", "epoch", "fence_epoch", "fence_owner", "high_watermark", "host",
+var assignmentFields = []string{"client_id", "consumer_group", "epoch", "fence_epoch", "fence_owner", "high_watermark", "host",
 	"lag", "member_id", "next_offset", "partition", "reason", "state", "topic"}
 
 // assignmentsJSON runs `tenure admin assignments --output json` and checks
@@ -169,6 +169,9 @@ func testCLIProduceAndAssignments(t *testing.T, proto string) {
 	r := runCLI(t, 60*time.Second, "", "produce", "--brokers", brokers, "--topic", e.topic, "--generate", "300", "--key-count", "12")
 	if r.code != 0 || !strings.Contains(r.stdout, "produced 300 jobs") {
 		t.Fatalf("produce --generate: %s", r)
+	}
+	if r.stderr != "" {
+		t.Errorf("produce --generate wrote to stderr, which is not a terminal (progress goes to terminals only): %q", r.stderr)
 	}
 	t.Logf("produce --generate:\n%s", r.stdout)
 
@@ -273,7 +276,7 @@ func testCLIProduceAndAssignments(t *testing.T, proto string) {
 	r = runCLI(t, 60*time.Second, "", "admin", "assignments", "--brokers", brokers, "--group", e.group,
 		"--database-url", e.dbURL, "--schema", e.schema, "--topic", e.topic)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if r.code != 0 || len(lines) != partitions+1 || !strings.HasPrefix(lines[0], "TOPIC") {
+	if r.code != 0 || len(lines) != partitions+1 || !strings.HasPrefix(lines[0], "GROUP ") || !strings.HasPrefix(lines[1], e.group+" ") {
 		t.Fatalf("admin assignments (table): %s", r)
 	}
 	for _, l := range lines[1:] {
@@ -468,7 +471,6 @@ func TestCLIUnreachable(t *testing.T) {
 		{"assignments, closed broker", []string{"admin", "assignments", "--brokers", closed, "--group", "g", "--database-url", goodDB, "--schema", schema}, []string{"cannot reach the Kafka brokers"}},
 		{"assignments, closed database", []string{"admin", "assignments", "--brokers", closed, "--group", "g", "--database-url", closedDB}, []string{"cannot reach the database"}},
 		{"fences, closed database", []string{"admin", "fences", "--database-url", closedDB}, []string{"cannot reach the database"}},
-		{"fences, bad database URL", []string{"admin", "fences", "--database-url", "postgres://%zz"}, []string{"database URL is not valid"}},
 		{"fences, schema without tables", []string{"admin", "fences", "--database-url", goodDB, "--schema", "tenure_never_migrated"}, []string{"tenure migrate up"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -477,6 +479,22 @@ func TestCLIUnreachable(t *testing.T) {
 			wantFailure(t, r, 1, c.want...)
 			t.Logf("%s: %s", r.took.Round(time.Millisecond), strings.TrimSpace(r.stderr))
 		})
+	}
+	// A database URL that is not one is bad usage, said before anything
+	// connects, in every command.
+	for _, args := range [][]string{
+		{"admin", "fences", "--database-url", "postgres://%zz"},
+		{"admin", "fences", "--database-url", "http://foo"},
+		{"migrate", "up", "--database-url", "http://foo"},
+		{"worker", "--brokers", closed, "--group", "g", "--topic", "t", "--handler", "noop", "--database-url", "http://foo"},
+		{"admin", "assignments", "--brokers", closed, "--group", "g", "--database-url", "localhost"},
+		{"demo", "--database-url", "https://db.example"},
+	} {
+		r := runCLI(t, bound, "", args...)
+		wantFailure(t, r, 2, "tenure "+args[0], "the database URL (--database-url) is not", "usage: tenure")
+		if r.took > 5*time.Second {
+			t.Errorf("%v: refused after %s", args, r.took)
+		}
 	}
 }
 
@@ -796,6 +814,31 @@ func TestCLIAddAndAcknowledgePartitions(t *testing.T) {
 		}
 	}
 	waitFor(t, 60*time.Second, "every partition held-partitions", held("held-partitions"))
+	// assignments gives the reason, and admin holds lists the topic.
+	reason := "topic " + e.topic + " has 3 partitions in Kafka but group " + e.group + " recorded 2"
+	for _, row := range assignmentsJSON(t, e) {
+		if row["consumer_group"] != e.group || !strings.Contains(fmt.Sprint(row["reason"]), reason) ||
+			!strings.Contains(fmt.Sprint(row["reason"]), "`tenure admin topic acknowledge-partitions --group "+e.group+" --topic "+e.topic+"`") {
+			t.Errorf("a held-partitions row: %v", row)
+		}
+	}
+	tab := runCLI(t, 60*time.Second, "", append([]string{"admin", "assignments", "--brokers", brokers, "--group", e.group}, db...)...)
+	lines := strings.Split(strings.TrimSpace(tab.stdout), "\n")
+	if tab.code != 0 || len(lines) != 5 || strings.Join(strings.Fields(lines[0]), " ") != "GROUP TOPIC PARTITION MEMBER EPOCH TOKEN FENCE_OWNER NEXT_OFFSET HIGH_WATERMARK LAG STATE" ||
+		!strings.HasPrefix(lines[1], e.group+" ") || !regexp.MustCompile(`\btenure-A-[0-9a-f]{8}\s`).MatchString(lines[1]) ||
+		regexp.MustCompile(`[0-9a-f]{32}`).MatchString(tab.stdout) || !strings.Contains(lines[4], e.topic+"/0,1,2 held-partitions: "+reason) {
+		t.Errorf("admin assignments (table): %s", tab)
+	}
+	for _, l := range lines[1:4] {
+		if len(l) > 160 {
+			t.Errorf("a line of %d characters: %q", len(l), l)
+		}
+	}
+	hr := runCLI(t, 60*time.Second, "", append([]string{"admin", "holds", "--brokers", brokers}, db...)...)
+	if hl := strings.Split(hr.stdout, "\n"); hr.code != 0 || len(hl) < 2 || !strings.HasPrefix(strings.Join(strings.Fields(hl[1]), " "), e.group+" "+e.topic+" all partitions-changed yes") ||
+		!strings.Contains(hr.stdout, reason) {
+		t.Errorf("admin holds --brokers: %s", hr)
+	}
 
 	ack := append([]string{"admin", "topic", "acknowledge-partitions", "--group", e.group, "--topic", e.topic}, db...)
 	wantFailure(t, runCLI(t, 30*time.Second, "", ack...), 2, "--brokers is required")
@@ -809,14 +852,24 @@ func TestCLIAddAndAcknowledgePartitions(t *testing.T) {
 	runSuggested(t, fmt.Sprint(refusal["error"]), vars, nil)
 	waitFor(t, 60*time.Second, "every partition ok", held("ok"))
 
+	hr = runCLI(t, 60*time.Second, "", append([]string{"admin", "holds", "--brokers", brokers}, db...)...)
+	if hr.code != 0 || strings.Contains(hr.stdout, "partitions-changed") {
+		t.Errorf("admin holds --brokers once acknowledged: %s", hr)
+	}
+
 	// A count recorded above Kafka's (what acknowledge-partitions without
-	// a broker used to accept): the topic is held, assignments says so, and
-	// a decrease is refused.
+	// a broker used to accept): the topic is held, assignments and holds
+	// say so, and a decrease is refused.
 	if _, err := e.pool.Exec(context.Background(), `UPDATE "`+e.schema+`".topic_layouts SET partition_count = 5 WHERE consumer_group = $1`, e.group); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, "every partition held-partitions", held("held-partitions"))
 	wantFailure(t, runCLI(t, 30*time.Second, "", append(ack, "--brokers", brokers)...), 1, "fewer than the 5", "a decrease is never accepted", "nothing was changed")
+	hr = runCLI(t, 60*time.Second, "", append([]string{"admin", "holds", "--brokers", brokers, "--output", "json"}, db...)...)
+	if hr.code != 0 || !strings.Contains(hr.stdout, `"kind": "partitions-changed"`) || !strings.Contains(hr.stdout, `"needs_ack": false`) ||
+		!strings.Contains(hr.stdout, "fewer than the 5 group "+e.group+" recorded") {
+		t.Errorf("admin holds --brokers after a decrease: %s", hr)
+	}
 	w.stop(30 * time.Second)
 }
 

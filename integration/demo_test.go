@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -66,6 +67,24 @@ func TestDemo(t *testing.T) {
 	// Timeline lines are stamped with the time since the start.
 	if !regexp.MustCompile(`(?m)^\+\d+\.\ds\s+SIGSTOP worker A`).MatchString(stdout) {
 		t.Errorf("timeline lines should start with +N.Ns\n%s", stdout)
+	}
+	// The admin commands it shows work as printed, copied into a shell
+	// without the demo's environment: they name its schema and database.
+	m := regexp.MustCompile(`(?m)^\$ (tenure admin exports get \S+ --schema ` + regexp.QuoteMeta(schema) + ` --database-url \S+)\n(.*)\n`).FindStringSubmatch(stdout)
+	if m == nil {
+		t.Fatalf("stdout lacks `$ tenure admin exports get KEY --schema %s --database-url URL`\n%s", schema, stdout)
+	}
+	sh := exec.Command("bash", "-c", m[1])
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "PATH=") {
+			kv = "PATH=" + filepath.Dir(tenureBin) + ":" + strings.TrimPrefix(kv, "PATH=")
+		}
+		if !strings.HasPrefix(kv, "TENURE_") {
+			sh.Env = append(sh.Env, kv)
+		}
+	}
+	if out, err := sh.CombinedOutput(); err != nil || string(out) != m[2] {
+		t.Errorf("`%s`: %v\n%s\nthe demo printed\n%s", m[1], err, out, m[2])
 	}
 	// The workers' JSON logs stay out of stdout.
 	if strings.Contains(stdout, `"level":`) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -88,10 +89,21 @@ func TestWorkerMetrics(t *testing.T) {
 	}
 	for _, want := range []string{"# TYPE tenure_lanes gauge", "# TYPE tenure_handler_duration_seconds histogram",
 		`tenure_commit_duration_seconds_count{outcome="committed"}`, "# TYPE tenure_partition_lag gauge",
-		`tenure_kafka_connects_total{node_id="0"}`, "go_goroutines", "process_resident_memory_bytes"} {
+		`tenure_kafka_connects_total{node_id="0"}`, "go_goroutines", "process_resident_memory_bytes",
+		"# TYPE tenure_kafka_buffered_fetch_records gauge", "# TYPE tenure_kafka_buffered_produce_records gauge",
+		"# TYPE tenure_kafka_buffered_fetch_bytes gauge", `tenure_build_info{go_version="go`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, body)
 		}
+	}
+	// A gauge is not named like a counter.
+	for _, l := range strings.Split(body, "\n") {
+		if f := strings.Fields(l); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" && f[3] == "gauge" && strings.HasSuffix(f[2], "_total") {
+			t.Errorf("gauge %s ends in _total", f[2])
+		}
+	}
+	if !regexp.MustCompile(`(?m)^tenure_build_info\{go_version="go[^"]+",revision="[^"]+",version="[^"]+"\} 1$`).MatchString(body) {
+		t.Errorf("/metrics has no tenure_build_info 1 with its three labels:\n%s", body)
 	}
 	if code, out := w.get("/healthz"); code != http.StatusOK || out != "ok\n" {
 		t.Errorf("/healthz: %d %q", code, out)

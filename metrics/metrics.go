@@ -40,6 +40,10 @@
 // fence_log_pruned_total, worker_step_downs_total, worker_stepped_down; and handler_oldest_running_seconds, the age of
 // the oldest Handle call still running (a handler that ignores its context
 // grows it past HandlerTimeout), partition_lag_read_errors_total.
+//
+// Besides a Collector, `tenure worker --http-addr` serves BuildInfo
+// (tenure_build_info{version, revision, go_version} 1) and, through
+// KafkaHooks, the Kafka client's own metrics (tenure_kafka_*).
 package metrics
 
 import (

@@ -94,9 +94,14 @@ func (s *Store) AddDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) erro
 	if err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO `+quote(s.schema)+`.dead_letters
-		(consumer_group, topic, partition, job_offset, job_key, job_value, headers, error, attempts, incarnation, epoch, owner)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+	// The letter belongs to the partition's log epoch, read from its fencing
+	// row in the same transaction, whose fence checks the lane's epoch: a job
+	// repeated by an operator's reset may be parked again (migration 014).
+	q := quote(s.schema)
+	_, err = tx.Exec(ctx, `INSERT INTO `+q+`.dead_letters
+		(consumer_group, topic, partition, job_offset, job_key, job_value, headers, error, attempts, incarnation, epoch, owner, log_epoch)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
+			coalesce((SELECT log_epoch FROM `+q+`.fences WHERE consumer_group = $1 AND topic = $2 AND partition = $3), 0))`,
 		d.Partition.Group, d.Partition.Topic, d.Partition.Partition, d.Offset, d.Key, d.Value, hj,
 		// The error is for people; a handler's message may quote a job's
 		// bytes, which a text column refuses (and then the job could never
@@ -113,12 +118,13 @@ func (s *Store) AddDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) erro
 }
 
 // DeadLetterExistsError says that the job is in the dead-letter table
-// already. A transaction that parked it also moved the partition past it, so
+// already, in the partition's current log epoch. A transaction that parked
+// it also moved the partition past it, so
 // the caller's idea of the stored offset is wrong (a dead-lettering whose
 // outcome it did not learn): it matches ErrFenced, and the reaction is the
 // same, claim again and go on from the stored offset. If the stored offset
-// is not past the job, the partition's offsets were reset onto a log that
-// reuses them (an acknowledged hold), and the lane says so while it retries.
+// is not past the job, something moved the offset back without starting a
+// new log epoch (an edit of the fencing row by hand).
 type DeadLetterExistsError struct {
 	Partition Partition
 	Offset    int64

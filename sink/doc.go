@@ -34,7 +34,7 @@
 //
 // The rest is the operator's API, what `tenure admin` and tests use to read
 // and act on the fencing state: Get, List, OpenHold, OpenHolds,
-// AcknowledgeHold, AcknowledgePartitions, DeadLetters, DeadLetterByID,
-// Replay, Discard, PruneFenceLogs, Incarnation, and Migrate with its
-// companions.
+// AcknowledgeHold, AcknowledgePartitions, ResetOffset, FenceLogAt,
+// DeadLetters, DeadLetterByID, DeadLetterAt, DeadLettersIn, Replay,
+// Discard, PruneFenceLogs, Incarnation, and Migrate with its companions.
 package sink

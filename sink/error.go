@@ -62,7 +62,7 @@ func (e *FencedError) Error() string {
 	}
 	if e.mismatch() {
 		if e.CurrentLogEpoch != e.LogEpoch {
-			return fmt.Sprintf("%s of %s with token %s by %q rejected: the partition's offsets were moved to a new log epoch (%d, from %d: an operator's acknowledgement); the stored next offset is %d",
+			return fmt.Sprintf("%s of %s with token %s by %q rejected: the partition's offsets were moved to a new log epoch (%d, from %d: an operator's acknowledgement or offset reset); the stored next offset is %d",
 				e.Op, e.Partition, e.Presented, e.Owner, e.CurrentLogEpoch, e.LogEpoch, e.NextOffset)
 		}
 		return fmt.Sprintf("%s of %s with token %s by %q rejected: it started at offset %d but the stored next offset is %d",

@@ -14,8 +14,10 @@
 //	tenure help        a command's help
 //	tenure admin       inspect and operate, one subcommand each:
 //	    topic create, topic describe, topic add-partitions, topic acknowledge-partitions,
-//	    group delete, groups, assignments, fences, fences prune, holds, holds acknowledge,
-//	    dlq list, dlq show, dlq replay, dlq discard, exports get, exports list, exports gc
+//	    topic list, group delete, groups, assignments, fences, fences prune, holds,
+//	    holds acknowledge, offsets reset, job, jobs peek, jobs tail,
+//	    dlq list, dlq show, dlq replay, dlq discard, exports get, exports list, exports gc,
+//	    serve (a live ownership page)
 //
 // The commands live in internal/cli, which says the rules they share:
 // TENURE_* variables, exit statuses, where output goes.

@@ -36,6 +36,7 @@ func (t *tree) adminCommand() *cobra.Command {
 			a(spec{name: "describe", short: "a topic's partitions, leaders and high watermarks"}, &topicDescribe{}),
 			a(spec{name: "add-partitions", short: "grow a topic to N partitions (its groups then hold it until acknowledge-partitions)"}, &addPartitions{}),
 			a(spec{name: "acknowledge-partitions", short: "accept a topic's new partition count (read from Kafka) for a group, so that its workers resume it"}, &acknowledgePartitions{}),
+			a(spec{name: "list", short: "the topics on the brokers: partitions, replication factor, internal or not"}, &topicList{}),
 		),
 		t.group("group", "operate on a consumer group",
 			a(spec{name: "delete", short: "delete an empty consumer group, moving its incarnation on first"}, &groupDelete{}),
@@ -48,6 +49,14 @@ func (t *tree) adminCommand() *cobra.Command {
 		withSubs(a(spec{name: "holds", short: "partitions workers do not process, and why: stalled (recovering by itself), handler bugs, offsets that do not fit the log"}, &holds{}),
 			a(spec{name: "acknowledge", short: "let the workers go on with a held partition (moves its offset to where the log now is, for holds about the log)"}, &holdAcknowledge{}),
 		),
+		t.group("offsets", "move a group's stored offsets through the fence",
+			a(spec{name: "reset", short: "move a group's offsets (to the log's start or end, an offset, a shift, a time) while workers run: shows the plan, or with --execute does it"}, &offsetsReset{}),
+		),
+		a(spec{name: "job", args: "TOPIC/PARTITION/OFFSET", maxArgs: 1, short: "what became of one job for a group: committed (when, by whom), dead-lettered, pending, lost, or not in the log"}, &jobLookup{}),
+		t.group("jobs", "read jobs from a topic: peek, tail",
+			a(spec{name: "peek", short: "print K jobs of a topic from an offset (key, headers, value; exact bytes escaped) and exit"}, &jobsRead{}),
+			a(spec{name: "tail", short: "print a topic's new jobs as they arrive, until interrupted (or --count)"}, &jobsRead{follow: true}),
+		),
 		t.group("dlq", "the dead-letter table: list, show, replay, discard",
 			a(spec{name: "list", short: "dead-lettered jobs, oldest first (default: those still dead)"}, &dlqList{}),
 			a(spec{name: "show", args: "ID", maxArgs: -1, short: "one dead letter in full: job, headers, error, attempts, token, owner, and what was done to it"}, &dlqShow{}),
@@ -59,6 +68,7 @@ func (t *tree) adminCommand() *cobra.Command {
 			a(spec{name: "list", short: "the export pointers: per key, the visible object and the job and token that published it"}, &exportsList{}),
 			a(spec{name: "gc", short: "delete the objects no pointer names and no live writer can still publish (safe while workers run)"}, &exportsGC{}),
 		),
+		a(serveSpec, &serveCmd{}),
 	)
 }
 
@@ -226,11 +236,43 @@ func (a *admin) close() {
 func (a *admin) dbError(what string, err error) error {
 	switch {
 	case sink.IsMissingTables(err):
-		return fmt.Errorf("schema %q has no tenure tables: run `tenure migrate up --schema %s` (or give the right --schema)", a.schema, a.schema)
+		return a.missingTables()
 	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
 		return fmt.Errorf("%s: the database did not answer within %s", what, adminTimeout)
 	}
 	return fmt.Errorf("%s: %s", what, pgxCauseOf(err))
+}
+
+// missingTables says why --schema has not the table a command reads: the
+// schema does not exist (the schemas that hold tenure's tables are named:
+// a mistyped or forgotten --schema is the usual cause), it holds no tenure
+// tables, or it is a tenure schema behind this binary's migrations.
+func (a *admin) missingTables() error {
+	ctx, cancel := context.WithTimeout(a.ctx, adminTimeout)
+	defer cancel()
+	generic := fmt.Errorf("schema %q has no tenure tables: give the right --schema, or run `tenure migrate up --schema %s`", a.schema, a.schema)
+	if a.pool == nil {
+		return generic
+	}
+	exists, err := schemaExists(ctx, a.pool, a.schema)
+	if err != nil {
+		return generic
+	}
+	if !exists {
+		return missingSchema(ctx, a.pool, a.schema)
+	}
+	schemas, err := tenureSchemas(ctx, a.pool)
+	if err != nil {
+		return generic
+	}
+	if !slices.Contains(schemas, a.schema) {
+		return fmt.Errorf("schema %q holds no tenure tables; schemas with tenure tables: %s; give the right --schema, or run `tenure migrate up --schema %s` to add them to it",
+			a.schema, schemaList(schemas), a.schema)
+	}
+	if behind := sink.CheckSchema(ctx, a.pool, a.schema); behind != nil {
+		return behind
+	}
+	return generic
 }
 
 // kafkaError turns a failed Kafka request into one sentence.

@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/tenure-dev/tenure/export"
+	"github.com/tenure-dev/tenure/sink"
 )
 
 const exportStoreUsage = "the object store (file:///path or s3://bucket/prefix?endpoint=URL&region=R)"
@@ -37,10 +42,14 @@ func (c *exportsGet) run(ctx context.Context) error {
 	}
 	p, err := export.Lookup(ctx, pool, c.schema, c.key)
 	if errors.Is(err, export.ErrNoExport) {
-		return fmt.Errorf("key %q has no published export in schema %q (see `tenure admin exports list`)", printableString(c.key), c.schema)
+		return c.noExport(ctx)
 	}
 	if err != nil {
-		return c.dbError("reading the export pointer", err)
+		err = c.dbError("reading the export pointer", err)
+		if where := c.elsewhere(ctx); where != "" {
+			err = fmt.Errorf("%v; %s", err, where)
+		}
+		return err
 	}
 	if c.output == "json" {
 		return c.json(p)
@@ -100,6 +109,9 @@ func (c *exportsList) run(ctx context.Context) error {
 		if ps == nil {
 			ps = []export.Pointer{}
 		}
+		if table := c.tableNote(ctx); table != "" {
+			fmt.Fprintf(c.stderr, "not listed: %s\n", table)
+		}
 		return c.json(ps)
 	}
 	tw := c.table()
@@ -114,10 +126,107 @@ func (c *exportsList) run(ctx context.Context) error {
 	if len(ps) == c.limit {
 		fmt.Fprintf(c.stderr, "showing the first %d keys; there may be more (--limit)\n", c.limit)
 	}
-	if len(ps) == 0 {
+	table := c.tableNote(ctx)
+	switch {
+	case len(ps) == 0 && table != "":
+		fmt.Fprintf(c.stderr, "no exports in an object store in schema %s; %s\n", c.schema, table)
+	case len(ps) == 0:
 		fmt.Fprintf(c.stderr, "no exports in schema %s\n", c.schema)
+	case table != "":
+		fmt.Fprintf(c.stderr, "besides these exports in an object store, %s\n", table)
 	}
 	return nil
+}
+
+// The export handler has two outputs: without --export-store it writes
+// each key's export to the exports table of the schema (internal/jobs),
+// with one it publishes objects in the store through export_pointers
+// (package export), which is what the exports commands read. They say
+// where the table's rows are, rather than "no exports" while it holds
+// some.
+
+// tableExport is a key's row in the exports table.
+type tableExport struct {
+	version, offset int64
+	topic           string
+	partition       int32
+	token           sink.Token
+}
+
+// tableNote says how many keys (under --prefix) the exports table holds,
+// and how to read them; "" when it holds none or cannot be read.
+func (c *exportsList) tableNote(ctx context.Context) string {
+	var n int64
+	q := pgx.Identifier{c.schema}.Sanitize() + ".exports"
+	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM `+q+` WHERE starts_with(job_key, $1)`, c.prefix).Scan(&n); err != nil || n == 0 {
+		return ""
+	}
+	groups := ""
+	if c.group != "" {
+		groups = " (of every group: the table does not record them)"
+	}
+	return fmt.Sprintf("the exports table %s holds %s%s written by the export handler without --export-store, rows rather than objects in a store: "+
+		"read them with SELECT job_key, version, topic, partition, job_offset, document FROM %s ORDER BY job_key", q, plural(int(n), "key"), groups, q)
+}
+
+// noExport says that the key has no published export in --schema, and
+// where it is if it is elsewhere: in the exports table (written without a
+// store), or published in another tenure schema of the database.
+func (c *exportsGet) noExport(ctx context.Context) error {
+	key := printableString(c.key)
+	msg := fmt.Sprintf("key %q has no published export in schema %q", key, c.schema)
+	q := pgx.Identifier{c.schema}.Sanitize() + ".exports"
+	var te tableExport
+	err := c.pool.QueryRow(ctx, `SELECT version, topic, partition, job_offset, incarnation, epoch FROM `+q+` WHERE job_key = $1`, c.key).
+		Scan(&te.version, &te.topic, &te.partition, &te.offset, &te.token.Incarnation, &te.token.Epoch)
+	if err == nil {
+		return fmt.Errorf("%s (an object store's, which this command reads); the export handler without --export-store wrote it to the exports table %s "+
+			"(version %d, job %s/%d/%d, token %s): read it with SELECT job_value FROM %s WHERE job_key = '%s'",
+			msg, q, te.version, printableString(te.topic), te.partition, te.offset, te.token, q, strings.ReplaceAll(key, "'", "''"))
+	}
+	if where := c.elsewhere(ctx); where != "" {
+		return fmt.Errorf("%s; %s", msg, where)
+	}
+	if schemas, err := tenureSchemas(ctx, c.pool); err == nil {
+		return fmt.Errorf("%s (see `tenure admin exports list`; schemas with tenure tables: %s)", msg, schemaList(schemas))
+	}
+	return fmt.Errorf("%s (see `tenure admin exports list`)", msg)
+}
+
+// elsewhere names the other tenure schemas of the database where the key
+// has a published export, and the command that reads it there ("": none).
+func (c *exportsGet) elsewhere(ctx context.Context) string {
+	if c.pool == nil {
+		return ""
+	}
+	schemas, err := tenureSchemas(ctx, c.pool)
+	if err != nil {
+		return ""
+	}
+	var found []string
+	for _, s := range otherSchemas(schemas, c.schema) {
+		if _, err := export.Lookup(ctx, c.pool, s, c.key); err == nil {
+			found = append(found, s)
+		}
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	has := "schema " + found[0] + " has one"
+	if len(found) > 1 {
+		has = "schemas " + strings.Join(found, ", ") + " have one"
+	}
+	return fmt.Sprintf("%s: `tenure admin exports get %s --schema %s`", has, shellWord(c.key), found[0])
+}
+
+// shellWord quotes s for a shell when it needs it (printable, as a
+// message shows it).
+func shellWord(s string) string {
+	s = printableString(s)
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:,@%+=") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // exportsGC is `tenure admin exports gc`.
@@ -154,7 +263,11 @@ func (c *exportsGC) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	stop := startProgress(c.stderr, func(elapsed time.Duration) string {
+		return fmt.Sprintf("exports gc: listing and checking the objects of %s, %s so far", st, elapsed.Round(time.Second))
+	})
 	rep, err := export.GC(ctx, pool, c.schema, st, export.GCOptions{Keep: c.keep, DryRun: c.dryRun})
+	stop()
 	if err != nil {
 		return c.dbError("collecting export objects", err)
 	}

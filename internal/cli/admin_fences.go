@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -67,23 +68,60 @@ func (c *assignments) run(ctx context.Context) error {
 	if c.output == "json" {
 		return c.json(rows)
 	}
+	// The table: one line per partition, the member id once and
+	// abbreviated (--output json has every field in full).
 	tw := c.table()
-	fmt.Fprintln(tw, "TOPIC\tPARTITION\tMEMBER_ID\tCLIENT_ID\tHOST\tEPOCH\tFENCE_EPOCH\tFENCE_OWNER\tNEXT_OFFSET\tHIGH_WATERMARK\tLAG\tSTATE")
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tMEMBER\tEPOCH\tTOKEN\tFENCE_OWNER\tNEXT_OFFSET\tHIGH_WATERMARK\tLAG\tSTATE")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printableString(r.Topic), r.Partition,
-			dash(printableString(r.MemberID)), dash(printableString(r.ClientID)), dash(printableString(r.Host)), dashInt(r.Epoch),
-			dash(r.FenceEpoch), dash(printableString(r.FenceOwner)), dashInt(r.NextOffset),
+		owner := dash(printableString(shortMember(r.FenceOwner)))
+		if r.FenceOwner != "" && r.FenceOwner == r.MemberID {
+			owner = "(member)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printableString(r.Group), printableString(r.Topic), r.Partition,
+			dash(printableString(shortMember(r.MemberID))), dashInt(r.Epoch), dash(r.FenceEpoch), owner, dashInt(r.NextOffset),
 			dashInt(r.HighWatermark), dashInt(r.Lag), r.State)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	// The reasons, once for the partitions of a topic that share one (a
+	// changed partition count holds the whole topic).
+	type said struct {
+		topic  string
+		state  consumer.State
+		reason string
+	}
+	var order []said
+	parts := map[said][]string{}
 	for _, r := range rows {
-		if r.Reason != "" {
-			fmt.Fprintf(c.stdout, "%s/%d %s: %s\n", printableString(r.Topic), r.Partition, r.State, printableString(r.Reason))
+		if r.Reason == "" {
+			continue
 		}
+		k := said{r.Topic, r.State, r.Reason}
+		if parts[k] == nil {
+			order = append(order, k)
+		}
+		parts[k] = append(parts[k], fmt.Sprint(r.Partition))
+	}
+	for _, k := range order {
+		fmt.Fprintf(c.stdout, "%s/%s %s: %s\n", printableString(k.topic), strings.Join(parts[k], ","), k.state, printableString(k.reason))
 	}
 	return nil
+}
+
+// shortMember abbreviates a member id for a table: kgo's classic member
+// ids are the client id, a dash and 32 hex digits, of which 8 tell the
+// members apart ("tenure-worker-1-f3f463fc"); other ids (KIP-848's are
+// 22 to 24 characters) are shown whole up to 24 characters, longer ones as
+// their first 23 and a "+". JSON has them whole.
+func shortMember(id string) string {
+	if i := strings.LastIndexByte(id, '-'); i >= 0 && len(id)-i-1 >= 16 && strings.Trim(id[i+1:], "0123456789abcdef") == "" {
+		return id[:i+9]
+	}
+	if len(id) > 24 {
+		return id[:23] + "+"
+	}
+	return id
 }
 
 // fenceRow is one row of `tenure admin fences`: the fences table as is, plus

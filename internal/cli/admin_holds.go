@@ -4,33 +4,47 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/partition"
 	"github.com/tenure-dev/tenure/sink"
 )
 
-// holdRow is one row of `tenure admin holds`.
+// holdRow is one row of `tenure admin holds`: an open hold of a
+// partition, or a topic whose partition count changed (kind
+// partitions-changed: every partition of it, partition null, with the
+// recorded and current counts).
 type holdRow struct {
-	Group         string    `json:"consumer_group"`
-	Topic         string    `json:"topic"`
-	Partition     int32     `json:"partition"`
-	Kind          string    `json:"kind"`
-	NeedsAck      bool      `json:"needs_ack"`
-	NextOffset    *int64    `json:"next_offset"`
-	LogStart      *int64    `json:"log_start"`
-	HighWatermark *int64    `json:"high_watermark"`
-	From          *int64    `json:"from_offset"`
-	To            *int64    `json:"to_offset"`
-	FirstJob      string    `json:"first_job"`
-	LastJob       string    `json:"last_job"`
-	Token         string    `json:"token"`
-	Owner         string    `json:"owner"`
-	Since         time.Time `json:"since"`
-	Reason        string    `json:"reason"`
+	Group         string     `json:"consumer_group"`
+	Topic         string     `json:"topic"`
+	Partition     *int32     `json:"partition"`
+	Kind          string     `json:"kind"`
+	NeedsAck      bool       `json:"needs_ack"`
+	NextOffset    *int64     `json:"next_offset"`
+	LogStart      *int64     `json:"log_start"`
+	HighWatermark *int64     `json:"high_watermark"`
+	From          *int64     `json:"from_offset"`
+	To            *int64     `json:"to_offset"`
+	FirstJob      string     `json:"first_job"`
+	LastJob       string     `json:"last_job"`
+	Token         string     `json:"token"`
+	Owner         string     `json:"owner"`
+	Since         *time.Time `json:"since"`
+	Reason        string     `json:"reason"`
+	// partitions-changed: the count the group recorded, and Kafka's.
+	RecordedPartitions *int32 `json:"recorded_partitions"`
+	Partitions         *int32 `json:"partitions"`
 }
+
+// kindPartitionsChanged is the kind of a topic whose partition count in
+// Kafka is not the one its group recorded: not a row of partition_holds,
+// but held all the same (assignments: held-partitions).
+const kindPartitionsChanged = "partitions-changed"
 
 func offsetPtr(o int64) *int64 {
 	if o < 0 {
@@ -40,10 +54,11 @@ func offsetPtr(o int64) *int64 {
 }
 
 func toHoldRow(h sink.Hold) holdRow {
-	r := holdRow{Group: h.Partition.Group, Topic: h.Partition.Topic, Partition: h.Partition.Partition, Kind: string(h.Kind),
+	since := h.Since.UTC()
+	r := holdRow{Group: h.Partition.Group, Topic: h.Partition.Topic, Partition: &h.Partition.Partition, Kind: string(h.Kind),
 		NeedsAck: h.Kind.NeedsAck(), NextOffset: offsetPtr(h.NextOffset), LogStart: offsetPtr(h.LogStart),
 		HighWatermark: offsetPtr(h.HighWatermark), From: offsetPtr(h.From), To: offsetPtr(h.To),
-		FirstJob: h.FirstJob, LastJob: h.LastJob, Owner: h.Owner, Since: h.Since.UTC(), Reason: h.Reason}
+		FirstJob: h.FirstJob, LastJob: h.LastJob, Owner: h.Owner, Since: &since, Reason: h.Reason}
 	if h.Token != (sink.Token{}) {
 		r.Token = h.Token.String()
 	}
@@ -60,6 +75,7 @@ type holds struct {
 func (c *holds) define(f *flagSet) {
 	c.withDB(f)
 	f.String(&c.group, "group", "", "only this consumer group's holds (default: every group)", arg("G"))
+	c.withKafka(f, "Kafka seed brokers: with them, the topics whose partition count changed are listed too (kind partitions-changed: Kafka has the current counts)")
 	c.withOutput(f, "output format: table or json", "table", "json")
 }
 
@@ -80,9 +96,38 @@ func (c *holds) run(ctx context.Context) error {
 	for i, h := range holds {
 		rows[i] = toHoldRow(h)
 	}
-	if c.output == "json" {
-		return c.json(rows)
+	layouts, err := c.layouts(ctx)
+	if err != nil {
+		return c.dbError("reading the recorded partition counts", err)
 	}
+	changed, err := c.partitionsChanged(ctx, layouts)
+	if err != nil {
+		return err
+	}
+	rows = append(rows, changed...)
+	if c.output == "json" {
+		if err := c.json(rows); err != nil {
+			return err
+		}
+	} else if err := c.printTable(rows); err != nil {
+		return err
+	}
+	note := ""
+	if c.kafka.brokers == "" && len(layouts) > 0 {
+		note = fmt.Sprintf("topics whose partition count changed (kind %s) are not listed: give --brokers (or set TENURE_BROKERS), Kafka has the current counts", kindPartitionsChanged)
+	}
+	switch {
+	case len(rows) == 0 && note != "":
+		fmt.Fprintf(c.stderr, "no held partitions in schema %s; %s\n", c.schema, note)
+	case len(rows) == 0:
+		fmt.Fprintf(c.stderr, "no held partitions in schema %s\n", c.schema)
+	case note != "":
+		fmt.Fprintln(c.stderr, note)
+	}
+	return nil
+}
+
+func (c *holds) printTable(rows []holdRow) error {
 	tw := c.table()
 	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tKIND\tNEEDS_ACK\tNEXT_OFFSET\tJOBS\tBY\tSINCE\tREASON")
 	for _, r := range rows {
@@ -94,17 +139,76 @@ func (c *holds) run(ctx context.Context) error {
 		if r.NeedsAck {
 			ack = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printableString(r.Group), printableString(r.Topic), r.Partition,
-			r.Kind, ack, dashInt(r.NextOffset), dash(printableString(jobs)), printableString(r.Owner),
-			r.Since.Format("2006-01-02 15:04:05Z"), printableString(r.Reason))
+		part, since := "all", "-"
+		if r.Partition != nil {
+			part = fmt.Sprint(*r.Partition)
+		}
+		if r.Since != nil {
+			since = r.Since.Format("2006-01-02 15:04:05Z")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printableString(r.Group), printableString(r.Topic), part,
+			r.Kind, ack, dashInt(r.NextOffset), dash(printableString(jobs)), dash(printableString(r.Owner)),
+			since, printableString(r.Reason))
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	return tw.Flush()
+}
+
+// layout is a topic_layouts row: the partition count a group recorded for
+// a topic.
+type layout struct {
+	group, topic string
+	count        int32
+}
+
+// layouts reads the partition counts the groups (--group) recorded.
+func (c *holds) layouts(ctx context.Context) ([]layout, error) {
+	rows, err := c.pool.Query(ctx, `SELECT consumer_group, topic, partition_count FROM `+pgx.Identifier{c.schema}.Sanitize()+
+		`.topic_layouts WHERE ($1 = '' OR consumer_group = $1) ORDER BY consumer_group, topic`, c.group)
+	if err != nil {
+		return nil, err
 	}
-	if len(rows) == 0 {
-		fmt.Fprintf(c.stderr, "no held partitions in schema %s\n", c.schema)
+	var out []layout
+	var l layout
+	_, err = pgx.ForEachRow(rows, []any{&l.group, &l.topic, &l.count}, func() error {
+		out = append(out, l)
+		return nil
+	})
+	return out, err
+}
+
+// partitionsChanged compares the recorded counts with Kafka's (with
+// --brokers; none without): a row per topic whose count changed, which its
+// group's workers hold whole. A topic Kafka no longer has is left out.
+func (c *holds) partitionsChanged(ctx context.Context, layouts []layout) ([]holdRow, error) {
+	if c.kafka.brokers == "" || len(layouts) == 0 {
+		return nil, nil
 	}
-	return nil
+	cl, err := c.client()
+	if err != nil {
+		return nil, err
+	}
+	var topics []string
+	for _, l := range layouts {
+		if !slices.Contains(topics, l.topic) {
+			topics = append(topics, l.topic)
+		}
+	}
+	td, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
+	if err != nil {
+		return nil, c.kafkaError("reading the topics' partition counts", err)
+	}
+	var out []holdRow
+	for _, l := range layouts {
+		d, ok := td[l.topic]
+		if !ok || d.Err != nil || int32(len(d.Partitions)) == l.count {
+			continue
+		}
+		recorded, now := l.count, int32(len(d.Partitions))
+		out = append(out, holdRow{Group: l.group, Topic: l.topic, Kind: kindPartitionsChanged, NeedsAck: now > recorded,
+			Reason:             consumer.PartitionsChangedReason(l.group, l.topic, recorded, now),
+			RecordedPartitions: &recorded, Partitions: &now})
+	}
+	return out, nil
 }
 
 // holdAcknowledge is `tenure admin holds acknowledge`: it resolves a

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"sort"
@@ -277,4 +278,75 @@ func (c *groupsList) run(ctx context.Context) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", printableString(r.Group), r.Type, dash(r.State), dash(r.ProtocolType), dash(r.Protocol), r.Members)
 	}
 	return tw.Flush()
+}
+
+// topicRow is one row of `tenure admin topic list`.
+type topicRow struct {
+	Topic      string `json:"topic"`
+	ID         string `json:"topic_id"`
+	Partitions int    `json:"partitions"`
+	// ReplicationFactor is the number of replicas of the partitions (the
+	// largest, should they differ).
+	ReplicationFactor int    `json:"replication_factor"`
+	Internal          bool   `json:"internal"`
+	Error             string `json:"error,omitempty"`
+}
+
+// topicList is `tenure admin topic list`: the topics on the brokers, like
+// the topic part of `kcat -L`.
+type topicList struct{ admin }
+
+func (c *topicList) define(f *flagSet) {
+	c.withKafka(f, brokersUsage, required)
+	c.withOutput(f, "output format: table or json", "table", "json")
+}
+
+func (c *topicList) check([]string) error { return nil }
+
+func (c *topicList) run(ctx context.Context) error {
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	td, err := kadm.NewClient(cl).ListTopicsWithInternal(ctx)
+	if err != nil {
+		return c.kafkaError("listing topics", err)
+	}
+	rows := []topicRow{}
+	for _, d := range td.Sorted() {
+		r := topicRow{Topic: d.Topic, Partitions: len(d.Partitions), Internal: d.IsInternal}
+		if d.ID != [16]byte{} {
+			r.ID = base64.RawURLEncoding.EncodeToString(d.ID[:]) // as Kafka's tools show it
+		}
+		for _, p := range d.Partitions {
+			r.ReplicationFactor = max(r.ReplicationFactor, len(p.Replicas))
+		}
+		if d.Err != nil {
+			r.Error = d.Err.Error()
+		}
+		rows = append(rows, r)
+	}
+	if c.output == "json" {
+		return c.json(rows)
+	}
+	tw := c.table()
+	fmt.Fprintln(tw, "TOPIC\tPARTITIONS\tREPLICATION_FACTOR\tINTERNAL\tTOPIC_ID")
+	for _, r := range rows {
+		internal := "no"
+		if r.Internal {
+			internal = "yes"
+		}
+		id := dash(r.ID)
+		if r.Error != "" {
+			id += " (" + r.Error + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", printableString(r.Topic), r.Partitions, r.ReplicationFactor, internal, id)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		fmt.Fprintf(c.stderr, "no topics on the brokers %s\n", strings.Join(c.brokers(), ","))
+	}
+	return nil
 }

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -26,8 +28,12 @@ import (
 )
 
 // poolSize sizes a pool: the most connections and those opened up front
-// (zero values: pgxpool's defaults).
-type poolSize struct{ max, min int32 }
+// (zero values: pgxpool's defaults); tracer, if set, traces its statements
+// (the worker's, with tracing configured: internal/otelsetup).
+type poolSize struct {
+	max, min int32
+	tracer   pgx.QueryTracer
+}
 
 // openDB opens a pool and proves the database answers, turning the usual
 // failures into one sentence.
@@ -42,6 +48,9 @@ func openDB(ctx context.Context, url string, size ...poolSize) (*pgxpool.Pool, e
 		}
 		if s.min > 0 {
 			cfg.MinConns = min(s.min, cfg.MaxConns)
+		}
+		if s.tracer != nil {
+			cfg.ConnConfig.Tracer = s.tracer
 		}
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
@@ -382,13 +391,13 @@ const kgoDefaultBatchMaxBytes = 1000012
 // acks=all, and the murmur2 key partitioner of the Java client (what
 // partition.For computes), so that a key lands where every tenure tool
 // expects it. largest is the biggest record (key + value bytes) it will send.
-func producerClient(k *kafkaFlags, brokers []string, largest int) (*kgo.Client, error) {
-	return k.client(brokers,
+func producerClient(k *kafkaFlags, brokers []string, largest int, extra ...kgo.Opt) (*kgo.Client, error) {
+	return k.client(brokers, append([]kgo.Opt{
 		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotence (kgo's default) needs acks=all
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 		kgo.ProducerBatchMaxBytes(int32(max(kgoDefaultBatchMaxBytes, largest+1024))),
-		kgo.RecordDeliveryTimeout(30*time.Second),
-	)
+		kgo.RecordDeliveryTimeout(30 * time.Second),
+	}, extra...)...)
 }
 
 // checkTopics returns the partition count of each topic, or one sentence:
@@ -430,4 +439,107 @@ func securityHint(err error) string {
 		return " (check --sasl-mechanism, --sasl-username and the password in --sasl-password-file or " + envSASLPassword + ")"
 	}
 	return ""
+}
+
+// checkDatabaseURL refuses, before anything connects, a --database-url
+// that is not a PostgreSQL connection string: a URL of another scheme
+// (http://...), or text pgx cannot parse. Bad usage, in every command that
+// takes the flag. fromEnv says the value came from TENURE_DATABASE_URL.
+func checkDatabaseURL(conn string, fromEnv bool) error {
+	if strings.TrimSpace(conn) == "" {
+		return nil
+	}
+	what := "--database-url"
+	if fromEnv {
+		what = envName("database-url")
+	}
+	const shape = "postgres://user@host:5432/db, postgresql://..., or libpq key=value settings such as host=H dbname=D"
+	if scheme, _, ok := strings.Cut(conn, "://"); ok && !strings.ContainsAny(scheme, " =") {
+		if s := strings.ToLower(scheme); s != "postgres" && s != "postgresql" {
+			return usagef("the database URL (%s) is not a PostgreSQL URL: %q has the scheme %s://; give %s", what, conn, scheme, shape)
+		}
+	}
+	_, err := pgconn.ParseConfig(conn)
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	// Files the settings name (TLS certificates, a service file) are the
+	// environment's business, said when connecting.
+	if strings.Contains(msg, "failed to configure TLS") || strings.Contains(msg, "failed to read service") {
+		return nil
+	}
+	var ue *url.Error
+	var pe *pgconn.ParseConfigError
+	switch {
+	case errors.As(err, &ue):
+		msg = ue.Err.Error()
+	case errors.As(err, &pe) && errors.Unwrap(pe) != nil:
+		msg = errors.Unwrap(pe).Error()
+	default:
+		if _, after, ok := strings.Cut(msg, "`: "); ok {
+			msg = after
+		}
+	}
+	return usagef("the database URL (%s) is not valid: %s; give %s", what, msg, shape)
+}
+
+// schemaExists reports whether the database has schema (any role may read
+// pg_namespace).
+func schemaExists(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, schema string) (bool, error) {
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&ok)
+	return ok, err
+}
+
+// tenureSchemas lists the schemas of the database that hold tenure's
+// tables: those with tenure's schema_migrations table (version, name,
+// applied_at; other tools' tables of that name have other columns).
+func tenureSchemas(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = 'schema_migrations' AND c.relkind IN ('r', 'p')
+		AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND NOT a.attisdropped
+			AND a.attname IN ('version', 'name', 'applied_at')) = 3
+		ORDER BY 1`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// schemaList renders tenureSchemas' answer for a sentence.
+func schemaList(schemas []string) string {
+	if len(schemas) == 0 {
+		return "none"
+	}
+	return strings.Join(schemas, ", ")
+}
+
+// otherSchemas is schemas without schema.
+func otherSchemas(schemas []string, schema string) []string {
+	var out []string
+	for _, s := range schemas {
+		if s != schema {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// missingSchema is the one sentence for a --schema that does not exist:
+// which schemas of the database do hold tenure's tables, and what to do.
+// alternatives are the ways out besides the right --schema and migrating
+// it first ("pass --create-schema").
+func missingSchema(ctx context.Context, pool *pgxpool.Pool, schema string, alternatives ...string) error {
+	found := "cannot list the schemas with tenure tables"
+	if schemas, err := tenureSchemas(ctx, pool); err == nil {
+		found = "schemas with tenure tables: " + schemaList(schemas)
+	}
+	ways := append([]string{"give the right --schema", fmt.Sprintf("run `tenure migrate up --schema %s` first", schema)}, alternatives...)
+	last := ways[len(ways)-1]
+	return fmt.Errorf("schema %q does not exist in this database; %s; %s, or %s", schema, found, strings.Join(ways[:len(ways)-1], ", "), last)
 }

@@ -14,10 +14,12 @@ import (
 	"strings"
 	"sync"
 	"text/tabwriter"
+	"time"
 	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tenure-dev/tenure/internal/otelsetup"
 	"github.com/tenure-dev/tenure/partition"
 )
 
@@ -127,7 +129,15 @@ func (c *produceCmd) run(ctx context.Context) error {
 	for _, j := range jobs {
 		largest = max(largest, len(j.key)+len(j.value))
 	}
-	cl, err := producerClient(&c.kafka, c.kafka.list(), largest)
+	// Tracing, from the OTEL_* environment; off unless it asks for it:
+	// kotel's hooks give each job a publish span and write its context
+	// into the record's headers, where the worker links to it.
+	tr, err := otelsetup.Setup(ctx, "tenure-produce", "", func(err error) { fmt.Fprintln(c.stderr, "tenure produce: tracing:", err) })
+	if err != nil {
+		return usageError{msg: err.Error()}
+	}
+	defer func() { _ = tr.Close() }() // after cl.Close: the last publish spans end there
+	cl, err := producerClient(&c.kafka, c.kafka.list(), largest, tr.KgoOpts()...)
 	if err != nil {
 		return err
 	}
@@ -142,6 +152,8 @@ func (c *produceCmd) run(ctx context.Context) error {
 		total = c.generate
 	}
 	p := newProduction(c.topic, counts[c.topic], total)
+	// Progress, on a terminal only: never into a pipe or a file.
+	stop := startProgress(c.stderr, p.progressLine)
 	if c.generating {
 		err = p.run(ctx, cl, func(yield func(job) bool) {
 			for i := range c.generate {
@@ -160,6 +172,7 @@ func (c *produceCmd) run(ctx context.Context) error {
 			}
 		})
 	}
+	stop()
 	perKey := !c.generating && len(p.byKey) <= perKeyListMax
 	if err != nil {
 		// What was acknowledged stays in the topic: say where it is.
@@ -435,6 +448,74 @@ func (p *production) run(ctx context.Context, cl *kgo.Client, jobs func(yield fu
 		return p.mismatch
 	}
 	return nil
+}
+
+// progressLine says how far the production is: jobs acknowledged of all,
+// the rate so far and an estimate of the time left.
+func (p *production) progressLine(elapsed time.Duration) string {
+	p.mu.Lock()
+	acked := p.acked
+	p.mu.Unlock()
+	line := fmt.Sprintf("producing to topic %s: %d of %d jobs acknowledged (%d%%)", p.topic, acked, p.total, acked*100/max(p.total, 1))
+	if rate := float64(acked) / elapsed.Seconds(); acked > 0 && elapsed > 0 {
+		left := time.Duration(float64(p.total-acked) / rate * float64(time.Second))
+		line += fmt.Sprintf(", %.0f jobs/s, about %s left", rate, left.Round(time.Second))
+	}
+	return line
+}
+
+// progressDelay is how long a command runs before it shows progress, and
+// progressEvery how often it updates it.
+const (
+	progressDelay = time.Second
+	progressEvery = 500 * time.Millisecond
+)
+
+// startProgress shows line's answer on w, rewritten in place every
+// progressEvery once the command has run for progressDelay, when w is a
+// terminal; elsewhere (a pipe, a file) it shows nothing. stop clears the
+// line and returns once nothing more is written.
+func startProgress(w io.Writer, line func(elapsed time.Duration) string) (stop func()) {
+	if !isTerminal(w) {
+		return func() {}
+	}
+	start := time.Now()
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		wrote := false
+		defer func() {
+			if wrote {
+				fmt.Fprint(w, "\r\x1b[K")
+			}
+		}()
+		t := time.NewTimer(progressDelay)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+			fmt.Fprintf(w, "\r%s\x1b[K", line(time.Since(start)))
+			wrote = true
+			t.Reset(progressEvery)
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(quit); <-done })
+	}
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // seeAbove points at the summary printed for acknowledged jobs, if any.

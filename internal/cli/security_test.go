@@ -276,7 +276,7 @@ func TestHelpAndErrorsHideSecrets(t *testing.T) {
 	// A URL pgx cannot parse is quoted in its error.
 	_, stdout, stderr = runInEnv(t, nil, "migrate", "status", "--database-url", "postgres://app:db-secret-pw@127.0.0.1:99999999/app")
 	outs = append(outs, stdout, stderr)
-	if !strings.Contains(stderr, "the database URL is not valid") {
+	if !strings.Contains(stderr, "the database URL (--database-url) is not valid: invalid port") {
 		t.Errorf("bad URL: %q", stderr)
 	}
 	_, stdout, stderr = runInEnv(t, nil, "migrate", "status", "--database-url", "host=127.0.0.1 port=x password=db-secret-pw")

@@ -112,7 +112,7 @@ func TestSuggestions(t *testing.T) {
 		{[]string{"help", "wroker"}, `did you mean`},
 		// Nothing close: the choices.
 		{[]string{"bogus"}, `unknown command "bogus" (commands: admin, bench, broker, completion, demo, help, migrate, probe, produce, version, worker)`},
-		{[]string{"admin", "topic", "bogus"}, `unknown subcommand "topic bogus" (subcommands: topic create, topic describe, topic add-partitions, topic acknowledge-partitions)`},
+		{[]string{"admin", "topic", "bogus"}, `unknown subcommand "topic bogus" (subcommands: topic create, topic describe, topic add-partitions, topic acknowledge-partitions, topic list)`},
 	} {
 		code, stdout, stderr := runIn(t, c.args...)
 		if code != 2 || stdout != "" || !strings.Contains(stderr, c.want) {

@@ -158,7 +158,14 @@ func (t *tree) prepare(c *cobra.Command, f *flagSet, s spec, args []string) erro
 	if s.maxArgs >= 0 && len(args) > s.maxArgs {
 		return usagef("unexpected argument %q", args[s.maxArgs])
 	}
-	return f.checkRequired()
+	if err := f.checkRequired(); err != nil {
+		return err
+	}
+	// A database URL that is not one is bad usage, in every command.
+	if fl := c.Flags().Lookup("database-url"); fl != nil {
+		return checkDatabaseURL(fl.Value.String(), !fl.Changed && t.e.getenv(envName("database-url")) != "")
+	}
+	return nil
 }
 
 // group makes a command that only holds subcommands.

@@ -8,16 +8,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kprom"
 	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/export"
 	"github.com/tenure-dev/tenure/internal/jobs"
+	"github.com/tenure-dev/tenure/internal/otelsetup"
 	"github.com/tenure-dev/tenure/metrics"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -42,7 +43,7 @@ type workerCmd struct {
 	batchMax, maxAttempts, logEntries, dbMaxConns           int
 	batchMaxBytes, partitionBuffer, workerBuffer            int64
 
-	injectFaults, noMigrate, unsafeNoFence, requireSync bool
+	injectFaults, noMigrate, createSchema, unsafeNoFence, requireSync bool
 
 	// addr is where /healthz, /readyz and /metrics are served ("": not).
 	addr string
@@ -70,6 +71,7 @@ func (w *workerCmd) define(f *flagSet) {
 	f.Duration(&w.shutdown, "shutdown-timeout", 30*time.Second, "graceful stop: how long in-flight batches may finish before their handlers are cancelled; a stop takes at most this plus 18s (a commit in flight, then leaving the group), so give containers a grace period above that")
 	f.Duration(&w.dbTimeout, "database-timeout", 0, "how long the database may not answer before this worker gives its partitions up (leaves the group) until it answers again; 0 derives it: the session timeout, at least 10s; negative never gives them up")
 	f.Bool(&w.noMigrate, "no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
+	f.Bool(&w.createSchema, "create-schema", false, "create --schema (and migrate it) if the database does not have it; without it a worker whose schema does not exist refuses to start, naming the schemas that hold tenure tables (a mistyped --schema must not start a new, empty one)")
 	f.Bool(&w.requireSync, "require-sync-standby", false, "refuse to start unless the database acknowledges commits only once a synchronous standby has them (see docs/fencing.md, \"Running on highly available Postgres\")")
 	f.Int(&w.dbMaxConns, "db-max-conns", 32, "the most database connections this worker opens: one per partition whose batch runs, plus a few")
 	f.Duration(&w.logAge, "fence-log-max-age", consumer.DefaultFenceLogMaxAge, "prune fence log entries older than this from the partitions this worker holds (0: no age limit)")
@@ -136,6 +138,9 @@ func (w *workerCmd) check([]string) error {
 		}
 		w.addr = w.metricsAddr
 	}
+	if w.createSchema && w.noMigrate {
+		return usagef("--create-schema creates and migrates the schema, --no-migrate forbids migrating it: give one")
+	}
 	if w.exportStore != "" && w.handler != "export" {
 		return usagef("--export-store is for --handler export, not %s", w.handler)
 	}
@@ -200,10 +205,22 @@ func (w *workerCmd) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Tracing, from the OTEL_* environment; off unless it asks for it.
+	tr, err := otelsetup.Setup(ctx, "tenure-worker", w.name, func(err error) {
+		log.Warn("tracing: OpenTelemetry SDK error (spans may be lost; jobs are not affected)", zap.Error(err))
+	})
+	if err != nil {
+		return usageError{msg: err.Error()}
+	}
+	defer func() { _ = tr.Close() }()
+	if tr.On() {
+		cfg.TracerProvider, cfg.TracePropagator = tr.Provider, tr.Propagator
+		log.Info("tracing batches with OpenTelemetry", zap.String("otlp_endpoint", tr.Endpoint))
+	}
 	if w.metricsAddr != "" {
 		log.Warn("--metrics-addr (TENURE_METRICS_ADDR) is deprecated: use --http-addr (TENURE_HTTP_ADDR), which serves /readyz too")
 	}
-	pool, store, err := w.database(ctx, log)
+	pool, store, err := w.database(ctx, log, tr.PgxTracer())
 	if err != nil {
 		return err
 	}
@@ -280,10 +297,10 @@ func (w *workerCmd) configure(ctx context.Context, log *zap.Logger) (consumer.Co
 	m := metrics.New(metrics.Options{})
 	reg := prometheus.NewRegistry()
 	if w.addr != "" {
-		reg.MustRegister(m)
+		reg.MustRegister(m, metrics.BuildInfo())
 		// kgo's own metrics: connections and connection errors per broker
 		// (TLS and SASL failures show there), bytes, buffered records.
-		kafkaOpts = append(kafkaOpts, kgo.WithHooks(kprom.NewMetrics("tenure_kafka", kprom.Registry(reg))))
+		kafkaOpts = append(kafkaOpts, kgo.WithHooks(metrics.KafkaHooks(reg)))
 	}
 	cfg := consumer.Config{
 		Brokers: w.kafka.list(), Group: w.group, Topics: splitList(w.topic),
@@ -333,11 +350,11 @@ func noLimit[T int | time.Duration](v T) T {
 // database opens the pool, brings the schema up to date unless
 // --no-migrate, and says how the database acknowledges commits
 // (--require-sync-standby refuses to start without a synchronous standby).
-func (w *workerCmd) database(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, *sink.Store, error) {
+func (w *workerCmd) database(ctx context.Context, log *zap.Logger, tracer pgx.QueryTracer) (*pgxpool.Pool, *sink.Store, error) {
 	// Every lane holds a connection while its batch runs: size the pool
 	// for the partitions a worker may hold, and open a few up front (a
 	// lazy pool adds tens of milliseconds at start and after a hand-off).
-	pool, err := openDB(ctx, w.dbURL, poolSize{max: int32(w.dbMaxConns), min: int32(min(w.dbMaxConns, 4))})
+	pool, err := openDB(ctx, w.dbURL, poolSize{max: int32(w.dbMaxConns), min: int32(min(w.dbMaxConns, 4)), tracer: tracer})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -354,8 +371,22 @@ func (w *workerCmd) database(ctx context.Context, log *zap.Logger) (*pgxpool.Poo
 
 // schemaReady migrates the schema if it is behind. A current schema is not
 // migrated: a worker with a least-privilege role (tenure migrate
-// --print-roles) may not run DDL, not even CREATE SCHEMA IF NOT EXISTS.
+// --print-roles) may not run DDL, not even CREATE SCHEMA IF NOT EXISTS. A
+// schema the database does not have is created only with --create-schema:
+// a mistyped --schema would otherwise start a new, empty schema, and the
+// group from its Kafka offsets as if it were new.
 func (w *workerCmd) schemaReady(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) (*sink.Store, error) {
+	exists, err := schemaExists(ctx, pool, w.schema)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("looking up schema %q: %s", w.schema, pgxCauseOf(err))
+	case !exists && w.noMigrate:
+		return nil, missingSchema(ctx, pool, w.schema)
+	case !exists && !w.createSchema:
+		return nil, missingSchema(ctx, pool, w.schema, "pass --create-schema")
+	case !exists:
+		log.Info("creating schema (--create-schema)", zap.String("schema", w.schema))
+	}
 	switch behind := sink.CheckSchema(ctx, pool, w.schema); {
 	case behind == nil:
 	case w.noMigrate:

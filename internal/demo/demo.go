@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"sort"
@@ -340,13 +341,21 @@ func (d *demo) report(ctx context.Context, rejected bool) error {
 		return err
 	}
 	if len(ptrs) > 0 {
+		// The commands as they can be run again: the demo's schema and
+		// database are not the defaults.
 		out, key := d.cfg.Stdout, ptrs[0].Key
-		fmt.Fprintf(out, "\n$ tenure admin exports get %s\n", key)
-		fmt.Fprintln(out, d.admin(ctx, "exports", "get", key))
-		fmt.Fprintf(out, "$ tenure admin exports get %s --output json\n", key)
-		fmt.Fprint(out, d.admin(ctx, "exports", "get", key, "--output", "json"))
-		fmt.Fprintln(out, "$ tenure admin exports gc --dry-run --keep 0")
-		fmt.Fprint(out, d.admin(ctx, "exports", "gc", "--export-store", d.storeURL, "--dry-run", "--keep", "0"))
+		fmt.Fprintln(out)
+		if withoutPassword(d.dbURL) != d.dbURL {
+			fmt.Fprintln(out, "(the database URL's password is left out of these commands: give it with PGPASSWORD)")
+		}
+		for _, args := range [][]string{
+			{"exports", "get", key},
+			{"exports", "get", key, "--output", "json"},
+			{"exports", "gc", "--export-store", d.storeURL, "--dry-run", "--keep", "0"},
+		} {
+			fmt.Fprintf(out, "$ %s\n", d.shown(args))
+			fmt.Fprint(out, strings.TrimSuffix(d.admin(ctx, args...), "\n")+"\n")
+		}
 	}
 	return d.verdict(h, rejected, next)
 }
@@ -725,6 +734,38 @@ func (d *demo) objectsOf(ctx context.Context, token string) []string {
 	})
 	sort.Strings(out)
 	return out
+}
+
+// shown is `tenure admin ARGS` as the demo prints it: with the demo's
+// --schema and --database-url (its password, if any, left out: give it
+// with PGPASSWORD), quoted for a shell.
+func (d *demo) shown(args []string) string {
+	words := append(append([]string{"tenure", "admin"}, args...), "--schema", d.schema, "--database-url", withoutPassword(d.dbURL))
+	for i, w := range words {
+		words[i] = shellWord(w)
+	}
+	return strings.Join(words, " ")
+}
+
+// withoutPassword is a database URL without its password.
+func withoutPassword(conn string) string {
+	u, err := url.Parse(conn)
+	if err != nil || u.User == nil {
+		return conn
+	}
+	if _, ok := u.User.Password(); !ok {
+		return conn
+	}
+	u.User = url.User(u.User.Username())
+	return u.String()
+}
+
+// shellWord quotes w for a shell when it needs it.
+func shellWord(w string) string {
+	if w != "" && strings.Trim(w, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:,@%+=") == "" {
+		return w
+	}
+	return "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
 }
 
 // admin runs `tenure admin ARGS` (this binary) against the demo's schema

@@ -7,6 +7,7 @@ package history
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -22,7 +23,7 @@ import (
 // id order is that order).
 type Entry struct {
 	ID        int64
-	Kind      string // "claim" or "commit"
+	Kind      string // "claim", "commit", or "reset" (an operator's: Owner is the operator)
 	Partition sink.Partition
 	Token     sink.Token
 	Owner     string
@@ -111,6 +112,14 @@ type History struct {
 // the partition then (it sets the holder, not the offset), the entries after
 // it resume at the cut's next offset, and no token after the cut may be below
 // the highest token pruned.
+//
+// A reset (an operator moved the stored offset: `tenure admin offsets
+// reset`, or an acknowledged hold) re-bases the partition: it must move the
+// offset from where the log had reached, carry the token and claim id of
+// the claim that held the fencing row, and come after a claim; the next
+// commit must come after a claim that follows it (a reset starts a new log
+// epoch, so a batch begun before it never commits after it: a commit that
+// straddles a reset is reported even when its range happens to fit).
 func CheckLog(log []Entry, fences []sink.Fence, cuts ...sink.FenceLogCut) []Violation {
 	var out []Violation
 	byPart := map[sink.Partition][]Entry{}
@@ -134,6 +143,7 @@ func CheckLog(log []Entry, fences []sink.Fence, cuts ...sink.FenceLogCut) []Viol
 			maxCommit, maxClaim sink.Token
 			seenCommit          bool
 			holder              *Entry // the latest claim
+			reset               *Entry // the latest reset, until a claim follows it
 			next                int64  = -1
 		)
 		cut, pruned := cutOf[p]
@@ -155,14 +165,31 @@ func CheckLog(log []Entry, fences []sink.Fence, cuts ...sink.FenceLogCut) []Viol
 			}
 			switch e.Kind {
 			case "reset":
-				// An operator acknowledged that the stored offsets did not
-				// fit the log (a re-created topic, a truncated log): the
-				// offsets continue from To, in the log as it now is.
-				if next >= 0 && e.From != next {
+				// An operator moved the stored offset (`tenure admin offsets
+				// reset`), or acknowledged that it did not fit the log (a
+				// re-created topic, a truncated log): the offsets continue
+				// from To. The operator's record moves the offset from where
+				// the log had reached, under the token and claim id of the
+				// claim that held the fencing row, and starts a new log
+				// epoch: no batch begun before it commits after it, so the
+				// next commit comes after a claim that follows it.
+				switch {
+				case next < 0:
+					out = append(out, Violation{"G1", fmt.Sprintf("%s: reset #%d from %d to %d before any claim: a reset moves a fencing row, which only a claim creates", p, e.ID, e.From, e.To)})
+				case e.From != next:
 					out = append(out, Violation{"G1", fmt.Sprintf("%s: reset #%d moved the offset from %d but the log had reached %d", p, e.ID, e.From, next)})
 				}
+				if holder != nil && (holder.Token != e.Token || holder.ClaimID != e.ClaimID) {
+					out = append(out, Violation{"G1", fmt.Sprintf("%s: reset #%d by %q carries token %s (claim %d) but the partition was held with token %s (claim %d)",
+						p, e.ID, e.Owner, e.Token, e.ClaimID, holder.Token, holder.ClaimID)})
+				}
+				if e.To < 0 {
+					out = append(out, Violation{"G1", fmt.Sprintf("%s: reset #%d moved the offset to %d", p, e.ID, e.To)})
+				}
 				next = e.To
+				reset = &es[i]
 			case "claim":
+				reset = nil
 				if next < 0 {
 					next = e.From
 				} else if e.From != next {
@@ -190,6 +217,10 @@ func CheckLog(log []Entry, fences []sink.Fence, cuts ...sink.FenceLogCut) []Viol
 				case holder.Token != e.Token || holder.Owner != e.Owner:
 					out = append(out, Violation{"G3", fmt.Sprintf("%s: commit #%d [%d,%d) by %q with token %s while %q holds the partition with token %s",
 						p, e.ID, e.From, e.To, e.Owner, e.Token, holder.Owner, holder.Token)})
+				}
+				if reset != nil {
+					out = append(out, Violation{"G1", fmt.Sprintf("%s: commit #%d [%d,%d) by %q straddles reset #%d (from %d to %d): no claim after the reset, so the batch was begun before it, in the log epoch the reset ended",
+						p, e.ID, e.From, e.To, e.Owner, reset.ID, reset.From, reset.To)})
 				}
 				if next >= 0 && e.From != next {
 					kind := "gap"
@@ -478,11 +509,179 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 // Check runs every check over h that needs no more than Postgres recorded.
 // CheckOwnership needs the coordinator's side too: callers that recorded
 // the assignments run it as well.
+//
+// Partitions whose log holds an operator's reset are checked against the
+// log's commits instead (CheckWritesAcrossResets): a reset back over jobs
+// runs them again, one forward skips them.
 func (h *History) Check(produced map[TopicPartition][]int64) []Violation {
-	out := append(CheckLog(h.Log, h.Fences, h.Cuts...), CheckWrites(h.Writes, h.DeadLetters, h.Fences, produced)...)
-	out = append(out, CheckWriteTokens(h.Log, h.Writes, h.DeadLetters, h.Cuts...)...)
+	out := CheckLog(h.Log, h.Fences, h.Cuts...)
+	resets := ResetPartitions(h.Log)
+	writes, resetWrites := splitWrites(h.Writes, resets)
+	dead, resetDead := splitWrites(h.DeadLetters, resets)
+	var plain, across map[TopicPartition][]int64
+	if produced != nil {
+		plain, across = map[TopicPartition][]int64{}, map[TopicPartition][]int64{}
+		for tp, offs := range produced {
+			if resets[tp] {
+				across[tp] = offs
+			} else {
+				plain[tp] = offs
+			}
+		}
+	}
+	out = append(out, CheckWrites(writes, dead, h.Fences, plain)...)
+	out = append(out, CheckWriteTokens(h.Log, writes, dead, h.Cuts...)...)
+	if len(resets) > 0 {
+		out = append(out, CheckWritesAcrossResets(h.Log, resetWrites, resetDead, h.Fences, across, h.Cuts...)...)
+	}
 	if len(h.Publications) > 0 || len(h.Pointers) > 0 {
 		out = append(out, CheckPointers(h.Publications, h.Pointers)...)
 	}
+	return out
+}
+
+// ResetPartitions are the partitions whose log holds an operator's reset.
+func ResetPartitions(log []Entry) map[TopicPartition]bool {
+	out := map[TopicPartition]bool{}
+	for _, e := range log {
+		if e.Kind == "reset" {
+			out[TopicPartition{e.Partition.Topic, e.Partition.Partition}] = true
+		}
+	}
+	return out
+}
+
+func splitWrites(ws []Write, resets map[TopicPartition]bool) (plain, across []Write) {
+	for _, w := range ws {
+		if resets[TopicPartition{w.Topic, w.Partition}] {
+			across = append(across, w)
+		} else {
+			plain = append(plain, w)
+		}
+	}
+	return plain, across
+}
+
+// CheckWritesAcrossResets is CheckWrites and CheckWriteTokens for
+// partitions whose offsets an operator moved (ResetPartitions): a reset back
+// over jobs runs them again, so a job may have several effects, and one
+// forward leaves jobs without any. What must hold is that each job has
+// exactly one effect or dead letter per commit that covered it, each with
+// that commit's token (a job run twice has two, one per run); that a job
+// produced below the next offset that no commit covered was skipped by a
+// reset forward over it ("missing" otherwise); and that a key's export
+// versions go back only to a job a reset moved the offsets back over.
+//
+// Writes and jobs below a pruned partition's cut are not checked: the
+// commits that covered them are gone.
+func CheckWritesAcrossResets(log []Entry, writes, deadLetters []Write, fences []sink.Fence, produced map[TopicPartition][]int64, cuts ...sink.FenceLogCut) []Violation {
+	prunedBelow := map[TopicPartition]int64{}
+	for _, c := range cuts {
+		prunedBelow[TopicPartition{c.Topic, c.Partition.Partition}] = c.NextOffset
+	}
+	next := map[TopicPartition]int64{}
+	for _, f := range fences {
+		next[TopicPartition{f.Topic, f.Partition.Partition}] = f.NextOffset
+	}
+	type count map[sink.Token]int
+	covered := map[TopicPartition]map[int64]count{} // commits covering each offset, by token
+	written := map[TopicPartition]map[int64]count{} // effects and dead letters at each offset, by token
+	var skips, repeats = map[TopicPartition][]Entry{}, map[TopicPartition][]Entry{}
+	for _, e := range log {
+		tp := TopicPartition{e.Partition.Topic, e.Partition.Partition}
+		switch {
+		case e.Kind == "commit":
+			if covered[tp] == nil {
+				covered[tp] = map[int64]count{}
+			}
+			for o := e.From; o < e.To; o++ {
+				if covered[tp][o] == nil {
+					covered[tp][o] = count{}
+				}
+				covered[tp][o][e.Token]++
+			}
+		case e.Kind == "reset" && e.To > e.From:
+			skips[tp] = append(skips[tp], e)
+		case e.Kind == "reset" && e.To < e.From:
+			repeats[tp] = append(repeats[tp], e)
+		}
+	}
+	below := func(tp TopicPartition, o int64) bool {
+		b, ok := prunedBelow[tp]
+		return ok && o < b
+	}
+	for _, w := range append(append([]Write(nil), writes...), deadLetters...) {
+		tp := TopicPartition{w.Topic, w.Partition}
+		if below(tp, w.Offset) {
+			continue
+		}
+		if written[tp] == nil {
+			written[tp] = map[int64]count{}
+		}
+		if written[tp][w.Offset] == nil {
+			written[tp][w.Offset] = count{}
+		}
+		written[tp][w.Offset][w.Token]++
+	}
+	var out []Violation
+	for tp, offs := range written {
+		for o, got := range offs {
+			want := covered[tp][o]
+			if len(want) == 0 {
+				out = append(out, Violation{"G1", fmt.Sprintf("%s/%d: job at offset %d has a committed effect or dead letter but no commit covers it", tp.Topic, tp.Partition, o)})
+				continue
+			}
+			for t, n := range got {
+				switch {
+				case want[t] == 0:
+					out = append(out, Violation{"G1", fmt.Sprintf("%s/%d: job at offset %d has an effect or dead letter with token %s but no commit with that token covers it", tp.Topic, tp.Partition, o, t)})
+				case n > want[t]:
+					out = append(out, Violation{"duplicate", fmt.Sprintf("%s/%d: job at offset %d has %d effects or dead letters with token %s but %d commits with that token cover it", tp.Topic, tp.Partition, o, n, t, want[t])})
+				}
+			}
+		}
+	}
+	for tp, offs := range produced {
+		for _, o := range offs {
+			if below(tp, o) {
+				continue
+			}
+			want := covered[tp][o]
+			if len(want) == 0 {
+				if n, ok := next[tp]; ok && o < n && !slices.ContainsFunc(skips[tp], func(r Entry) bool { return r.From <= o && o < r.To }) {
+					out = append(out, Violation{"missing", fmt.Sprintf("%s/%d: job at offset %d is below the next offset %d but no commit covers it and no reset skipped it", tp.Topic, tp.Partition, o, n)})
+				}
+				continue
+			}
+			got := written[tp][o]
+			for t, n := range want {
+				if got[t] < n {
+					out = append(out, Violation{"missing", fmt.Sprintf("%s/%d: job at offset %d is covered by %d commits with token %s but has %d effects or dead letters with it", tp.Topic, tp.Partition, o, n, t, got[t])})
+				}
+			}
+		}
+	}
+	byKey := map[string][]Write{}
+	for _, w := range writes {
+		if w.Version > 0 {
+			byKey[w.Key] = append(byKey[w.Key], w)
+		}
+	}
+	for key, ws := range byKey {
+		sort.Slice(ws, func(i, j int) bool { return ws[i].Version < ws[j].Version })
+		for i := 1; i < len(ws); i++ {
+			a, b := ws[i-1], ws[i]
+			if b.Partition != a.Partition || b.Topic != a.Topic || b.Offset > a.Offset {
+				continue
+			}
+			tp := TopicPartition{b.Topic, b.Partition}
+			if slices.ContainsFunc(repeats[tp], func(r Entry) bool { return r.To <= b.Offset && a.Offset < r.From }) {
+				continue // a reset moved the offsets back over both: b ran again after a
+			}
+			out = append(out, Violation{"export-regressed", fmt.Sprintf("key %q: version %d (offset %d, token %s) follows version %d (offset %d, token %s)",
+				key, b.Version, b.Offset, b.Token, a.Version, a.Offset, a.Token)})
+		}
+	}
+	sortViolations(out)
 	return out
 }
