@@ -350,6 +350,9 @@ func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Con
 		}
 		return nil
 	}
+	if l.c.cfg.Strict {
+		return l.strictCommit(cctx, conn, tx, &done, req, marker, sess, b)
+	}
 	err = l.c.store.CommitBatch(cctx, tx, req, marker)
 	var pgErr *pgconn.PgError
 	switch {

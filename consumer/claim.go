@@ -267,13 +267,21 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 			c.cfg.Hooks.BeforeClaim(ctx, l.key, token)
 		}
 		var claimed sink.Claimed
-		err := c.retry(ctx, "claim", l.log, func() (err error) {
-			claimed, err = c.store.Claim(ctx, sink.ClaimRequest{
-				Partition: l.key, Token: token, Owner: l.owner, ClaimID: l.claimID,
-				StartOffset: start, PartitionCount: l.partitions, TopicID: l.topicID,
+		creq := sink.ClaimRequest{
+			Partition: l.key, Token: token, Owner: l.owner, ClaimID: l.claimID,
+			StartOffset: start, PartitionCount: l.partitions, TopicID: l.topicID,
+		}
+		var err error
+		if c.cfg.Strict {
+			// Resolve the partition's older prepared batches first: each
+			// holds the fencing row's lock (strict.go).
+			claimed, err = c.strictClaim(ctx, cl, l, creq)
+		} else {
+			err = c.retry(ctx, "claim", l.log, func() (err error) {
+				claimed, err = c.store.Claim(ctx, creq)
+				return err
 			})
-			return err
-		})
+		}
 		if err == nil {
 			if n := claimed.StaleSessionsEnded; n > 0 {
 				c.stats.staleSessionsEnded.Add(int64(n))

@@ -220,6 +220,35 @@ type Config struct {
 	// tenure.from and tenure.to).
 	TraceLinksMax int
 
+	// Strict turns on strict hand-off ("G3-strict", docs/fencing.md): a
+	// batch becomes visible only if the group coordinator accepted the
+	// batch's offset commit while the batch's assignment was the
+	// partition's current one. Each batch's transaction ends with PREPARE
+	// TRANSACTION; the lane then commits the batch's offset (metadata
+	// naming the batch) at its own assignment's member id and generation,
+	// and COMMIT PREPARED only on acceptance (ROLLBACK PREPARED on
+	// rejection). The next claim of a partition decides whatever was left
+	// prepared, by the group's committed offset. It costs an offset commit
+	// and a second Postgres round trip per batch, and needs a server with
+	// max_prepared_transactions above 0 (Run refuses to start otherwise).
+	// The offset mirror is off: the strict commits are the mirror. With the
+	// consumer protocol (KIP-848) it needs StrictCoordinator.
+	Strict bool
+	// StrictCoordinator declares whose group coordinator a strict worker
+	// under the consumer protocol (KIP-848) talks to: StrictCoordinatorKafka
+	// (Apache Kafka 4.0 or later) is the only value. kfake's KIP-848 offset
+	// commit rule accepts an ended assignment's commit, and the protocol
+	// does not tell the two apart, so New refuses Strict with NextGen unless
+	// it is declared. Classic needs nothing: both coordinators' classic
+	// rules are Kafka's.
+	StrictCoordinator string
+	// UnsafeStrictCurrentGeneration makes a strict lane commit offsets at
+	// the client's current member id and generation instead of its own
+	// assignment's: the mistake docs/model/strict.pml shows breaks
+	// G3-strict (-DCURGEN). Tests only, to show that their check catches
+	// it. Never set it elsewhere.
+	UnsafeStrictCurrentGeneration bool
+
 	// UnsafeNoFence commits batches without the fence statement: no token
 	// check, no offset compare-and-set, nothing in Postgres tells a stale
 	// owner apart. It exists so that `tenure bench` can show what the fence
@@ -241,6 +270,17 @@ type Hooks struct {
 	// AfterBatch runs once a batch's fate is known: err is nil when it
 	// committed, matches sink.ErrFenced when it was rejected.
 	AfterBatch func(b *Batch, err error)
+	// BeforeOffsetCommit, OffsetCommitInFlight and BeforeCommitPrepared
+	// (Strict only) run after a batch is prepared (gid names it): before
+	// its first offset commit is built; when the first one has been built
+	// and logged as sent, before it is written to the coordinator; and
+	// after the coordinator accepted it, before COMMIT PREPARED.
+	// BeforeResolve runs when a strict claim is about to decide an older
+	// lane's prepared batch gid. ctx ends when the lane is stopped hard.
+	BeforeOffsetCommit   func(ctx context.Context, b *Batch, gid string)
+	OffsetCommitInFlight func(ctx context.Context, b *Batch, gid string)
+	BeforeCommitPrepared func(ctx context.Context, b *Batch, gid string)
+	BeforeResolve        func(ctx context.Context, p sink.Partition, gid string)
 	// AfterClaim runs after each claim statement of partition p with token
 	// t: err is nil when Postgres accepted it (next is then the stored next
 	// offset the partition goes on from), a *sink.FencedError when the
@@ -428,6 +468,19 @@ func (c *Config) validate() error {
 	}
 	if c.MaxAttempts < 0 {
 		errs = append(errs, "MaxAttempts must be positive")
+	}
+	switch {
+	case c.Strict && c.UnsafeNoFence:
+		errs = append(errs, "Strict and UnsafeNoFence exclude each other")
+	case c.Strict && c.Protocol == NextGen && c.StrictCoordinator != StrictCoordinatorKafka:
+		errs = append(errs, fmt.Sprintf("strict hand-off with the consumer protocol (KIP-848) needs the coordinator declared as %q (StrictCoordinator, --strict-coordinator): "+
+			"only Apache Kafka's offset commit rule rejects an ended assignment's commit (kfake's accepts it, and the protocol cannot tell them apart)", StrictCoordinatorKafka))
+	case c.StrictCoordinator != "" && c.StrictCoordinator != StrictCoordinatorKafka:
+		errs = append(errs, fmt.Sprintf("StrictCoordinator %q is not %q", c.StrictCoordinator, StrictCoordinatorKafka))
+	case c.StrictCoordinator != "" && !c.Strict:
+		errs = append(errs, "StrictCoordinator is for Strict")
+	case c.UnsafeStrictCurrentGeneration && !c.Strict:
+		errs = append(errs, "UnsafeStrictCurrentGeneration is for Strict")
 	}
 	if len(errs) > 0 {
 		return errors.New("consumer config: " + strings.Join(errs, "; "))

@@ -337,6 +337,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	default:
 		close(c.running)
 	}
+	if c.cfg.Strict {
+		if err := sink.CheckPreparedTransactions(ctx, c.store.Pool()); err != nil {
+			return err
+		}
+	}
 	wctx, stopProbe := context.WithCancel(ctx)
 	defer stopProbe()
 	go c.probeDatabase(wctx)
@@ -377,7 +382,9 @@ func (c *Consumer) session(ctx context.Context) (stepped bool, err error) {
 	wctx, stopWatch := context.WithCancel(sctx)
 	defer stopWatch()
 	go c.watchLayouts(wctx, cl)
-	go c.mirrorOffsets(wctx, cl)
+	if !c.cfg.Strict { // a strict lane's offset commits are the mirror
+		go c.mirrorOffsets(wctx, cl)
+	}
 	go c.pruneFenceLogs(wctx)
 	for {
 		pctx, wake := context.WithCancel(sctx)
@@ -637,7 +644,9 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 	deadline := time.Now().Add(leaveTimeout)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	c.mirrorFinal(ctx, cl, lanes)
+	if !c.cfg.Strict {
+		c.mirrorFinal(ctx, cl, lanes)
+	}
 	// Once the lanes are stopped this member owns nothing: leaving only
 	// spares the others a session timeout, so leaving and closing share one
 	// short deadline, whatever the coordinator does (kfake was seen holding
@@ -691,6 +700,7 @@ func (c *Consumer) revoked(_ context.Context, _ *kgo.Client, revoked map[string]
 	}
 	c.log.Info("partitions revoked", zap.Any("partitions", revoked))
 	lanes := c.takeLanes(revoked)
+	c.logEnded(lanes, "revoked")
 	stopLanes(lanes, c.cfg.RebalanceTimeout/2)
 	logReleased(lanes, MsgRevoked)
 }
@@ -704,8 +714,20 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	}
 	c.log.Warn("partitions lost", zap.Any("partitions", lost))
 	lanes := c.takeLanes(lost)
+	c.logEnded(lanes, "lost")
 	stopLanes(lanes, lostGrace)
 	logReleased(lanes, MsgLost)
+}
+
+// logEnded logs, for a strict worker, the end of each lane's assignment
+// (MsgAssignmentEnded): the history checker's coordinator timeline.
+func (c *Consumer) logEnded(lanes []*lane, why string) {
+	if !c.cfg.Strict {
+		return
+	}
+	for _, l := range lanes {
+		l.baseLog.Info(MsgAssignmentEnded, zap.String("why", why))
+	}
 }
 
 func (c *Consumer) takeLanes(m map[string][]int32) []*lane {

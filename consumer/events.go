@@ -40,4 +40,24 @@ const (
 	// database did not answer, and joins again now that it does.
 	MsgSteppedDown = "worker stepped down: it holds no partitions until its database answers"
 	MsgRejoining   = "the database answers again: joining the group"
+
+	// Strict hand-off (Config.Strict). MsgStrictPrepared: a batch is
+	// prepared (gid, from, to). MsgStrictSent: its offset commit is sent
+	// (gid, commit_member, generation, offset, attempt, sent_at_ms);
+	// MsgStrictAnswered: the coordinator's answer (gid, accepted,
+	// generation, attempt). MsgStrictDecided: the lane committed or rolled
+	// back its batch (gid, committed, decided_by, evidence);
+	// MsgStrictResolved: a claim decided an older lane's prepared batch
+	// (gid, committed, batch_token, batch_claim_id, evidence);
+	// MsgStrictLeftPrepared: a stopped lane left its batch prepared, the
+	// answer unknown. MsgAssignmentEnded: the group revoked the partition
+	// from this lane, or the member lost it (why): the end of the lane's
+	// assignment in the coordinator's timeline, for the history checker.
+	MsgStrictPrepared     = "strict batch prepared"
+	MsgStrictSent         = "strict offset commit sent"
+	MsgStrictAnswered     = "strict offset commit answered"
+	MsgStrictDecided      = "strict batch decided"
+	MsgStrictResolved     = "prepared batch of an older claim resolved"
+	MsgStrictLeftPrepared = "strict batch left prepared: the coordinator's answer is unknown; the next claim of the partition decides it"
+	MsgAssignmentEnded    = "partition's assignment ended"
 )

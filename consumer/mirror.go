@@ -61,6 +61,9 @@ func mirroredBy(metadata string) (logEpoch int64, ok bool) {
 	if !found {
 		return 0, false
 	}
+	// A strict lane's commit names its batch after the log epoch
+	// (strictMetadata).
+	v, _, _ = strings.Cut(v, " ")
 	e, err := strconv.ParseInt(v, 10, 64)
 	return e, err == nil
 }

@@ -56,7 +56,7 @@ type counters struct {
 	claims, claimsRejected, batches, records, batchesFenced atomic.Int64
 	deadLetters, handlerFailures, retries, resets, lanes    atomic.Int64
 	handlerTransient, handlerEnvironment, handlerBugs       atomic.Int64
-	lanesHalted, fenceLogPruned                             atomic.Int64
+	lanesHalted, fenceLogPruned, strictResolved             atomic.Int64
 	recoveries, stalled, jobsLost, staleSessionsEnded       atomic.Int64
 	divergences, stepDowns                                  atomic.Int64
 }

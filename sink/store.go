@@ -179,6 +179,11 @@ type ClaimRequest struct {
 	// is recorded on the first claim that knows it, and returned by every
 	// claim: another id means the stored offsets belong to another log.
 	TopicID [16]byte
+	// LockTimeout, if positive, bounds the claim statement's wait for the
+	// fencing row's lock (lock_timeout): a strict lane's claim must not wait
+	// for a prepared batch, which holds the lock until it is decided (the
+	// claim resolves it and tries again). The error is then SQLSTATE 55P03.
+	LockTimeout time.Duration
 }
 
 // Claimed is the result of an accepted claim.
@@ -233,6 +238,16 @@ func (s *Store) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
 	// live owner, for good by an owner whose session stopped between its
 	// fence statement and its COMMIT (frozen, or cut off by a network that
 	// drops its packets). The claim does not wait for the latter.
+	if req.LockTimeout > 0 {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("SET lock_timeout = %d", max(req.LockTimeout.Milliseconds(), 1))); err != nil {
+			return Claimed{}, fmt.Errorf("claim of %s: %w", p, err)
+		}
+		defer func() {
+			if _, err := conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout"); err != nil {
+				_ = conn.Conn().Close(context.Background()) // never pooled with the setting
+			}
+		}()
+	}
 	stop := s.watchClaim(p, req.Token, conn.Conn().PgConn().PID())
 	row := conn.QueryRow(ctx, s.claimSQL, p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.StartOffset, req.PartitionCount, req.ClaimID, uuidOf(req.TopicID))

@@ -49,7 +49,7 @@ type demoCmd struct {
 	dbURL, schema, storeURL, keyList, protocol string
 	jobs                                       int
 	session                                    time.Duration
-	verbose                                    bool
+	verbose, strict                            bool
 }
 
 func (c *demoCmd) define(f *flagSet) {
@@ -62,6 +62,7 @@ func (c *demoCmd) define(f *flagSet) {
 	f.Int(&c.jobs, "jobs", 20, "jobs produced at start (worker A takes the first batch of them); half as many again arrive while A is frozen")
 	f.Duration(&c.session, "session-timeout", 3*time.Second, "group session timeout: how long a frozen worker keeps its partition")
 	f.String(&c.protocol, "protocol", "classic", "group protocol: classic or consumer (KIP-848)", arg("classic|consumer"))
+	f.Bool(&c.strict, "strict", false, "run the workers with --strict (strict hand-off): A is frozen with its batch prepared, before its offset commit; B's claim rolls it back; the database needs max_prepared_transactions above 0 (classic protocol only)")
 	f.Bool(&c.verbose, "verbose", false, "echo the workers' JSON logs to stderr, prefixed with their name")
 	c.logs.define(f, "console", "warn")
 }
@@ -87,6 +88,9 @@ func (c *demoCmd) check([]string) error {
 	}
 	if c.protocol != "classic" && c.protocol != "consumer" {
 		return usagef("--protocol %q is not classic or consumer", c.protocol)
+	}
+	if c.strict && c.protocol != "classic" {
+		return usagef("--strict runs on the classic protocol: the demo's broker (kfake) has a KIP-848 offset commit rule strict hand-off cannot hold on")
 	}
 	return nil
 }
@@ -119,7 +123,7 @@ func (c *demoCmd) run(ctx context.Context) error {
 		return usageError{msg: err.Error()}
 	}
 	cfg := demo.Config{Pool: pool, DatabaseURL: c.dbURL, Schema: c.schema, StoreURL: c.storeURL, Store: st,
-		Keys: splitList(c.keyList), Jobs: c.jobs, SessionTimeout: c.session, Protocol: c.protocol, Stdout: c.stdout, Log: log}
+		Keys: splitList(c.keyList), Jobs: c.jobs, SessionTimeout: c.session, Protocol: c.protocol, Strict: c.strict, Stdout: c.stdout, Log: log}
 	if c.verbose {
 		cfg.Echo = c.stderr
 	}

@@ -45,6 +45,10 @@ type workerCmd struct {
 
 	injectFaults, noMigrate, createSchema, unsafeNoFence, requireSync bool
 
+	// strict hand-off (G3-strict)
+	strict, strictCurGen bool
+	strictCoordinator    string
+
 	// addr is where /healthz, /readyz and /metrics are served ("": not).
 	addr string
 }
@@ -72,6 +76,9 @@ func (w *workerCmd) define(f *flagSet) {
 	f.Duration(&w.dbTimeout, "database-timeout", 0, "how long the database may not answer before this worker gives its partitions up (leaves the group) until it answers again; 0 derives it: the session timeout, at least 10s; negative never gives them up")
 	f.Bool(&w.noMigrate, "no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
 	f.Bool(&w.createSchema, "create-schema", false, "create --schema (and migrate it) if the database does not have it; without it a worker whose schema does not exist refuses to start, naming the schemas that hold tenure tables (a mistyped --schema must not start a new, empty one)")
+	f.Bool(&w.strict, "strict", false, "strict hand-off (G3-strict, docs/fencing.md): a batch becomes visible only if the group coordinator accepted its offset commit while its assignment was the partition's current one (PREPARE TRANSACTION, offset commit, COMMIT PREPARED); needs max_prepared_transactions above 0, costs an offset commit and a round trip per batch")
+	f.String(&w.strictCoordinator, "strict-coordinator", "", "with --strict and --protocol consumer (KIP-848): declare the group coordinator's offset commit rule; only \"kafka\" (Apache Kafka 4.0 or later) is sound (kfake's is not, and the protocol cannot tell them apart)", arg("kafka"))
+	f.Bool(&w.strictCurGen, "unsafe-strict-current-generation", false, "tests only: strict lanes commit offsets at the client's current generation instead of their own assignment's (unsafe: shows that the tests catch it)", testOnly)
 	f.Bool(&w.requireSync, "require-sync-standby", false, "refuse to start unless the database acknowledges commits only once a synchronous standby has them (see docs/fencing.md, \"Running on highly available Postgres\")")
 	f.Int(&w.dbMaxConns, "db-max-conns", 32, "the most database connections this worker opens: one per partition whose batch runs, plus a few")
 	f.Duration(&w.logAge, "fence-log-max-age", consumer.DefaultFenceLogMaxAge, "prune fence log entries older than this from the partitions this worker holds (0: no age limit)")
@@ -146,6 +153,18 @@ func (w *workerCmd) check([]string) error {
 	}
 	if w.jobIDHeader != "" && w.exportStore == "" {
 		return usagef("--job-id-header needs --export-store")
+	}
+	switch {
+	case w.strict && w.unsafeNoFence:
+		return usagef("--strict and --unsafe-no-fence exclude each other")
+	case w.strictCoordinator != "" && !w.strict:
+		return usagef("--strict-coordinator is for --strict")
+	case w.strictCurGen && !w.strict:
+		return usagef("--unsafe-strict-current-generation is for --strict")
+	case w.strict && w.protocol == string(consumer.NextGen) && w.strictCoordinator != consumer.StrictCoordinatorKafka:
+		return usagef("--strict with --protocol consumer needs --strict-coordinator kafka: strict hand-off under KIP-848 holds only on Apache Kafka's offset commit rule (4.0 or later), which the protocol cannot tell from kfake's, which accepts an ended assignment's commit")
+	case w.strictCoordinator != "" && w.strictCoordinator != consumer.StrictCoordinatorKafka:
+		return usagef("--strict-coordinator %q is not kafka", w.strictCoordinator)
 	}
 	return nil
 }
@@ -247,13 +266,20 @@ func (w *workerCmd) run(ctx context.Context) error {
 			return err
 		}
 	}
+	if w.strictCurGen {
+		log.Warn("--unsafe-strict-current-generation: strict lanes commit offsets at the client's current generation; G3-strict does not hold; for tests only")
+	}
 	if w.unsafeNoFence {
 		log.Warn("--unsafe-no-fence: batches commit WITHOUT the fence; a stale owner's writes land; for benchmarks only")
 	}
 	topics := splitList(w.topic)
-	log.Info("worker starting", zap.Strings("topics", topics), zap.String("group", w.group),
+	fields := []zap.Field{zap.Strings("topics", topics), zap.String("group", w.group),
 		zap.String("handler", w.handler), zap.String("protocol", w.protocol), zap.Int("pid", os.Getpid()),
-		zap.String("export_store", w.exportStore))
+		zap.String("export_store", w.exportStore)}
+	if w.strict {
+		fields = append(fields, zap.Bool("strict", true), zap.String("strict_coordinator", w.strictCoordinator))
+	}
+	log.Info("worker starting", fields...)
 	go func() {
 		<-ctx.Done()
 		if sig := stopSignal(ctx); sig != "" {
@@ -325,6 +351,10 @@ func (w *workerCmd) configure(ctx context.Context, log *zap.Logger) (consumer.Co
 		Logger:            log,
 		Hooks:             hooks(log),
 		UnsafeNoFence:     w.unsafeNoFence,
+
+		Strict:                        w.strict,
+		StrictCoordinator:             w.strictCoordinator,
+		UnsafeStrictCurrentGeneration: w.strictCurGen,
 	}
 	// New does no I/O and only keeps the store, so a stand-in lets it
 	// check the configuration now; the real store needs the database.
@@ -359,6 +389,9 @@ func (w *workerCmd) database(ctx context.Context, log *zap.Logger, tracer pgx.Qu
 		return nil, nil, err
 	}
 	store, err := w.schemaReady(ctx, pool, log)
+	if err == nil && w.strict {
+		err = sink.CheckPreparedTransactions(ctx, pool)
+	}
 	if err == nil {
 		err = w.checkReplication(ctx, pool, log)
 	}

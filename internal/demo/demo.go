@@ -58,6 +58,14 @@ type Config struct {
 	SessionTimeout time.Duration
 	// Protocol is the group protocol: classic or consumer (KIP-848).
 	Protocol string
+	// Strict runs the workers with --strict (strict hand-off, G3-strict):
+	// A is frozen with its batch prepared, before its offset commit; B's
+	// claim rolls the prepared batch back (the group's committed offset does
+	// not name it), and A's late offset commit is rejected by the
+	// coordinator. The database must allow prepared transactions
+	// (max_prepared_transactions above 0), and the protocol be classic
+	// (kfake's KIP-848 offset commit rule cannot carry strict hand-off).
+	Strict bool
 	// Stdout gets the story; Echo, when set, every line the workers log,
 	// prefixed with their name.
 	Stdout, Echo io.Writer
@@ -84,7 +92,7 @@ const (
 func Run(ctx context.Context, cfg Config) error {
 	d := &demo{
 		cfg: cfg, log: cfg.Log, start: time.Now(), pool: cfg.Pool, dbURL: cfg.DatabaseURL, schema: cfg.Schema,
-		keys: cfg.Keys, jobs: cfg.Jobs, session: cfg.SessionTimeout, protocol: cfg.Protocol,
+		keys: cfg.Keys, jobs: cfg.Jobs, session: cfg.SessionTimeout, protocol: cfg.Protocol, strict: cfg.Strict,
 		storeURL: cfg.StoreURL, objects: cfg.Store, topic: topicName, group: "tenure-demo-" + random(),
 	}
 	if d.log == nil {
@@ -114,6 +122,7 @@ type demo struct {
 	keys                                  []string
 	jobs                                  int
 	session                               time.Duration
+	strict                                bool
 
 	pool  *pgxpool.Pool
 	store *sink.Store
@@ -131,6 +140,14 @@ type demo struct {
 }
 
 func (d *demo) run(ctx context.Context) error {
+	if d.strict {
+		if d.protocol != "classic" {
+			return errors.New("the strict demo runs on the classic protocol: kfake's KIP-848 offset commit rule accepts an ended assignment's commit, so strict hand-off cannot hold on it")
+		}
+		if err := sink.CheckPreparedTransactions(ctx, d.pool); err != nil {
+			return err
+		}
+	}
 	if err := d.resetSchema(ctx); err != nil {
 		return err
 	}
@@ -162,6 +179,9 @@ func (d *demo) run(ctx context.Context) error {
 		return fmt.Errorf("the database URL is not valid: %w", err)
 	}
 	d.printf("tenure demo: a paused worker must not overwrite newer output.\n")
+	if d.strict {
+		d.printf("  strict  --strict: batches are prepared (PREPARE TRANSACTION), their offsets committed to the group coordinator, and made visible only on its acceptance\n")
+	}
 	d.printf("  broker  kfake (in-process) on %s, topic %q with 1 partition, group %s, %s protocol, session timeout %s\n",
 		strings.Join(d.brokers, ","), d.topic, d.group, d.protocol, d.session)
 	d.printf("  sink    PostgreSQL at %s:%d, schema %s (dropped and re-created for this run)\n",
@@ -192,7 +212,11 @@ func (d *demo) story(ctx context.Context) error {
 	if err := d.handOff(ctx, b, held); err != nil {
 		return err
 	}
-	rejected, err := d.wake(ctx, a, held)
+	wake := d.wake
+	if d.strict {
+		wake = d.wakeStrict
+	}
+	rejected, err := wake(ctx, a, held)
 	if err != nil {
 		return err
 	}
@@ -205,12 +229,17 @@ func (d *demo) story(ctx context.Context) error {
 type batch struct {
 	token    string
 	from, to int64
+	gid      string // strict: the prepared transaction
 }
 
 // startA starts worker A, which takes its first batch and holds before
 // writing it.
 func (d *demo) startA(ctx context.Context) (*child, batch, error) {
-	a, err := d.startWorker("A", "--hold-once", "before-batch")
+	point := "before-batch"
+	if d.strict {
+		point = "strict-before-offset-commit"
+	}
+	a, err := d.startWorker("A", "--hold-once", point)
 	if err != nil {
 		return nil, batch{}, err
 	}
@@ -218,11 +247,16 @@ func (d *demo) startA(ctx context.Context) (*child, batch, error) {
 	if err != nil {
 		return nil, batch{}, err
 	}
-	bt := batch{token: str(held.fields, "token")}
+	bt := batch{token: str(held.fields, "token"), gid: str(held.fields, "gid")}
 	bt.from, _ = intField(held.fields, "from")
 	bt.to, _ = intField(held.fields, "to")
 	if claim, ok := a.find(0, logMsg(consumer.MsgClaimed)); ok {
 		d.members[str(claim.fields, "member")] = "A"
+	}
+	if d.strict {
+		d.sayAt(held.at, "worker A (pid %d) claims partition %s with token %s, processes jobs %s and PREPAREs the transaction (%s); it is about to commit their offset to the group coordinator",
+			a.pid, str(held.fields, "partition"), bt.token, span(bt.from, bt.to), bt.gid)
+		return a, bt, nil
 	}
 	d.sayAt(held.at, "worker A (pid %d) claims partition %s with token %s, reads jobs %s and is about to write them",
 		a.pid, str(held.fields, "partition"), bt.token, span(bt.from, bt.to))
@@ -260,7 +294,11 @@ func (d *demo) freeze(ctx context.Context, a *child) error {
 	if err := a.frozen(5 * time.Second); err != nil {
 		return err
 	}
-	d.say("SIGSTOP worker A — frozen inside the check-then-act window (GC pause, VM migration...)")
+	if d.strict {
+		d.say("SIGSTOP worker A — frozen with its batch prepared and its offset not yet committed (GC pause, VM migration...)")
+	} else {
+		d.say("SIGSTOP worker A — frozen inside the check-then-act window (GC pause, VM migration...)")
+	}
 	more := max(1, d.jobs/2)
 	from, to, err := d.produce(ctx, more)
 	if err != nil {
@@ -273,6 +311,18 @@ func (d *demo) freeze(ctx context.Context, a *child) error {
 // handOff waits for the group to evict A and B to claim the partition
 // and commit every job.
 func (d *demo) handOff(ctx context.Context, b *child, a batch) error {
+	if d.strict {
+		res, err := b.waitLog(ctx, waitLimit+2*d.session, 0, "worker B's claim to resolve A's prepared batch", logMsg(consumer.MsgStrictResolved))
+		if err != nil {
+			return err
+		}
+		what := "rolls it back (ROLLBACK PREPARED): nothing of it will ever be visible"
+		if str(res.fields, "committed") == "true" {
+			what = "commits it (COMMIT PREPARED): the coordinator had accepted its offset"
+		}
+		d.sayAt(res.at, "the group evicts A; worker B's claim finds A's prepared batch holding the partition, reads the group's committed offset (%s) and %s",
+			str(res.fields, "evidence"), what)
+	}
 	claimed, err := b.waitLog(ctx, waitLimit+2*d.session, 0, "the group to hand partition 0 to worker B", logMsg(consumer.MsgClaimed))
 	if err != nil {
 		return err
@@ -322,6 +372,38 @@ func (d *demo) wake(ctx context.Context, a *child, held batch) (rejected bool, e
 		d.sayAt(outcome.at, "worker A abandoned its batch itself (%s) before Postgres could judge it; the fence was not exercised", str(outcome.fields, "error"))
 	}
 	return false, nil
+}
+
+// wakeStrict resumes A, whose lane goes on with its offset commit, and
+// reports whether A's batch stayed invisible (rolled back).
+func (d *demo) wakeStrict(ctx context.Context, a *child, held batch) (rejected bool, err error) {
+	since := a.count()
+	if err := a.signal(syscall.SIGCONT); err != nil {
+		return false, err
+	}
+	d.say("SIGCONT worker A — it wakes up and commits its batch's offset to the group coordinator at its own assignment's generation")
+	ans, err := a.waitLog(ctx, waitLimit, since, "worker A's offset commit to be answered", logMsg(consumer.MsgStrictAnswered))
+	if err != nil {
+		return false, err
+	}
+	if str(ans.fields, "accepted") == "true" {
+		d.sayAt(ans.at, "the coordinator ACCEPTED A's offset commit after the partition was handed to B: strict hand-off did not hold")
+	} else {
+		d.sayAt(ans.at, "the coordinator rejects A's offset commit: %s", str(ans.fields, "error"))
+	}
+	dec, err := a.waitLog(ctx, waitLimit, since, "worker A's batch to be decided", logMsg(consumer.MsgStrictDecided))
+	if err != nil {
+		return false, err
+	}
+	if str(dec.fields, "committed") == "true" {
+		d.sayAt(dec.at, "A's prepared batch %s with token %s was COMMITTED: strict hand-off did not hold", span(held.from, held.to), held.token)
+		return false, nil
+	}
+	d.sayAt(dec.at, "A's ROLLBACK PREPARED finds its batch already rolled back by B's claim: jobs %s were never visible with token %s", span(held.from, held.to), held.token)
+	if staged := d.objectsOf(ctx, held.token); len(staged) > 0 {
+		d.printf("%s A's staged objects stay unpublished (garbage for `tenure admin exports gc`): %s, e.g. %s\n", indent, plural(len(staged), "object"), staged[0])
+	}
+	return true, nil
 }
 
 // report prints the final state and the verdict.
@@ -458,8 +540,14 @@ func (d *demo) verdict(h *history.History, rejected bool, next int64) error {
 	for _, v := range h.Check(map[history.TopicPartition][]int64{{Topic: d.topic, Partition: 0}: offs}) {
 		problems = append(problems, v.String())
 	}
-	if !rejected {
+	switch {
+	case !rejected && d.strict:
+		problems = append(problems, "worker A's prepared batch was not rolled back")
+	case !rejected:
 		problems = append(problems, "worker A's stale batch was not rejected by Postgres")
+	}
+	for _, g := range h.Prepared {
+		problems = append(problems, "prepared batch "+g+" was left undecided")
 	}
 	if next != d.produced {
 		problems = append(problems, fmt.Sprintf("partition 0's next offset is %d, but %d jobs were produced", next, d.produced))
@@ -469,6 +557,11 @@ func (d *demo) verdict(h *history.History, rejected bool, next int64) error {
 	}
 	out := d.cfg.Stdout
 	fmt.Fprintln(out)
+	if len(problems) == 0 && d.strict {
+		fmt.Fprintf(out, "verdict: PASS — A's prepared batch was rolled back by B's claim and the coordinator refused A's late offset commit; jobs %s were each published exactly once, in offset order, "+
+			"and no key's pointer ever moved backwards (history checked: G1 contiguous offsets, G2/G3 fencing, pointer moves, no batch left prepared).\n", span(0, d.produced))
+		return nil
+	}
 	if len(problems) == 0 {
 		fmt.Fprintf(out, "verdict: PASS — Postgres rejected A's stale batch; jobs %s were each published exactly once, in offset order, "+
 			"and no key's pointer ever moved backwards (history checked: G1 contiguous offsets, G2/G3 fencing, pointer moves).\n", span(0, d.produced))
@@ -552,6 +645,9 @@ func (d *demo) produce(ctx context.Context, n int) (int64, int64, error) {
 func (d *demo) startWorker(name string, extra ...string) (*child, error) {
 	if d.members == nil {
 		d.members = map[string]string{}
+	}
+	if d.strict {
+		extra = append([]string{"--strict"}, extra...)
 	}
 	args := append([]string{"worker",
 		"--brokers", strings.Join(d.brokers, ","), "--group", d.group, "--topic", d.topic,

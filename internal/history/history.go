@@ -29,6 +29,10 @@ type Entry struct {
 	Owner     string
 	ClaimID   int64 // the claimant (one lane); 0 if unknown
 	From, To  int64
+	// GID names the prepared transaction of a strict lane's commit
+	// (Config.Strict; "" otherwise): the entry became visible with its
+	// COMMIT PREPARED.
+	GID string
 }
 
 // Assignment is the coordinator's side of one claimant: member was assigned
@@ -97,6 +101,11 @@ type History struct {
 	// (LoadObjectExports; empty otherwise).
 	Publications []Publication
 	Pointers     []ExportPointer
+	// StrictDecisions are the recorded decisions on strict lanes' prepared
+	// batches, and Prepared the GIDs still prepared (undecided) when the
+	// history was loaded (CheckStrict).
+	StrictDecisions []sink.StrictDecision
+	Prepared        []string
 }
 
 // CheckLog verifies, per partition: commits cover consecutive offset ranges
@@ -454,14 +463,14 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 	}
 	q := pgx.Identifier{schema}.Sanitize()
 	h := &History{}
-	rows, err := pool.Query(ctx, `SELECT id, kind, consumer_group, topic, partition, incarnation, epoch, owner, claim_id, from_offset, to_offset
-		FROM `+q+`.fence_log WHERE consumer_group = $1 ORDER BY id`, group)
+	rows, err := pool.Query(ctx, `SELECT id, kind, consumer_group, topic, partition, incarnation, epoch, owner, claim_id, from_offset, to_offset,
+		coalesce(gid, '') FROM `+q+`.fence_log WHERE consumer_group = $1 ORDER BY id`, group)
 	if err != nil {
 		return nil, err
 	}
 	var e Entry
 	if _, err := pgx.ForEachRow(rows, []any{&e.ID, &e.Kind, &e.Partition.Group, &e.Partition.Topic, &e.Partition.Partition,
-		&e.Token.Incarnation, &e.Token.Epoch, &e.Owner, &e.ClaimID, &e.From, &e.To}, func() error {
+		&e.Token.Incarnation, &e.Token.Epoch, &e.Owner, &e.ClaimID, &e.From, &e.To, &e.GID}, func() error {
 		h.Log = append(h.Log, e)
 		return nil
 	}); err != nil {
@@ -475,6 +484,12 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 		return nil, err
 	}
 	if h.Cuts, err = store.FenceLogCuts(ctx, group); err != nil {
+		return nil, err
+	}
+	if h.StrictDecisions, err = store.LoadStrictDecisions(ctx, group); err != nil {
+		return nil, err
+	}
+	if h.Prepared, err = store.PreparedGIDs(ctx, group); err != nil {
 		return nil, err
 	}
 	sql := `SELECT job_key, version, topic, partition, job_offset, incarnation, epoch FROM ` + q + `.export_versions`
