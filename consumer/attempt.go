@@ -328,6 +328,13 @@ func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Con
 			_ = tx.Rollback(rctx) // a failed rollback closes the connection: nothing survives
 		}
 	}()
+	if l.c.store.Pooled() {
+		// Through a transaction pooler the announced pid is the pooler's:
+		// ask the server backend that runs this transaction.
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&sess.PID); err != nil {
+			return infraError{fmt.Errorf("begin: %w", err)}
+		}
+	}
 	stopWatch := l.watchLocks(sess.PID)
 	err = work(ctx, tx)
 	stopWatch()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -20,64 +21,111 @@ func TestBenchSmall(t *testing.T) {
 	e := newEnv(t, 1)
 	out := filepath.Join(t.TempDir(), "bench.json")
 	const jobs, naive, scaling = 3000, 300, 1000
-	r := runCLI(t, 4*time.Minute, "", "bench", "--brokers", strings.Join(e.brokers, ","), "--database-url", e.dbURL,
-		"--jobs", "3000", "--partitions", "4", "--naive-jobs", "300", "--latency-seconds", "2",
-		"--scaling-jobs", "1000", "--json", out)
+	r := runCLI(t, 5*time.Minute, "", "bench", "--brokers", strings.Join(e.brokers, ","), "--database-url", e.dbURL,
+		"--jobs", "3000", "--partitions", "4", "--naive-jobs", "300", "--repeat", "2", "--latency-seconds", "2", "--latency-rate", "2000",
+		"--scaling-jobs", "1000", "--dimension-partitions", "3,6", "--json", out)
 	if r.code != 0 {
 		t.Fatalf("bench failed: %s", r)
 	}
 	local := os.Getenv("TENURE_TEST_DATABASE_URL") == ""
-	for _, want := range []string{"RUN", "tenure-unfenced", "at-least-once", "copy-ceiling", "end-to-end latency", "scaling", "targets:"} {
+	for _, want := range []string{"RUN", "tenure-unfenced", "tenure-strict", "tenure-traced", "at-least-once", "copy-ceiling", "end-to-end latency", "scaling",
+		"median (min–max) of 2 runs", "partition dimension", "CLAIMS/S AT START", "HAND-OFF MAX S", "targets", "want >= 1.0", "want <= 50", "where a tenure worker's CPU goes"} {
 		if !strings.Contains(r.stdout, want) {
-			t.Errorf("the table lacks %q:\n%s", want, r.stdout)
+			t.Errorf("the report lacks %q:\n%s", want, r.stdout)
 		}
+	}
+	// Every figure of a repeated run is a median with its spread, and every
+	// target a verdict of three.
+	if !regexp.MustCompile(`\d+ \(\d+–\d+\)`).MatchString(r.stdout) {
+		t.Errorf("no \"median (min–max)\" cell in the report:\n%s", r.stdout)
+	}
+	if !regexp.MustCompile(`want [<>]= [0-9.]+\s+(met|unclear|not met)`).MatchString(r.stdout) {
+		t.Errorf("no target verdict (met, unclear, not met) in the report:\n%s", r.stdout)
 	}
 	data, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)
 	}
+	type stat struct {
+		Median, Min, Max float64
+		N                int
+	}
 	var rep struct {
 		ID      string
+		Repeat  int
 		Results []struct {
-			Name        string
-			Jobs        int64
-			JobsPerSec  float64  `json:"jobs_per_sec"`
-			CPUPerMJobs float64  `json:"cpu_seconds_per_million_jobs"`
-			PeakRSSMB   float64  `json:"peak_rss_mb"`
-			PGCPU       *float64 `json:"postgres_cpu_seconds_per_million_jobs"`
+			Name    string
+			Skipped string
+			Runs    []struct {
+				Jobs        int64
+				JobsPerSec  float64  `json:"jobs_per_sec"`
+				CPUPerMJobs float64  `json:"cpu_seconds_per_million_jobs"`
+				PeakRSSMB   float64  `json:"peak_rss_mb"`
+				PGCPU       *float64 `json:"postgres_cpu_seconds_per_million_jobs"`
+			}
+			JobsPerSec stat `json:"jobs_per_sec"`
 		}
-		Latency map[string]float64 `json:"latency_ms"`
+		Latency map[string]stat `json:"latency_ms"`
 		Scaling []struct {
 			Name string
 			Jobs int64
 		}
-		Targets []struct{ Name string }
+		Partitions []struct {
+			Partitions     int
+			Jobs           int64
+			JobsPerSec     float64 `json:"jobs_per_sec"`
+			ClaimsPerSec   float64 `json:"claims_per_sec"`
+			HandedOff      int     `json:"handed_off_partitions"`
+			HandOffSeconds float64 `json:"hand_off_seconds_max"`
+		} `json:"partition_dimension"`
+		Targets []struct{ Name, Verdict string }
+		Profile *struct {
+			File  string
+			Note  string
+			Areas []struct {
+				Name    string
+				Percent float64
+			}
+		}
 	}
 	if err := json.Unmarshal(data, &rep); err != nil {
 		t.Fatalf("bench JSON: %v\n%s", err, data)
 	}
-	want := map[string]int64{"tenure": jobs, "tenure-unfenced": jobs, "at-least-once": jobs, "at-least-once-fetch": jobs, "naive": naive, "copy-ceiling": jobs, "copy-plain": jobs}
-	if len(rep.Results) != len(want) {
-		t.Fatalf("%d results, want %d: %s", len(rep.Results), len(want), data)
+	want := map[string]int64{"tenure": jobs, "tenure-unfenced": jobs, "tenure-strict": jobs, "tenure-traced": jobs, "at-least-once": jobs, "at-least-once-fetch": jobs, "naive": naive, "copy-ceiling": jobs, "copy-plain": jobs}
+	if len(rep.Results) != len(want) || rep.Repeat != 2 {
+		t.Fatalf("%d results (repeat %d), want %d (repeat 2): %s", len(rep.Results), rep.Repeat, len(want), data)
 	}
 	for _, res := range rep.Results {
 		n, ok := want[res.Name]
-		switch {
-		case !ok:
+		if !ok {
 			t.Errorf("unexpected run %q", res.Name)
-		case res.Jobs != n:
-			t.Errorf("%s wrote %d rows, want exactly %d", res.Name, res.Jobs, n)
+			continue
 		}
-		if res.JobsPerSec <= 0 || res.CPUPerMJobs <= 0 || res.PeakRSSMB <= 0 {
-			t.Errorf("%s: a figure was not measured: %+v", res.Name, res)
+		if res.Skipped != "" {
+			// Only strict may be skipped, and only for the server's reason.
+			if res.Name != "tenure-strict" || !strings.Contains(res.Skipped, "max_prepared_transactions") {
+				t.Errorf("%s skipped: %s", res.Name, res.Skipped)
+			}
+			continue
 		}
-		// The server's CPU is read from /proc when it runs here, as the
-		// test database does unless TENURE_TEST_DATABASE_URL says otherwise.
-		if local && (res.PGCPU == nil || *res.PGCPU <= 0) {
-			t.Errorf("%s: the local PostgreSQL server's CPU time was not measured", res.Name)
+		if len(res.Runs) != 2 || res.JobsPerSec.N != 2 || res.JobsPerSec.Min > res.JobsPerSec.Median || res.JobsPerSec.Median > res.JobsPerSec.Max {
+			t.Errorf("%s: %d runs, rate %+v: want 2 runs and min <= median <= max", res.Name, len(res.Runs), res.JobsPerSec)
+		}
+		for _, run := range res.Runs {
+			if run.Jobs != n {
+				t.Errorf("%s wrote %d rows, want exactly %d", res.Name, run.Jobs, n)
+			}
+			if run.JobsPerSec <= 0 || run.CPUPerMJobs <= 0 || run.PeakRSSMB <= 0 {
+				t.Errorf("%s: a figure was not measured: %+v", res.Name, run)
+			}
+			// The server's CPU is read from /proc when it runs here, as the
+			// test database does unless TENURE_TEST_DATABASE_URL says otherwise.
+			if local && (run.PGCPU == nil || *run.PGCPU <= 0) {
+				t.Errorf("%s: the local PostgreSQL server's CPU time was not measured", res.Name)
+			}
 		}
 	}
-	if l := rep.Latency; l["jobs"] < 1 || l["p50"] <= 0 || l["p50"] > l["p99"] || l["p99"] > l["max"] {
+	if l := rep.Latency; l["jobs"].Min < 1 || l["p50"].Median <= 0 || l["p50"].Median > l["p99"].Median || l["p99"].Median > l["max"].Median || l["p99"].N != 2 {
 		t.Errorf("latency percentiles out of order or missing: %v", l)
 	}
 	if len(rep.Scaling) != 5 {
@@ -88,8 +136,30 @@ func TestBenchSmall(t *testing.T) {
 			t.Errorf("scaling %q wrote %d rows, want exactly %d", s.Name, s.Jobs, scaling)
 		}
 	}
-	if len(rep.Targets) != 6 {
-		t.Errorf("%d targets, want 6", len(rep.Targets))
+	if len(rep.Partitions) != 2 {
+		t.Errorf("%d partition dimension runs, want 2 (3 and 6 partitions)", len(rep.Partitions))
+	}
+	for _, p := range rep.Partitions {
+		// SIGKILL loses no job and duplicates none: exactly every job.
+		if p.Jobs != jobs || p.JobsPerSec <= 0 || p.ClaimsPerSec <= 0 {
+			t.Errorf("partition dimension %d: %+v", p.Partitions, p)
+		}
+	}
+	// The profiled run wrote a profile next to the JSON; a run this short
+	// may be too short to be sampled, which the report then says.
+	if p := rep.Profile; p == nil {
+		t.Error("no profile in the report")
+	} else if _, err := os.Stat(p.File); err != nil || (len(p.Areas) == 0 && p.Note == "") {
+		t.Errorf("profile %+v: %v", p, err)
+	}
+	verdicts := map[string]bool{"met": true, "unclear": true, "not met": true}
+	if len(rep.Targets) != 8 {
+		t.Errorf("%d targets, want 8", len(rep.Targets))
+	}
+	for _, tg := range rep.Targets {
+		if !verdicts[tg.Verdict] {
+			t.Errorf("target %q: verdict %q, want met, unclear or not met", tg.Name, tg.Verdict)
+		}
 	}
 
 	// Nothing left behind.

@@ -4,7 +4,8 @@
 #
 #   1. tools: a C compiler for -race, spin for the model check, kcat
 #      (librdkafka's client, for the interoperability test), ip and nft for
-#      the network faults, and prometheus/promtool for the alerting rules
+#      the network faults, prometheus/promtool for the alerting rules, and
+#      pgbouncer for the pooler tests
 #      (installed with apt-get if missing, as root)
 #   2. PostgreSQL at TENURE_TEST_DATABASE_URL or the local default (scripts/ensure-postgres.sh),
 #      and pg_auto_failover for the failover tests (apt-get, as root, if missing)
@@ -14,9 +15,9 @@
 #   5. SeaweedFS's `weed` for the S3 export test: built once per machine
 #      (scripts/build-weed.sh, 10-15 minutes the first time, cached in
 #      ~/.cache/tenure) and passed to the tests as TENURE_TEST_WEED
-#   6. all tests (integration included), three short chaos runs (classic,
-#      KIP-848 consumer protocol, and on a pg_auto_failover formation; seeds
-#      from the clock), then -race on the core packages
+#   6. all tests (integration included), four short chaos runs (classic,
+#      KIP-848 consumer protocol, on a pg_auto_failover formation, and strict
+#      hand-off; seeds from the clock), then -race on the core packages
 #
 # Kafka needs nothing: tests start franz-go's kfake on loopback ports, or use
 # the cluster named by TENURE_TEST_BROKERS.
@@ -40,9 +41,12 @@ command -v nft >/dev/null || [[ -x /usr/sbin/nft ]] || missing+=(nftables)
 # Headless Chromium (and a font for its screenshots): the ownership page's
 # browser test.
 command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)
+# PgBouncer (Debian installs it in /usr/sbin): the transaction pooling
+# tests start their own in front of a throwaway PostgreSQL.
+command -v pgbouncer >/dev/null || [[ -x /usr/sbin/pgbouncer ]] || missing+=(pgbouncer)
 if ((${#missing[@]})); then
 	if [[ $EUID -ne 0 ]]; then
-		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test, iproute2 and nftables for the network faults, prometheus for the alerting rules, chromium for the ownership page's browser test); install them with apt-get or run as root" >&2
+		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test, iproute2 and nftables for the network faults, prometheus for the alerting rules, chromium for the ownership page's browser test, pgbouncer for the pooler tests); install them with apt-get or run as root" >&2
 		exit 1
 	fi
 	echo "test: installing ${missing[*]}"
@@ -73,6 +77,8 @@ fi
 export TENURE_TEST_REQUIRE_PGHA=1
 # kcat (librdkafka) was installed above: its interoperability test must run.
 export TENURE_TEST_REQUIRE_KCAT=1
+# PgBouncer was installed above: its tests must run.
+export TENURE_TEST_REQUIRE_PGBOUNCER=1
 
 echo "== go vet"
 go vet ./...
@@ -100,12 +106,13 @@ fi
 echo "== go test (every package; the chaos package's own unit tests only: its runs follow)"
 go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)
 go test -count=1 -short ./integration/chaos
-# Three short chaos runs, each with a seed from the clock, so that every CI
+# Four short chaos runs, each with a seed from the clock, so that every CI
 # run tries another fault schedule: one per group protocol (classic, and
-# KIP-848's consumer protocol), and one on a pg_auto_failover formation
+# KIP-848's consumer protocol), one on a pg_auto_failover formation
 # (installed above) whose primary is killed and its synchronous standby
 # promoted among the other faults (pg-failover; about 1m40s for 60s of
-# faults, two failovers). The seed is in each summary and in the replay line;
+# faults, two failovers), and one with --strict workers, checked for
+# G3-strict (classic: kfake's KIP-848 offset commit rule cannot carry it). The seed is in each summary and in the replay line;
 # TENURE_CHAOS_SEED=N fixes it for every run. -v so that the summary
 # (faults, rejections, violations, recovery and hand-off times) is in the
 # output even when a run passes. The long runs: make chaos-soak, make
@@ -130,5 +137,6 @@ chaos_run() {
 chaos_run "classic protocol" -chaos.protocol classic
 chaos_run "consumer protocol (KIP-848)" -chaos.protocol consumer
 chaos_run "on a pg_auto_failover formation" -chaos.postgres formation
+chaos_run "strict hand-off (classic)" -chaos.protocol classic -chaos.strict
 echo "== go test -race (core packages)"
 go test -race -count=1 -timeout 15m ./partition/ ./sink/ ./consumer/

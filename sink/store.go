@@ -19,7 +19,23 @@ type Store struct {
 	schema string
 
 	claimSQL, commitSQL, pipelinedSQL, getSQL, listSQL string
+
+	pooled bool // SetPooled
 }
+
+// SetPooled declares that the pool leads through a transaction pooler
+// (PgBouncer's pool_mode=transaction, docs/pgbouncer.md): the process id a
+// connection announced is then the pooler's, not the server backend's that
+// runs its transactions, and a session setting would stay behind on a
+// server connection other clients get next. The store then asks the server
+// for its backend's pid inside each transaction (the lock watch ends
+// server backends by it, and the unknown-commit path waits on it), and
+// runs a claim in a transaction of its own with SET LOCAL lock_timeout.
+// Call it before the store is used.
+func (s *Store) SetPooled(pooled bool) { s.pooled = pooled }
+
+// Pooled reports SetPooled.
+func (s *Store) Pooled() bool { return s.pooled }
 
 // NewStore returns a Store for schema ("" means DefaultSchema). It does not
 // touch the database; see Migrate and CheckSchema.
@@ -238,7 +254,24 @@ func (s *Store) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
 	// live owner, for good by an owner whose session stopped between its
 	// fence statement and its COMMIT (frozen, or cut off by a network that
 	// drops its packets). The claim does not wait for the latter.
-	if req.LockTimeout > 0 {
+	pid := conn.Conn().PgConn().PID()
+	var tx pgx.Tx
+	if s.pooled {
+		// Through a transaction pooler only a transaction keeps one server
+		// connection: the setting, the backend's pid and the claim.
+		if tx, err = conn.Begin(ctx); err != nil {
+			return Claimed{}, fmt.Errorf("claim of %s: %w", p, err)
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit: nothing
+		if req.LockTimeout > 0 {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(req.LockTimeout.Milliseconds(), 1))); err != nil {
+				return Claimed{}, fmt.Errorf("claim of %s: %w", p, err)
+			}
+		}
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return Claimed{}, fmt.Errorf("claim of %s: %w", p, err)
+		}
+	} else if req.LockTimeout > 0 {
 		if _, err := conn.Exec(ctx, fmt.Sprintf("SET lock_timeout = %d", max(req.LockTimeout.Milliseconds(), 1))); err != nil {
 			return Claimed{}, fmt.Errorf("claim of %s: %w", p, err)
 		}
@@ -248,11 +281,18 @@ func (s *Store) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
 			}
 		}()
 	}
-	stop := s.watchClaim(p, req.Token, conn.Conn().PgConn().PID())
+	stop := s.watchClaim(p, req.Token, pid)
 	row := conn.QueryRow(ctx, s.claimSQL, p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.StartOffset, req.PartitionCount, req.ClaimID, uuidOf(req.TopicID))
 	var topicID pgtype.UUID
 	err = row.Scan(&c.NextOffset, &c.PartitionCount, &topicID, &c.LogEpoch, &c.Created)
+	if tx != nil {
+		if err == nil {
+			err = tx.Commit(ctx)
+		} else {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}
 	c.StaleSessionsEnded = stop()
 	if topicID.Valid {
 		c.TopicID = topicID.Bytes

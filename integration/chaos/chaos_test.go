@@ -217,6 +217,15 @@ func (w *world) setup() {
 				t.Logf("removing throwaway PostgreSQL: %v", err)
 			}
 		})
+		// Strict workers refuse a server without prepared transactions.
+		if w.cfg.strict {
+			if err := w.pg.AppendConf("max_prepared_transactions = 64"); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.pg.Restart(ctx, "fast"); err != nil {
+				t.Fatalf("restarting the throwaway PostgreSQL with prepared transactions: %v", err)
+			}
+		}
 	}
 	// Every process is ended by its PID, after SIGCONT, whatever happens.
 	t.Cleanup(w.killAll)
@@ -335,6 +344,9 @@ func (w *world) startWorker(s *slot, extra ...string) error {
 		"--rebalance-timeout", "10s",
 		"--protocol", w.cfg.protocol, "--batch-max", "50",
 		"--name", name, "--log-level", "debug",
+	}
+	if w.cfg.strict {
+		args = append(args, "--strict")
 	}
 	args = append(args, extra...)
 	p, err := startProc(name, filepath.Join(w.logDir, fmt.Sprintf("w%d.log", s.n)), s.ns, args,
@@ -1221,6 +1233,33 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 		find("fence log entry #%d (%s of partition %d by %q, token %s, claim id %d) matches no assignment a worker logged",
 			u.ID, u.Kind, u.Partition.Partition, u.Owner, u.Token, u.ClaimID)
 	}
+	var strictLine string
+	// 2c. Strict hand-off (-chaos.strict): no batch became visible unless
+	// the coordinator accepted its offset commit while its assignment was
+	// current, the decisions recorded agree with the fence log, and none
+	// is left prepared. A group's deletion, or a broker SIGKILL (kfake may
+	// lose the committed offsets it had acknowledged), can take away an
+	// accepted commit's record: such runs do not hold G3-record to it.
+	if w.cfg.strict {
+		wiped := slices.ContainsFunc(w.faults, func(f *fault) bool { return f.Kind == kindGroupDelete || f.Kind == kindBrokerRst })
+		events := w.book.strictEvents()
+		for _, v := range history.CheckStrict(h, assignments, events, w.cfg.protocol == "classic", wiped) {
+			violate("strict: %s", v)
+		}
+		decided := map[string]int{}
+		for _, d := range h.StrictDecisions {
+			k := "rolled back"
+			if d.Committed {
+				k = "committed"
+			}
+			if d.ByResolver {
+				k += " by a later claim"
+			}
+			decided[k]++
+		}
+		strictLine = fmt.Sprintf("strict:      %d strict log lines (offset commits sent and answered, assignments ended); decisions %v; %d left prepared; G3-record excused by a group deletion or broker restart: %v\n",
+			len(events), decided, len(h.Prepared), wiped)
+	}
 	fenceNext := map[int32]int64{}
 	for _, f := range h.Fences {
 		fenceNext[f.Partition.Partition] = f.NextOffset
@@ -1427,14 +1466,19 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 		total += hwm[p]
 	}
 	var s strings.Builder
-	fmt.Fprintf(&s, "==== chaos summary: seed %d, %d workers, %s protocol, %s of faults, %d jobs/s, %d partitions, run took %s\n",
-		w.cfg.seed, w.cfg.workers, w.cfg.protocol, w.cfg.duration, w.cfg.rate, partitions, time.Since(w.start).Round(time.Second))
+	mode := ""
+	if w.cfg.strict {
+		mode = " (strict hand-off)"
+	}
+	fmt.Fprintf(&s, "==== chaos summary: seed %d, %d workers, %s protocol%s, %s of faults, %d jobs/s, %d partitions, run took %s\n",
+		w.cfg.seed, w.cfg.workers, w.cfg.protocol, mode, w.cfg.duration, w.cfg.rate, partitions, time.Since(w.start).Round(time.Second))
 	fmt.Fprintf(&s, "jobs:        %d in the log (%d acknowledged, %d produce errors, %d unacknowledged, %d duplicate seqs); %d exported, %d dead-lettered\n",
 		total, len(acked), len(failed), unacked, dupSeq, len(h.Writes), len(h.DeadLetters))
 	fmt.Fprintf(&s, "fault jobs:  %d (%d error, %d panic), each must be dead-lettered; good jobs dead-lettered: %d %v\n",
 		faultJobs, faultErr, faultPanic, sumMap(goodDead), goodDead)
 	s.WriteString(deleted.summary())
 	fmt.Fprintf(&s, "history:     %d claims, %d commits in the fence log; %d incarnation bumps (seen by %d claims)\n", claims, commits, book.incarnations, book.incSeen)
+	s.WriteString(strictLine)
 	fmt.Fprintf(&s, "rejections:  %d batches fenced, %d claims fenced; %d partitions-lost events; %d commits of unknown outcome %v; %d handler panics\n",
 		book.batchRej, book.claimRej, book.lost, sumMap(book.unknown), book.unknown, book.panics)
 	fmt.Fprintf(&s, "faults:      %d injected", len(faults))
@@ -1535,6 +1579,9 @@ func (w *world) replay() string {
 		w.cfg.seed, w.cfg.duration, w.cfg.workers, w.cfg.protocol, w.cfg.rate)
 	if w.ha != nil {
 		s += " -chaos.postgres formation"
+	}
+	if w.cfg.strict {
+		s += " -chaos.strict"
 	}
 	return s
 }

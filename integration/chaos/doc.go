@@ -187,8 +187,11 @@
 // (single, the default, or formation: needs pg_autoctl, which
 // scripts/test.sh installs), -chaos.rate [TENURE_CHAOS_RATE] (jobs per
 // second, default 100), -chaos.protocol [TENURE_CHAOS_PROTOCOL] (classic or
-// consumer), -chaos.keep [TENURE_CHAOS_KEEP] (keep the logs directory even
-// when the run passes; it is always kept when it fails).
+// consumer), -chaos.strict [TENURE_CHAOS_STRICT] (workers run with --strict
+// on a server with prepared transactions, and the run also checks G3-strict
+// with history.CheckStrict: classic protocol and a single server only),
+// -chaos.keep [TENURE_CHAOS_KEEP] (keep the logs directory even when the run
+// passes; it is always kept when it fails).
 //
 // A seed fixes the schedule (which fault, which worker, how long) and the
 // jobs' keys and faults; the timing of real processes still varies from run

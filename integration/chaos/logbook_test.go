@@ -77,11 +77,12 @@ type logbook struct {
 	byLevel      map[string]map[string]int // level -> msg -> count (warn and error)
 
 	// The database watch (consumer/dbwatch.go) and what a zombie notices.
-	stepDowns   []batchEvent // "stepped_down":true: the worker gives its partitions up
-	steppedDown []batchEvent // consumer.MsgSteppedDown: it has left the group
-	rejoins     []batchEvent // consumer.MsgRejoining
-	lostEvents  []batchEvent // "partitions lost" and "partitions revoked": kgo took partitions from the worker
-	unknowns    []batchEvent // commits of unknown outcome, with how they were resolved
+	stepDowns   []batchEvent          // "stepped_down":true: the worker gives its partitions up
+	steppedDown []batchEvent          // consumer.MsgSteppedDown: it has left the group
+	rejoins     []batchEvent          // consumer.MsgRejoining
+	lostEvents  []batchEvent          // "partitions lost" and "partitions revoked": kgo took partitions from the worker
+	unknowns    []batchEvent          // commits of unknown outcome, with how they were resolved
+	strict      []history.StrictEvent // strict lanes' offset commits sent and answered, assignments ended
 }
 
 func newLogbook() *logbook {
@@ -100,6 +101,11 @@ func (lb *logbook) record(worker, line string) {
 	}
 	msg, _ := m["msg"].(string)
 	level, _ := m["level"].(string)
+	if sev, ok := history.ParseStrictEvent(groupName, m); ok {
+		lb.mu.Lock()
+		lb.strict = append(lb.strict, sev)
+		lb.mu.Unlock()
+	}
 	ev := func() batchEvent {
 		e := batchEvent{Worker: worker, At: time.Now()}
 		if ts, ok := m["ts"].(string); ok {
@@ -217,6 +223,13 @@ func (lb *logbook) claimants() (map[int64]string, []history.Assignment) {
 		out = append(out, a.Assignment)
 	}
 	return byClaim, out
+}
+
+// strictEvents are the strict lanes' lines, for history.CheckStrict.
+func (lb *logbook) strictEvents() []history.StrictEvent {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	return append([]history.StrictEvent(nil), lb.strict...)
 }
 
 // workerOf returns the worker process that last logged being assigned p

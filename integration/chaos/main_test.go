@@ -19,6 +19,7 @@ var (
 	rateFlag     = flag.Int("chaos.rate", 0, "jobs produced per second (default 100) [TENURE_CHAOS_RATE]")
 	protocolFlag = flag.String("chaos.protocol", "", "group protocol of the workers: classic or consumer (default classic) [TENURE_CHAOS_PROTOCOL]")
 	keepFlag     = flag.Bool("chaos.keep", false, "keep the logs directory even when the run passes [TENURE_CHAOS_KEEP]")
+	strictFlag   = flag.Bool("chaos.strict", false, "workers run with --strict (strict hand-off), and the run checks G3-strict: no batch became visible after its assignment was superseded (classic protocol, single server) [TENURE_CHAOS_STRICT]")
 	postgresFlag = flag.String("chaos.postgres", "", "the run's PostgreSQL: single (one throwaway server, pg-restart faults) or formation (pg_auto_failover, pg-failover faults) (default single) [TENURE_CHAOS_POSTGRES]")
 )
 
@@ -38,6 +39,7 @@ type config struct {
 	protocol string
 	keep     bool
 	postgres string // postgresSingle or postgresFormation
+	strict   bool
 }
 
 func loadConfig() (config, error) {
@@ -51,11 +53,16 @@ func loadConfig() (config, error) {
 		return v, v != ""
 	}
 	c := config{duration: *durationFlag, workers: *workersFlag, seed: *seedFlag, soak: *soakFlag,
-		rate: *rateFlag, protocol: *protocolFlag, keep: *keepFlag, postgres: *postgresFlag}
+		rate: *rateFlag, protocol: *protocolFlag, keep: *keepFlag, postgres: *postgresFlag, strict: *strictFlag}
 	var err error
 	if v, ok := env("chaos.soak", "TENURE_CHAOS_SOAK"); ok {
 		if c.soak, err = strconv.ParseBool(v); err != nil {
 			return c, fmt.Errorf("TENURE_CHAOS_SOAK=%q: %v", v, err)
+		}
+	}
+	if v, ok := env("chaos.strict", "TENURE_CHAOS_STRICT"); ok {
+		if c.strict, err = strconv.ParseBool(v); err != nil {
+			return c, fmt.Errorf("TENURE_CHAOS_STRICT=%q: %v", v, err)
 		}
 	}
 	if v, ok := env("chaos.keep", "TENURE_CHAOS_KEEP"); ok {
@@ -121,6 +128,13 @@ func loadConfig() (config, error) {
 		return c, fmt.Errorf("protocol %q is not classic or consumer", c.protocol)
 	case c.postgres != postgresSingle && c.postgres != postgresFormation:
 		return c, fmt.Errorf("-chaos.postgres %q is not %s or %s", c.postgres, postgresSingle, postgresFormation)
+	// kfake's KIP-848 offset commit rule accepts an ended assignment's
+	// commit (docs/model/strict.pml), so strict hand-off runs on classic;
+	// the formation's failover is covered by its own run.
+	case c.strict && c.protocol != "classic":
+		return c, fmt.Errorf("-chaos.strict runs on the classic protocol: kfake's KIP-848 offset commit rule cannot carry strict hand-off")
+	case c.strict && c.postgres != postgresSingle:
+		return c, fmt.Errorf("-chaos.strict runs on a single server, not a formation")
 	}
 	return c, nil
 }

@@ -1,8 +1,11 @@
 package bench
 
 import (
+	"math"
 	"strings"
 	"testing"
+
+	"github.com/google/pprof/profile"
 
 	"github.com/tenure-dev/tenure/consumer"
 )
@@ -30,5 +33,161 @@ func TestBenchBatchMax(t *testing.T) {
 		if got := b.batchMax(); got != c.want {
 			t.Errorf("flags %q, TENURE_BATCH_MAX %q: %d, want %d", c.flags, c.env, got, c.want)
 		}
+	}
+}
+
+func TestBenchSummarize(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want Stat
+	}{
+		{nil, Stat{}},
+		{[]float64{3}, Stat{Median: 3, Min: 3, Max: 3, N: 1}},
+		{[]float64{5, 1, 3}, Stat{Median: 3, Min: 1, Max: 5, N: 3}},
+		{[]float64{4, 1, 3, 2}, Stat{Median: 2.5, Min: 1, Max: 4, N: 4}},
+		{[]float64{2, math.NaN(), 9}, Stat{Median: 5.5, Min: 2, Max: 9, N: 2}},
+	} {
+		if got := summarize(c.in); got != c.want {
+			t.Errorf("summarize(%v) = %+v, want %+v", c.in, got, c.want)
+		}
+	}
+}
+
+// A target is met only when the whole spread is on its side, unclear when
+// the spread straddles the bound, not met when all of it is on the wrong
+// side.
+func TestBenchVerdict(t *testing.T) {
+	for _, c := range []struct {
+		min, med, max float64
+		want, verdict string
+	}{
+		{1.0, 1.1, 1.2, ">= 1.0", Met},
+		{0.9, 1.05, 1.2, ">= 1.0", Unclear}, // straddles: the median alone would say met
+		{0.7, 0.8, 0.99, ">= 1.0", NotMet},
+		{100, 120, 150, "<= 150", Met},
+		{140, 155, 170, "<= 150", Unclear}, // straddles: the median alone would say not met
+		{151, 160, 170, "<= 150", NotMet},
+		{0.96, 0.97, 0.98, ">= 0.95", Met},
+	} {
+		s := Stat{Median: c.med, Min: c.min, Max: c.max, N: 3}
+		if got := verdict(s, c.want); got != c.verdict {
+			t.Errorf("verdict(%+v, %q) = %q, want %q", s, c.want, got, c.verdict)
+		}
+	}
+	if got := verdict(Stat{}, ">= 1"); got != Unclear {
+		t.Errorf("no runs: %q, want unclear", got)
+	}
+}
+
+// A ratio is the ratio of the medians; its spread is that of the
+// per-repeat ratios.
+func TestBenchRatio(t *testing.T) {
+	a := []float64{100, 90, 120}
+	b := []float64{100, 100, 100}
+	s := ratioStat(a, b)
+	if s.Median != 1.0 || s.Min != 0.9 || s.Max != 1.2 || s.N != 3 {
+		t.Errorf("ratio %+v, want median 1.0 (100/100), spread 0.9–1.2", s)
+	}
+	if v := verdict(s, ">= 1.0"); v != Unclear {
+		t.Errorf("verdict %q, want unclear", v)
+	}
+}
+
+// The report's targets come from medians and judge by the spread; a
+// latency measured below the rate asked for is never met.
+func TestBenchTargets(t *testing.T) {
+	row := func(name string, rates ...float64) Row {
+		r := Row{Name: name}
+		for _, x := range rates {
+			db := 2.0
+			r.add(Result{Jobs: 1000, JobsPerSec: x, CPUPerMJobs: 2, DBCPUPerMJobs: &db, PeakRSSMB: 100, DrainSeconds: 6})
+		}
+		return r
+	}
+	rep := &Report{Repeat: 3, Results: []Row{row("tenure", 100, 110, 120), row("at-least-once", 90, 100, 130), row("copy-ceiling", 100, 100, 100),
+		row("tenure-traced", 95, 99, 110), row("tenure-unfenced", 100, 100, 100), row("naive", 1, 1, 1), {Name: "tenure-strict", Skipped: "skipped: no"}},
+		LatencyRate: 100000, Latency: map[string]Stat{"p99": {Median: 20, Min: 10, Max: 30, N: 3}, "achieved_rate": {Median: 90000, Min: 80000, Max: 95000, N: 3}}}
+	rep.Targets = targets(rep)
+	got := map[string]Target{}
+	for _, tg := range rep.Targets {
+		got[tg.Name] = tg
+	}
+	for name, want := range map[string]string{
+		"tenure / at-least-once (jobs/s)":                          Unclear, // per-repeat 1.11, 1.10, 0.92
+		"tenure / COPY ceiling, same table (jobs/s)":               Met,
+		"tenure CPU per job (worker + Postgres) / at-least-once's": Met,
+		"tenure peak RSS (MB)":                                     Met,
+		"p99 end-to-end latency at 100000 jobs/s (ms)":             Unclear, // below the rate asked for
+		"tenure-traced / tenure (jobs/s)":                          Met,
+		"tenure / naive (jobs/s)":                                  Met,
+	} {
+		if tg, ok := got[name]; !ok || tg.Verdict != want {
+			t.Errorf("target %q: %+v, want %s", name, tg, want)
+		}
+	}
+	if tg := got["tenure / at-least-once (jobs/s)"]; tg.Value != 110.0/100 {
+		t.Errorf("ratio of the medians: %v, want 1.1", tg.Value)
+	}
+	var sb strings.Builder
+	rep.Settings = map[string]any{}
+	rep.WhereTimeGoes = whereTimeGoes(rep)
+	Print(&sb, rep)
+	for _, w := range []string{"median (min–max) of 3 runs", "110 (100–120)", "unclear", "met", "tenure-strict", "skipped: no", "where the time goes"} {
+		if !strings.Contains(sb.String(), w) {
+			t.Errorf("the report lacks %q:\n%s", w, sb.String())
+		}
+	}
+}
+
+// A profile's samples are charged to the nearest library from the leaf up,
+// and a stack of the runtime alone to the runtime's parts.
+func TestProfileAreas(t *testing.T) {
+	var fns []*profile.Function
+	loc := func(names ...string) *profile.Location {
+		l := &profile.Location{ID: uint64(len(fns) + 1)}
+		for _, n := range names {
+			f := &profile.Function{ID: uint64(len(fns) + 1), Name: n}
+			fns = append(fns, f)
+			l.Line = append(l.Line, profile.Line{Function: f})
+		}
+		return l
+	}
+	sample := func(v int64, locs ...*profile.Location) *profile.Sample {
+		return &profile.Sample{Value: []int64{1, v}, Location: locs}
+	}
+	p := &profile.Profile{
+		SampleType: []*profile.ValueType{{Type: "samples", Unit: "count"}, {Type: "cpu", Unit: "nanoseconds"}},
+		Sample: []*profile.Sample{
+			// pgx's allocation is pgx's, though its leaf is the runtime's.
+			sample(40e7, loc("runtime.mallocgc"), loc("github.com/jackc/pgx/v5/pgproto3.(*Frontend).Receive"), loc("github.com/tenure-dev/tenure/sink.(*Store).Commit")),
+			// An inlined tenure frame above the runtime counts as tenure's.
+			sample(30e7, loc("runtime.memmove", "github.com/tenure-dev/tenure/consumer.(*lane).append"), loc("runtime.goexit")),
+			sample(20e7, loc("runtime.scanobject"), loc("runtime.gcBgMarkWorker")),
+			sample(5e7, loc("syscall.Syscall6"), loc("internal/poll.(*FD).Read")),
+			sample(5e7, loc("runtime.findRunnable"), loc("runtime.schedule")),
+		},
+	}
+	var out Profile
+	if err := out.summarize(p); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, a := range out.Areas {
+		got[a.Name] = a.Percent
+	}
+	want := map[string]float64{"pgx (PostgreSQL client)": 40, "tenure/consumer": 30, "Go runtime: garbage collection": 20, "system calls": 5, "Go runtime: scheduler and other": 5}
+	for k, v := range want {
+		if math.Abs(got[k]-v) > 1e-9 {
+			t.Errorf("area %q: %.1f%%, want %.0f%% (all: %v)", k, got[k], v, got)
+		}
+	}
+	if len(got) != len(want) || out.CPUSeconds != 1 || out.Areas[0].Name != "pgx (PostgreSQL client)" {
+		t.Errorf("areas %v, %.2f CPU s", out.Areas, out.CPUSeconds)
+	}
+	if out.Top[0].Name != "runtime.mallocgc" || math.Abs(out.Top[0].Percent-40) > 1e-9 {
+		t.Errorf("top function %+v, want runtime.mallocgc 40%%", out.Top[0])
+	}
+	if err := (&Profile{}).summarize(&profile.Profile{SampleType: p.SampleType}); err == nil {
+		t.Error("an empty profile was summarized")
 	}
 }

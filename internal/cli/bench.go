@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"strconv"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -9,7 +10,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/bench"
 )
 
-var benchSpec = spec{name: "bench", short: "throughput side by side: tenure fenced and unfenced, an at-least-once program, a naive one, the COPY ceiling"}
+var benchSpec = spec{name: "bench", short: "throughput side by side, repeated (median and spread): tenure fenced, unfenced, strict and traced, an at-least-once program, a naive one, the COPY ceiling; latency at a fixed rate; the partition dimension"}
 
 // benchCmd is `tenure bench`; the measuring is internal/bench's.
 type benchCmd struct {
@@ -18,22 +19,27 @@ type benchCmd struct {
 	dbURL, workerFlags, jsonOut                   string
 	jobs, partitions, valueBytes, keys, naiveJobs int
 	latencySeconds, latencyRate, scalingJobs      int
-	skipScaling                                   bool
+	repeat                                        int
+	skipScaling, partitionsDimension              bool
+	dimensionPartitions                           string
 }
 
 func (c *benchCmd) define(f *flagSet) {
 	c.kafka.define(f, "Kafka seed brokers (default: a development broker in this process)")
 	f.String(&c.dbURL, "database-url", localDatabaseURL, "PostgreSQL URL; bench creates and drops its own schemas", arg("URL"))
-	f.Int(&c.jobs, "jobs", 1_000_000, "jobs pre-produced for each throughput run")
+	f.Int(&c.jobs, "jobs", 0, "jobs pre-produced for each throughput run (0: sized by a short calibration run so that every program drains for at least about 5 s)")
+	f.Int(&c.repeat, "repeat", 5, "rounds of every throughput and latency run; the report gives each figure's median and spread (min–max) and judges each target by the whole spread", arg("N"))
 	f.Int(&c.partitions, "partitions", 12, "partitions of the topics", arg("P"))
 	f.Int(&c.valueBytes, "value-bytes", 100, "size of a job's value")
 	f.Int(&c.keys, "keys", 10_000, "distinct keys, spread evenly")
-	f.Int(&c.naiveJobs, "naive-jobs", 20_000, "jobs the naive program (one INSERT per job) runs, its rate measured on them")
-	f.Int(&c.latencySeconds, "latency-seconds", 15, "how long jobs are produced at half of tenure's rate, for the end-to-end latency")
-	f.Int(&c.latencyRate, "latency-rate", 0, "produce at this many jobs/s for the latency instead (0: half of tenure's measured rate)")
+	f.Int(&c.naiveJobs, "naive-jobs", 0, "jobs the naive program (one INSERT per job) runs, its rate measured on them (0: sized by calibration for about 5 s)")
+	f.Int(&c.latencySeconds, "latency-seconds", 10, "how long jobs are produced at --latency-rate in each latency run, for the end-to-end latency")
+	f.Int(&c.latencyRate, "latency-rate", 100_000, "the fixed produce rate (jobs/s) of the latency runs; the report says the rate the producer achieved, and the target is unclear if it fell short")
 	f.String(&c.workerFlags, "worker-flags", "", "extra flags for the tenure workers of every tenure run, e.g. \"--batch-max 5000\" (the table then no longer shows the defaults)", arg("\"...\""))
 	f.Int(&c.scalingJobs, "scaling-jobs", 500_000, "jobs of each scaling run (1, 2, 3 workers; 1, 12, 48 partitions)")
 	f.Bool(&c.skipScaling, "skip-scaling", false, "skip the scaling runs")
+	f.Bool(&c.partitionsDimension, "partitions-dimension", true, "run the partition dimension (part of the default run; --partitions-dimension=false skips it): the same backlog over each of --dimension-partitions with 3 workers, one SIGKILLed a third of the way through: rate, CPU per job, peak RSS per worker, claims per second at start-up, the hand-off time")
+	f.String(&c.dimensionPartitions, "dimension-partitions", "12,120,1000", "the partition counts of the partition dimension, comma-separated", arg("P,P,..."))
 	f.String(&c.jsonOut, "json", "", "also write the report as JSON to this file", arg("FILE"))
 }
 
@@ -41,10 +47,32 @@ func (c *benchCmd) check([]string) error {
 	if c.latencyRate < 0 || c.latencySeconds < 1 {
 		return usagef("--latency-rate must not be negative and --latency-seconds must be at least 1")
 	}
-	if c.jobs < 1000 || c.partitions < 1 || c.partitions > 1000 || c.valueBytes < 16 || c.keys < 1 {
-		return usagef("--jobs must be at least 1000, --partitions from 1 to 1000, --value-bytes at least 16, --keys at least 1")
+	if c.latencyRate < 1 {
+		return usagef("--latency-rate must be at least 1")
+	}
+	if (c.jobs != 0 && c.jobs < 1000) || c.partitions < 1 || c.partitions > 1000 || c.valueBytes < 16 || c.keys < 1 || c.repeat < 1 || c.naiveJobs < 0 {
+		return usagef("--jobs must be 0 (calibrated) or at least 1000, --partitions from 1 to 1000, --value-bytes at least 16, --keys at least 1, --repeat at least 1")
+	}
+	if _, err := c.dimension(); err != nil {
+		return err
 	}
 	return nil
+}
+
+// dimension is --dimension-partitions, none without --partitions-dimension.
+func (c *benchCmd) dimension() ([]int, error) {
+	if !c.partitionsDimension {
+		return nil, nil
+	}
+	var out []int
+	for _, f := range strings.Split(c.dimensionPartitions, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 3 || n > 10_000 {
+			return nil, usagef("--dimension-partitions: %q is not a partition count from 3 (one per worker) to 10000", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func (c *benchCmd) run(ctx context.Context) error {
@@ -53,6 +81,10 @@ func (c *benchCmd) run(ctx context.Context) error {
 	}
 	if c.kafka.brokers == "" && len(c.kafka.args()) > 0 {
 		return usagef("the TLS and SASL flags need --brokers: the development broker bench starts itself speaks plaintext")
+	}
+	dim, err := c.dimension()
+	if err != nil {
+		return err
 	}
 	pool, err := openDB(ctx, c.dbURL)
 	if err != nil {
@@ -65,6 +97,7 @@ func (c *benchCmd) run(ctx context.Context) error {
 		Pool:      pool, DatabaseURL: c.dbURL,
 		Jobs: c.jobs, Partitions: c.partitions, ValueBytes: c.valueBytes, Keys: c.keys, NaiveJobs: c.naiveJobs,
 		LatencySeconds: c.latencySeconds, LatencyRate: c.latencyRate, ScalingJobs: c.scalingJobs, SkipScaling: c.skipScaling,
+		Repeat: c.repeat, DimensionPartitions: dim,
 		WorkerFlags: strings.Fields(c.workerFlags), JSONFile: c.jsonOut,
 		Getenv: c.getenv, Stdout: c.stdout, Progress: c.stderr,
 	})

@@ -69,6 +69,10 @@ func openDB(ctx context.Context, url string, size ...poolSize) (*pgxpool.Pool, e
 		pool.Close()
 		return nil, connectError(cfg.ConnConfig.Config, err)
 	}
+	if _, err := checkPooler(pctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
 	return pool, nil
 }
 

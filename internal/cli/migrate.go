@@ -79,6 +79,14 @@ func (c *migrateCmd) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.action == "up" || c.action == "down" {
+		if pooled, err := pooler(ctx, pool); err != nil || pooled {
+			if err == nil {
+				err = errMigrateThroughPooler
+			}
+			return err
+		}
+	}
 	switch c.action {
 	case "up":
 		applied, err := sink.Migrate(ctx, pool, c.schema)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -35,8 +36,8 @@ type workerCmd struct {
 	kafka kafkaFlags
 	logs  logFlags
 
-	group, topic, dbURL, handler, schema, protocol, name  string
-	exportStore, jobIDHeader, httpAddr, metricsAddr, hold string
+	group, topic, dbURL, handler, schema, protocol, name              string
+	exportStore, jobIDHeader, httpAddr, metricsAddr, hold, cpuProfile string
 
 	session, rebalance, batchLinger, idleTx, handlerTimeout time.Duration
 	dbTimeout, shutdown, logAge                             time.Duration
@@ -91,6 +92,7 @@ func (w *workerCmd) define(f *flagSet) {
 	f.String(&w.hold, "hold-once", "", "demos and tests: the point (before-claim, before-batch or before-commit; before-claim:P for partition P only) at which to log \"holding\" once and wait for SIGCONT", arg("POINT"), testOnly)
 	f.Bool(&w.injectFaults, "inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout", testOnly)
 	f.Bool(&w.unsafeNoFence, "unsafe-no-fence", false, "benchmarks only (tenure bench): commit batches WITHOUT the fence; the guarantee is gone", testOnly)
+	f.String(&w.cpuProfile, "cpu-profile", "", "benchmarks (tenure bench): write a CPU profile of the worker's whole run to FILE when it stops (go tool pprof)", arg("FILE"), testOnly)
 }
 
 // maxBatch bounds --batch-max: a lane buffers four batches.
@@ -287,7 +289,31 @@ func (w *workerCmd) run(ctx context.Context) error {
 		}
 	}()
 	go watchWaiting(ctx, c, store, w.group, topics, waitBounds{protocol: w.protocol, session: w.session, rebalance: w.rebalance}, log)
+	if w.cpuProfile != "" {
+		stop, err := startCPUProfile(w.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	return c.Run(ctx)
+}
+
+// startCPUProfile profiles the process's CPU into file until stop is
+// called: tenure bench's answer to "where does the time go".
+func startCPUProfile(file string) (stop func(), err error) {
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, fmt.Errorf("--cpu-profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("--cpu-profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }
 
 // configure builds the consumer's configuration, all but its store, and
@@ -389,6 +415,13 @@ func (w *workerCmd) database(ctx context.Context, log *zap.Logger, tracer pgx.Qu
 		return nil, nil, err
 	}
 	store, err := w.schemaReady(ctx, pool, log)
+	if err == nil {
+		var pooled bool
+		if pooled, err = pooler(ctx, pool); pooled {
+			store.SetPooled(true)
+			log.Info("the database URL leads through a connection pooler: transaction pooling mode (docs/pgbouncer.md)")
+		}
+	}
 	if err == nil && w.strict {
 		err = sink.CheckPreparedTransactions(ctx, pool)
 	}
@@ -400,6 +433,16 @@ func (w *workerCmd) database(ctx context.Context, log *zap.Logger, tracer pgx.Qu
 		return nil, nil, err
 	}
 	return pool, store, nil
+}
+
+// migrateDirect refuses a migration through a connection pooler
+// (errMigrateThroughPooler).
+func (w *workerCmd) migrateDirect(ctx context.Context, pool *pgxpool.Pool) error {
+	pooled, err := pooler(ctx, pool)
+	if err == nil && pooled {
+		err = fmt.Errorf("schema %q needs migrating, but %w", w.schema, errMigrateThroughPooler)
+	}
+	return err
 }
 
 // schemaReady migrates the schema if it is behind. A current schema is not
@@ -418,6 +461,9 @@ func (w *workerCmd) schemaReady(ctx context.Context, pool *pgxpool.Pool, log *za
 	case !exists && !w.createSchema:
 		return nil, missingSchema(ctx, pool, w.schema, "pass --create-schema")
 	case !exists:
+		if err := w.migrateDirect(ctx, pool); err != nil {
+			return nil, err
+		}
 		log.Info("creating schema (--create-schema)", zap.String("schema", w.schema))
 	}
 	switch behind := sink.CheckSchema(ctx, pool, w.schema); {
@@ -425,6 +471,9 @@ func (w *workerCmd) schemaReady(ctx context.Context, pool *pgxpool.Pool, log *za
 	case w.noMigrate:
 		return nil, behind
 	default:
+		if err := w.migrateDirect(ctx, pool); err != nil {
+			return nil, err
+		}
 		applied, err := sink.Migrate(ctx, pool, w.schema)
 		var pgErr *pgconn.PgError
 		switch {

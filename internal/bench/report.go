@@ -1,0 +1,237 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+func rowByName(rep *Report) map[string]*Row {
+	by := map[string]*Row{}
+	for i := range rep.Results {
+		if r := &rep.Results[i]; r.Skipped == "" && len(r.Runs) > 0 {
+			by[r.Name] = r
+		}
+	}
+	return by
+}
+
+func rate(x Result) float64 { return x.JobsPerSec }
+
+// targets judges the report's figures. A ratio's value is the ratio of the
+// medians, its spread that of the per-repeat ratios; a target is met only
+// when the whole spread is on its side (verdict).
+func targets(rep *Report) []Target {
+	by := rowByName(rep)
+	var t []Target
+	ratio := func(name, a, b string, f func(Result) float64, want, note string) {
+		ra, rb := by[a], by[b]
+		if ra == nil || rb == nil {
+			return
+		}
+		s := ratioStat(ra.col(f), rb.col(f))
+		t = append(t, Target{Name: name, Value: s.Median, Spread: s, Want: want, Note: note})
+	}
+	cpuNote := ""
+	if r := by["tenure"]; r != nil && r.DBCPUPerMJobs == nil {
+		cpuNote = "the process's CPU only: the PostgreSQL server is not on this machine"
+	}
+	ratio("tenure CPU per job (worker + Postgres) / at-least-once's", "tenure", "at-least-once", totalCPU, "<= 1.05", cpuNote)
+	ratio("tenure / at-least-once (jobs/s)", "tenure", "at-least-once", rate, ">= 1.0", "")
+	ratio("tenure / COPY ceiling, same table (jobs/s)", "tenure", "copy-ceiling", rate, ">= 0.75", "")
+	if r := by["tenure"]; r != nil {
+		t = append(t, Target{Name: "tenure peak RSS (MB)", Value: r.PeakRSSMB.Median, Spread: r.PeakRSSMB, Want: "<= 150"})
+	}
+	if p99, ok := rep.Latency["p99"]; ok && p99.N > 0 {
+		tg := Target{Name: fmt.Sprintf("p99 end-to-end latency at %.0f jobs/s (ms)", rep.LatencyRate), Value: p99.Median, Spread: p99, Want: "<= 50"}
+		if a := rep.Latency["achieved_rate"]; a.Min < 0.95*rep.LatencyRate {
+			tg.Verdict = Unclear
+			tg.Note = fmt.Sprintf("the producer achieved only %s jobs/s of the %.0f asked for: not measured at that rate", a.cell(0), rep.LatencyRate)
+		}
+		t = append(t, tg)
+	}
+	ratio("tenure-traced / tenure (jobs/s)", "tenure-traced", "tenure", rate, ">= 0.90", "")
+	ratio("fenced / unfenced (jobs/s)", "tenure", "tenure-unfenced", rate, ">= 0.95", "")
+	ratio("tenure / naive (jobs/s)", "tenure", "naive", rate, ">= 100", "")
+	for i := range t {
+		if t[i].Verdict == "" {
+			t[i].Verdict = verdict(t[i].Spread, t[i].Want)
+		}
+	}
+	return t
+}
+
+// whereTimeGoes explains the targets that are not met: the cost per job
+// split between the worker and the PostgreSQL server (from /proc), against
+// the program it is compared with, and the worker's CPU profile.
+func whereTimeGoes(rep *Report) []string {
+	by := rowByName(rep)
+	var out []string
+	med := func(s *Stat) float64 {
+		if s == nil {
+			return 0
+		}
+		return s.Median
+	}
+	split := func(r *Row) string {
+		if r.DBCPUPerMJobs == nil {
+			return fmt.Sprintf("%s: process %.2f CPU s per 1M jobs (the server's not measured)", r.Name, r.CPUPerMJobs.Median)
+		}
+		tot := r.CPUPerMJobs.Median + med(r.DBCPUPerMJobs)
+		return fmt.Sprintf("%s: process %.2f + Postgres %.2f = %.2f CPU s per 1M jobs (Postgres %.0f%%)", r.Name,
+			r.CPUPerMJobs.Median, med(r.DBCPUPerMJobs), tot, 100*med(r.DBCPUPerMJobs)/tot)
+	}
+	for _, t := range rep.Targets {
+		if t.Verdict == Met {
+			continue
+		}
+		var line string
+		switch {
+		case strings.Contains(t.Name, "at-least-once"):
+			if a, b := by["tenure"], by["at-least-once"]; a != nil && b != nil {
+				line = fmt.Sprintf("%s: %s; %s; tenure's extra: process %+.2f, Postgres %+.2f", t.Name, split(a), split(b),
+					a.CPUPerMJobs.Median-b.CPUPerMJobs.Median, med(a.DBCPUPerMJobs)-med(b.DBCPUPerMJobs))
+			}
+		case strings.Contains(t.Name, "COPY ceiling"):
+			if a, b := by["tenure"], by["copy-ceiling"]; a != nil && b != nil {
+				line = fmt.Sprintf("%s: %s; %s", t.Name, split(a), split(b))
+			}
+		case strings.Contains(t.Name, "traced"):
+			if a, b := by["tenure-traced"], by["tenure"]; a != nil && b != nil {
+				line = fmt.Sprintf("%s: %s; %s", t.Name, split(a), split(b))
+			}
+		case strings.Contains(t.Name, "fenced / unfenced"):
+			if a, b := by["tenure"], by["tenure-unfenced"]; a != nil && b != nil {
+				line = fmt.Sprintf("%s: %s; %s", t.Name, split(a), split(b))
+			}
+		case strings.Contains(t.Name, "latency"):
+			if ack, ok := rep.Latency["produce_ack_p99"]; ok {
+				line = fmt.Sprintf("%s: of the p99 %s ms, producing alone (produce called to the broker's acknowledgement) took %s ms at p99", t.Name, t.Spread.cell(1), ack.cell(1))
+			}
+		case strings.Contains(t.Name, "RSS"):
+			line = t.Name + ": the worker's fetch buffers (--partition-buffer-bytes per partition, --worker-buffer-bytes per worker) bound its memory"
+		}
+		if line != "" && !slices.ContainsFunc(out, func(o string) bool { return strings.HasSuffix(o, line[strings.Index(line, ": ")+2:]) }) {
+			out = append(out, line)
+		}
+	}
+	if len(out) > 0 && rep.Profile != nil && len(rep.Profile.Areas) > 0 {
+		var top []string
+		for _, a := range rep.Profile.Areas[:min(4, len(rep.Profile.Areas))] {
+			top = append(top, fmt.Sprintf("%s %.0f%%", a.Name, a.Percent))
+		}
+		out = append(out, "the worker's own share, by its CPU profile (below): "+strings.Join(top, ", "))
+	}
+	return out
+}
+
+// Print writes the report as tables.
+func Print(w io.Writer, rep *Report) {
+	fmt.Fprintf(w, "tenure bench: %v jobs of %v bytes over %v partitions, %v keys; %s, %s cores, %s\n",
+		rep.Settings["jobs"], rep.Settings["value_bytes"], rep.Settings["partitions"], rep.Settings["keys"],
+		rep.Machine["cpu"], rep.Machine["cores"], rep.Machine["postgres"])
+	fmt.Fprintf(w, "each figure: median (min–max) of %d runs; rates from the first row's commit to the last\n", rep.Repeat)
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "%s\n", n)
+	}
+	if f, _ := rep.Settings["worker_flags"].(string); f != "" {
+		fmt.Fprintf(w, "tenure workers run with %s\n", f)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tJOBS/S\tDRAIN S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tBOTH S/1M\tPEAK RSS MB\tWHAT")
+	var short []string
+	for _, r := range rep.Results {
+		if r.Skipped != "" {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t%s\n", r.Name, r.Skipped)
+			continue
+		}
+		db, both := "-", "-"
+		if r.DBCPUPerMJobs != nil {
+			db, both = r.DBCPUPerMJobs.cell(2), r.TotalCPUPerMJobs.cell(2)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.JobsPerSec.cell(0), r.DrainSeconds.cell(1), r.CPUPerMJobs.cell(2), db, both, r.PeakRSSMB.cell(0), r.What)
+		if r.DrainSeconds.Min < 5 {
+			short = append(short, r.Name)
+		}
+	}
+	_ = tw.Flush()
+	if len(short) > 0 {
+		fmt.Fprintf(w, "drained for less than 5 s in at least one run: %s\n", strings.Join(short, ", "))
+	}
+	if l := rep.Latency; l != nil {
+		fmt.Fprintf(w, "\nend-to-end latency (produce called to the batch's commit), asked for %.0f jobs/s, achieved %s jobs/s, %s jobs per run:\n"+
+			"  p50 %s ms, p99 %s ms, max %s ms; of which producing (produce called to the broker's acknowledgement): p50 %s ms, p99 %s ms\n",
+			rep.LatencyRate, l["achieved_rate"].cell(0), l["jobs"].cell(0), l["p50"].cell(1), l["p99"].cell(1), l["max"].cell(1),
+			l["produce_ack_p50"].cell(1), l["produce_ack_p99"].cell(1))
+	}
+	dbs := func(v *float64) string {
+		if v == nil {
+			return "-"
+		}
+		return strconv.FormatFloat(*v, 'f', 2, 64)
+	}
+	if len(rep.Scaling) > 0 {
+		fmt.Fprintln(w, "\nscaling (tenure, ledger; one run each):")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  RUN\tJOBS/S\tDRAIN S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tPEAK RSS MB (per worker)")
+		for _, r := range rep.Scaling {
+			fmt.Fprintf(tw, "  %s\t%.0f\t%.1f\t%.2f\t%s\t%.0f\n", r.Name, r.JobsPerSec, r.DrainSeconds, r.CPUPerMJobs, dbs(r.DBCPUPerMJobs), r.PeakRSSMB)
+		}
+		_ = tw.Flush()
+	}
+	if len(rep.Partitions) > 0 {
+		fmt.Fprintln(w, "\npartition dimension (the same backlog, 3 workers, --session-timeout 6s; one run each; rate, CPU and RSS up to the SIGKILL of one worker a third of the way through;")
+		fmt.Fprintln(w, "  hand-off: the longest time from the kill to another worker's first commit on a partition the killed worker held that still had jobs):")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  PARTITIONS\tWORKERS\tJOBS/S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tPEAK RSS MB (per worker)\tCLAIMS/S AT START\tHAND-OFF MAX S\tHANDED OFF")
+		for _, p := range rep.Partitions {
+			fmt.Fprintf(tw, "  %d\t%d\t%.0f\t%.2f\t%s\t%.0f\t%.0f\t%.1f\t%d\t%s\n", p.Partitions, p.Workers, p.JobsPerSec, p.CPUPerMJobs, dbs(p.DBCPUPerMJobs),
+				p.PeakRSSMB, p.ClaimsPerSec, p.HandOffSeconds, p.HandedOff, p.Note)
+		}
+		_ = tw.Flush()
+	}
+	fmt.Fprintln(w, "\ntargets (ratios: the ratio of the medians, spread: the lowest and highest per-repeat ratio; met only when the whole spread is on the right side, unclear when it straddles):")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, t := range rep.Targets {
+		spread := "-"
+		if t.Spread.N > 1 {
+			spread = fmt.Sprintf("(%.2f–%.2f)", t.Spread.Min, t.Spread.Max)
+		}
+		note := ""
+		if t.Note != "" {
+			note = ": " + t.Note
+		}
+		fmt.Fprintf(tw, "  %s\t%.2f\t%s\twant %s\t%s%s\n", t.Name, t.Value, spread, t.Want, t.Verdict, note)
+	}
+	_ = tw.Flush()
+	if p := rep.Profile; p != nil {
+		fmt.Fprintf(w, "\nwhere a tenure worker's CPU goes (one more tenure run with --cpu-profile, %.0f jobs/s; go tool pprof %s):\n", p.JobsPerSec, p.File)
+		if p.Note != "" {
+			fmt.Fprintf(w, "  %s\n", p.Note)
+		}
+		if len(p.Areas) > 0 {
+			fmt.Fprintf(w, "  %.1f CPU s; by the nearest library on the stack:", p.CPUSeconds)
+			for _, a := range p.Areas {
+				if a.Percent >= 0.5 {
+					fmt.Fprintf(w, " %s %.1f%%;", a.Name, a.Percent)
+				}
+			}
+			fmt.Fprintln(w)
+			fmt.Fprint(w, "  top functions (flat):")
+			for _, f := range p.Top {
+				fmt.Fprintf(w, " %s %.1f%%;", f.Name, f.Percent)
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	if len(rep.WhereTimeGoes) > 0 {
+		fmt.Fprintln(w, "\nwhere the time goes (targets not met or unclear; medians):")
+		for _, l := range rep.WhereTimeGoes {
+			fmt.Fprintf(w, "  - %s\n", l)
+		}
+	}
+}
