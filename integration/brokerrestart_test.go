@@ -204,7 +204,7 @@ func testBrokerRestart(t *testing.T, proto string, sig syscall.Signal) {
 	end := e.highWatermarks()
 	e.waitEveryPartitionCommitted(end, 30*time.Second, ws...)
 	requireWorkersRunning(t, ws...)
-	h := checkEveryJobOnce(t, e, end)
+	h := checkRun(t, e, expect{ends: end})
 	var claims []string
 	for _, en := range h.Log {
 		if en.Kind == "claim" {

@@ -162,7 +162,7 @@ func TestDLQWorkerAndCLI(t *testing.T) {
 		t.Errorf("headers of the error job: %s", h)
 	}
 	// Every other job exported exactly once, over every partition (G1-G3).
-	checkTopicHistory(t, e, partitions)
+	checkRun(t, e, expect{partitions: allPartitions(partitions), deadLetters: true, atEnd: true})
 
 	// tenure admin dlq list --output json: every dead letter, binary bytes
 	// escaped in "key" and exact in "key_base64".
@@ -334,7 +334,7 @@ func TestDLQWorkerAndCLI(t *testing.T) {
 		waitCommitted(t, e, p, e.highWatermark(p), "")
 	}
 	w.stop(30 * time.Second)
-	checkTopicHistory(t, e, partitions)
+	checkRun(t, e, expect{partitions: allPartitions(partitions), deadLetters: true, atEnd: true})
 	if n := w.countLogs(map[string]any{"msg": "job dead-lettered"}); n != len(faulty)+1 {
 		t.Errorf("the worker logged %d dead letters, want %d", n, len(faulty)+1)
 	}

@@ -171,39 +171,9 @@ func (w *exportWorld) check(partitions ...int32) *history.History {
 	t := w.t
 	t.Helper()
 	w.halt()
+	h := checkRun(t, w.env, expect{partitions: partitions, objects: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	h, err := history.Load(ctx, w.pool, w.schema, w.group, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.LoadObjectExports(ctx, w.pool, w.schema, w.group); err != nil {
-		t.Fatal(err)
-	}
-	produced := map[history.TopicPartition][]int64{}
-	total := 0
-	for _, p := range partitions {
-		hwm := w.highWatermark(p)
-		offs := make([]int64, hwm)
-		for i := range offs {
-			offs[i] = int64(i)
-		}
-		produced[history.TopicPartition{Topic: w.topic, Partition: p}] = offs
-		total += int(hwm)
-	}
-	for _, v := range h.Check(produced) {
-		t.Errorf("violation: %s", v)
-	}
-	vs, unmatched := history.CheckOwnership(h.Log, w.assignments())
-	for _, v := range vs {
-		t.Errorf("violation: %s", v)
-	}
-	for _, u := range unmatched {
-		t.Errorf("fence log entry #%d matches no assignment a worker logged", u.ID)
-	}
-	if got := len(h.Writes); got != total {
-		t.Errorf("%d jobs produced, %d publications committed", total, got)
-	}
 	if len(h.Pointers) == 0 {
 		t.Errorf("no export was published")
 	}

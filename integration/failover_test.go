@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/internal/pgha"
 	"github.com/tenure-dev/tenure/internal/testdb"
 )
@@ -331,28 +330,6 @@ func (r *failoverRun) unknownOutcomes() (map[string]int, int) {
 	return resolved, retried
 }
 
-// checkLedgerHistory is checkEveryJobOnce for the ledger handler.
-func checkLedgerHistory(t *testing.T, e *env, end map[int32]int64) (*history.History, []history.Violation) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	h, err := history.Load(ctx, e.pool, e.schema, e.group, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	produced := map[history.TopicPartition][]int64{}
-	for p, hwm := range end {
-		offs := make([]int64, hwm)
-		for i := range offs {
-			offs[i] = int64(i)
-		}
-		produced[history.TopicPartition{Topic: e.topic, Partition: p}] = offs
-	}
-	v := h.Check(produced)
-	own, _ := history.CheckOwnership(h.Log, e.assignments())
-	return h, append(v, own...)
-}
-
 // With a synchronous standby (pg_auto_failover's default: the standby in
 // the replication quorum, synchronous_standby_names 'ANY 1 (...)',
 // synchronous_commit on) the primary is killed in the middle of the
@@ -401,7 +378,7 @@ func TestFailoverSynchronous(t *testing.T) {
 		t.Errorf("acknowledged commit lost in the failover: %s", c)
 	}
 	lostBefore := missingCommits(r.acked, log)
-	h, violations := checkLedgerHistory(t, e, end)
+	h, violations := verifyRun(t, e, expect{ends: end, ledger: true})
 	for _, v := range violations {
 		t.Errorf("violation: %s", v)
 	}
@@ -543,7 +520,7 @@ func TestFailoverAsynchronousLosesAcknowledgedCommits(t *testing.T) {
 
 	r.prod.stop()
 	end := e.highWatermarks()
-	_, violations := checkLedgerHistory(t, e, end)
+	_, violations := verifyRun(t, e, expect{ends: end, ledger: true})
 	t.Logf("history checker on the promoted standby: %d violations (it cannot see the loss: the database is consistent with itself)", len(violations))
 	for _, w := range r.ws {
 		w.stop(30 * time.Second)

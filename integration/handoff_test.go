@@ -55,7 +55,7 @@ func TestSuccessorEndsAFrozenOwnersTransaction(t *testing.T) {
 			}
 			b.stop(30 * time.Second)
 			a.stop(30 * time.Second)
-			h := checkHistory(t, e, 0)
+			h := checkRun(t, e, expect{partitions: []int32{0}})
 			for _, en := range h.Log {
 				if en.Kind == "commit" && strings.HasPrefix(en.Owner, fmt.Sprint(held["member"])) {
 					t.Errorf("A committed %+v", en)

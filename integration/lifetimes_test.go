@@ -104,7 +104,7 @@ func testZombieOfDeletedGroup(t *testing.T, proto, path string) {
 	if parts == 2 {
 		all = append(all, 1)
 	}
-	h := checkHistory(t, e, all...)
+	h := checkRun(t, e, expect{partitions: all})
 	after := false
 	for _, en := range h.Log {
 		after = after || (en.Owner == nClaim["member"] && en.Kind == "claim" && en.Partition.Partition == held)
@@ -186,7 +186,7 @@ func TestZombieClaimDelayedInTheNetwork(t *testing.T) {
 		t.Errorf("N was fenced: %v", m["error"])
 	}
 	n.stop(30 * time.Second)
-	h := checkHistory(t, e, 0)
+	h := checkRun(t, e, expect{partitions: []int32{0}})
 	for _, en := range h.Log {
 		if en.Owner == zombie {
 			t.Errorf("fence log #%d: %s by the zombie with token %s (N claimed with %v)", en.ID, en.Kind, en.Token, nClaim["token"])
@@ -348,5 +348,5 @@ func TestAdminGroupDelete(t *testing.T) {
 		t.Errorf("N moved the incarnation on again: %v", m["reason"])
 	}
 	n.stop(30 * time.Second)
-	checkHistory(t, e, 0)
+	checkRun(t, e, expect{partitions: []int32{0}})
 }

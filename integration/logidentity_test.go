@@ -146,14 +146,3 @@ func TestTruncatedLogIsHeldAndCounted(t *testing.T) {
 		t.Errorf("violation: %s", v)
 	}
 }
-
-func loadHistory(t *testing.T, e *env) *history.History {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	h, err := history.Load(ctx, e.pool, e.schema, e.group, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h
-}

@@ -124,7 +124,7 @@ func testCutOffFromPostgres(t *testing.T, protocol string, kind netfault.Kind) {
 		m := memberOf(t, cut)
 		return m != member && len(e.ownedBy(t, m)) > 0
 	})
-	_, violations := checkLedgerHistory(t, e, end)
+	_, violations := verifyRun(t, e, expect{ends: end, ledger: true})
 	for _, v := range violations {
 		t.Errorf("violation: %s", v)
 	}
@@ -207,7 +207,7 @@ func TestWorkerCutOffFromKafkaIsFencedByItsSuccessor(t *testing.T) {
 	committedAfter := e.commitsByAfter(t, member, cutAt)
 	t.Logf("cut off from Kafka, the zombie committed %d batches after the cut, had %d rejected (fenced), and last tried %s after the cut",
 		committedAfter, fenced, lastTry.Sub(cutAt).Round(time.Millisecond))
-	_, violations := checkLedgerHistory(t, e, end)
+	_, violations := verifyRun(t, e, expect{ends: end, ledger: true})
 	for _, v := range violations {
 		t.Errorf("violation: %s", v)
 	}

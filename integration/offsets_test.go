@@ -142,10 +142,7 @@ func checkRuns(t *testing.T, e *env, p int32, end int64, want map[int64]int) {
 // ones printed.
 func checkResetHistory(t *testing.T, e *env, end map[int32]int64, printed ...resetOutput) *history.History {
 	t.Helper()
-	h, vs := checkLedgerHistory(t, e, end)
-	for _, v := range vs {
-		t.Errorf("violation: %s", v)
-	}
+	h := checkRun(t, e, expect{ends: end, ledger: true})
 	type move struct {
 		p        int32
 		from, to int64

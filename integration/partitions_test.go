@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/partition"
 )
 
@@ -145,7 +144,7 @@ func testPartitionCountChange(t *testing.T, proto string) {
 	}
 	a.stop(30 * time.Second)
 	b.stop(30 * time.Second)
-	checkTopicHistory(t, e, after)
+	checkRun(t, e, expect{partitions: allPartitions(after), deadLetters: true, atEnd: true})
 	for _, w := range []*worker{a, b} {
 		select {
 		case <-w.done:
@@ -234,38 +233,4 @@ func fenceLogSince(t *testing.T, e *env, id int64) []string {
 		out = append(out, s)
 	}
 	return out
-}
-
-// checkTopicHistory is checkHistory over every partition of the topic:
-// G1-G3 over the fence log, and every produced job committed (or
-// dead-lettered) exactly once.
-func checkTopicHistory(t *testing.T, e *env, partitions int32) *history.History {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	h, err := history.Load(ctx, e.pool, e.schema, e.group, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	produced := map[history.TopicPartition][]int64{}
-	var total int64
-	for p := range partitions {
-		hwm := e.highWatermark(p)
-		total += hwm
-		offs := make([]int64, hwm)
-		for i := range offs {
-			offs[i] = int64(i)
-		}
-		produced[history.TopicPartition{Topic: e.topic, Partition: p}] = offs
-		if f := fenceRow(t, e, p); f.next != hwm {
-			t.Errorf("partition %d: next offset %d, high watermark %d", p, f.next, hwm)
-		}
-	}
-	for _, v := range h.Check(produced) {
-		t.Errorf("violation: %s", v)
-	}
-	if got := int64(len(h.Writes) + len(h.DeadLetters)); got != total {
-		t.Errorf("%d jobs produced, %d export writes and %d dead letters committed", total, len(h.Writes), len(h.DeadLetters))
-	}
-	return h
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/internal/history"
 )
 
 // keys of the jobs: a handful, so that every key gets many export versions.
@@ -67,7 +66,7 @@ func testPausedWorkerIsFenced(t *testing.T, proto string) {
 	b.stop(30 * time.Second)
 	a.stop(30 * time.Second)
 
-	checkHistory(t, e, 0)
+	checkRun(t, e, expect{partitions: []int32{0}})
 }
 
 // G3: B has claimed the partition but has not written anything yet (it is
@@ -105,7 +104,7 @@ func TestClaimFencesBeforeFirstWrite(t *testing.T) {
 	waitCommitted(t, e, 0, e.highWatermark(0), "")
 	b.stop(30 * time.Second)
 	a.stop(30 * time.Second)
-	checkHistory(t, e, 0)
+	checkRun(t, e, expect{partitions: []int32{0}})
 }
 
 // What the fence does not promise, shown: A's batch arrives after the group
@@ -135,7 +134,7 @@ func TestCommitBeforeClaimIsAcceptedAndContinued(t *testing.T) {
 	waitCommitted(t, e, 0, e.highWatermark(0), "")
 	b.stop(30 * time.Second)
 	a.stop(30 * time.Second)
-	h := checkHistory(t, e, 0)
+	h := checkRun(t, e, expect{partitions: []int32{0}})
 	// The history shows A's commit and, after it, a claim that starts at
 	// A's end: B continued after A.
 	var sawA bool
@@ -155,63 +154,6 @@ var (
 	batchCommitted = map[string]any{"msg": "batch committed"}
 	abandoned      = map[string]any{"msg": "batch abandoned: lane stopped"}
 )
-
-// checkHistory loads what Postgres recorded and verifies G1-G3, that no
-// export went backwards, and the coordinator's side (history.CheckOwnership
-// over the assignments the workers logged); every produced job of the given
-// partitions up to the high watermark must be committed exactly once.
-func checkHistory(t *testing.T, e *env, partitions ...int32) *history.History {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	h, err := history.Load(ctx, e.pool, e.schema, e.group, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	produced := map[history.TopicPartition][]int64{}
-	total := 0
-	for _, p := range partitions {
-		hwm := e.highWatermark(p)
-		offs := make([]int64, hwm)
-		for i := range offs {
-			offs[i] = int64(i)
-		}
-		produced[history.TopicPartition{Topic: e.topic, Partition: p}] = offs
-		total += int(hwm)
-	}
-	for _, v := range h.Check(produced) {
-		t.Errorf("violation: %s", v)
-	}
-	vs, unmatched := history.CheckOwnership(h.Log, e.assignments())
-	for _, v := range vs {
-		t.Errorf("violation: %s", v)
-	}
-	for _, u := range unmatched {
-		t.Errorf("fence log entry #%d (%s by %q, claim id %d) matches no assignment a worker logged", u.ID, u.Kind, u.Owner, u.ClaimID)
-	}
-	if got := len(h.Writes); got != total {
-		t.Errorf("%d jobs produced, %d export writes committed", total, got)
-	}
-	return h
-}
-
-type fence struct {
-	next  int64
-	owner string
-}
-
-func fenceRow(t *testing.T, e *env, partition int32) fence {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	var f fence
-	err := e.pool.QueryRow(ctx, `SELECT next_offset, owner FROM "`+e.schema+`".fences WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
-		e.group, e.topic, partition).Scan(&f.next, &f.owner)
-	if err != nil {
-		return fence{next: -1}
-	}
-	return f
-}
 
 func committedLogCount(t *testing.T, e *env) int {
 	t.Helper()
@@ -273,7 +215,7 @@ func TestPausedMidTransaction(t *testing.T) {
 	}
 	b.stop(30 * time.Second)
 	a.stop(30 * time.Second)
-	h := checkHistory(t, e, 0)
+	h := checkRun(t, e, expect{partitions: []int32{0}})
 	for _, en := range h.Log {
 		if en.Kind == "commit" && strings.HasPrefix(en.Owner, "tenure-A-") {
 			t.Errorf("A committed %+v", en)

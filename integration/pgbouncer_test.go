@@ -306,7 +306,7 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 	for _, w := range ws {
 		w.stop(30 * time.Second)
 	}
-	h := checkEveryJobOnce(t, e, end)
+	h := checkRun(t, e, expect{ends: end})
 	var retried int
 	resolved := map[string]int{}
 	for _, w := range ws {
@@ -388,6 +388,6 @@ func TestPgBouncerStrict(t *testing.T) {
 	if decided == 0 {
 		t.Errorf("no strict batch was decided: the workers did not run strict batches")
 	}
-	h := checkEveryJobOnce(t, e, end)
+	h := checkRun(t, e, expect{ends: end})
 	t.Logf("%d jobs committed through pgbouncer with --strict, %d strict batches decided", len(h.Writes), decided)
 }

@@ -232,39 +232,6 @@ func (e *env) waitEveryPartitionCommitted(end map[int32]int64, timeout time.Dura
 	})
 }
 
-// checkEveryJobOnce is checkHistory over every partition: G1-G3, no export
-// regressed, every produced job committed exactly once, nothing
-// dead-lettered.
-func checkEveryJobOnce(t *testing.T, e *env, end map[int32]int64) *history.History {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	h, err := history.Load(ctx, e.pool, e.schema, e.group, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	produced := map[history.TopicPartition][]int64{}
-	var total int64
-	for p, hwm := range end {
-		offs := make([]int64, hwm)
-		for i := range offs {
-			offs[i] = int64(i)
-		}
-		produced[history.TopicPartition{Topic: e.topic, Partition: p}] = offs
-		total += hwm
-	}
-	for _, v := range h.Check(produced) {
-		t.Errorf("violation: %s", v)
-	}
-	if len(h.DeadLetters) != 0 {
-		t.Errorf("%d jobs dead-lettered, want none: an outage is never a job's fault; first: %+v", len(h.DeadLetters), h.DeadLetters[0])
-	}
-	if got := int64(len(h.Writes)); got != total {
-		t.Errorf("%d jobs produced, %d export writes committed", total, got)
-	}
-	return h
-}
-
 // requireWorkersRunning fails the test if a worker process has exited.
 func requireWorkersRunning(t *testing.T, ws ...*worker) {
 	t.Helper()
@@ -343,7 +310,7 @@ func TestPostgresOutagesAreRiddenOut(t *testing.T) {
 	end := e.highWatermarks()
 	e.waitEveryPartitionCommitted(end, 45*time.Second, ws...)
 	requireWorkersRunning(t, ws...)
-	h := checkEveryJobOnce(t, e, end)
+	h := checkRun(t, e, expect{ends: end})
 
 	resolved := map[string]int{} // by outcome
 	var retried int

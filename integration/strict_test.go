@@ -95,12 +95,12 @@ func (e *env) strictEvents() []history.StrictEvent {
 	return out
 }
 
-// checkStrict runs checkHistory (G1-G3, the coordinator's side, every job
+// checkStrict runs checkRun (G1-G3, the coordinator's side, every job
 // exactly once) and the strict check (history.CheckStrict), and returns
 // the strict check's violations (reported as errors unless expectStrict).
 func checkStrict(t *testing.T, e *env, classic, expectStrict bool, partitions ...int32) (*history.History, []history.Violation) {
 	t.Helper()
-	h := checkHistory(t, e, partitions...)
+	h := checkRun(t, e, expect{partitions: partitions})
 	vs := history.CheckStrict(h, e.assignments(), e.strictEvents(), classic, false)
 	for _, v := range vs {
 		if expectStrict {
@@ -386,7 +386,7 @@ func TestStrictGroupDeletedWithPreparedBatch(t *testing.T) {
 	}
 	n.stop(30 * time.Second)
 	a.stop(30 * time.Second)
-	h := checkHistory(t, e, 0)
+	h := checkRun(t, e, expect{partitions: []int32{0}})
 	// A's batch was accepted, then rolled back: excused by the deletion.
 	for _, v := range history.CheckStrict(h, e.assignments(), e.strictEvents(), true, true) {
 		t.Errorf("violation: %s", v)

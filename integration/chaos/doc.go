@@ -84,7 +84,8 @@
 // recoveries (a rejoin, a connection waiting out its retransmissions) with
 // the next faults.
 //
-// Afterwards the producer stops, the workers catch up with the log, and the
+// Afterwards the producer stops, the workers catch up with the log, and
+// (check_test.go: checkAndReport, one method per check, in order) the
 // whole history Postgres recorded (fence log, fencing rows, export versions,
 // dead letters) goes through internal/history's checker, plus checks of its
 // own: every record in the log was exported or dead-lettered exactly once,
