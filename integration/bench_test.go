@@ -29,7 +29,7 @@ func TestBenchSmall(t *testing.T) {
 	}
 	local := os.Getenv("TENURE_TEST_DATABASE_URL") == ""
 	for _, want := range []string{"RUN", "tenure-unfenced", "tenure-strict", "tenure-traced", "at-least-once", "copy-ceiling", "end-to-end latency", "scaling",
-		"median (min–max) of 2 runs", "partition dimension", "CLAIMS/S AT START", "HAND-OFF MAX S", "targets", "want >= 1.0", "want <= 50", "where a tenure worker's CPU goes"} {
+		"median (min–max) of 2 runs", "partition dimension", "CLAIMS/S AT START", "HELD", "HAND-OFF MAX S", "targets", "want >= 1.0", "want <= 50", "where a tenure worker's CPU goes"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("the report lacks %q:\n%s", want, r.stdout)
 		}
@@ -75,6 +75,7 @@ func TestBenchSmall(t *testing.T) {
 			Jobs           int64
 			JobsPerSec     float64 `json:"jobs_per_sec"`
 			ClaimsPerSec   float64 `json:"claims_per_sec"`
+			Held           int     `json:"held_partitions"`
 			HandedOff      int     `json:"handed_off_partitions"`
 			HandOffSeconds float64 `json:"hand_off_seconds_max"`
 		} `json:"partition_dimension"`
@@ -143,6 +144,11 @@ func TestBenchSmall(t *testing.T) {
 		// SIGKILL loses no job and duplicates none: exactly every job.
 		if p.Jobs != jobs || p.JobsPerSec <= 0 || p.ClaimsPerSec <= 0 {
 			t.Errorf("partition dimension %d: %+v", p.Partitions, p)
+		}
+		// The group settles before the backlog is produced, and the worker
+		// killed is the one holding the most partitions: it held some.
+		if p.Held < 1 || p.HandedOff > p.Held || (p.HandedOff > 0) != (p.HandOffSeconds > 0) {
+			t.Errorf("partition dimension %d: the killed worker held %d partitions, %d handed off in %.1f s", p.Partitions, p.Held, p.HandedOff, p.HandOffSeconds)
 		}
 	}
 	// The profiled run wrote a profile next to the JSON; a run this short

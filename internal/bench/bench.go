@@ -132,12 +132,17 @@ type PartitionRun struct {
 	// ClaimsPerSec: the partitions claimed at start-up over the time from
 	// the first claim to the last partition's first claim.
 	ClaimsPerSec float64 `json:"claims_per_sec"`
-	// HandedOff are the killed worker's partitions that still had jobs;
+	// Held are the partitions the killed worker held at the kill (its
+	// members' last claims); HandedOff those of them that still had jobs,
 	// HandOffSeconds the longest time from the kill to another worker's
-	// first commit on one of them.
-	HandedOff      int     `json:"handed_off_partitions"`
-	HandOffSeconds float64 `json:"hand_off_seconds_max"`
-	Note           string  `json:"note,omitempty"`
+	// first commit on one of them, HandOffClaimSeconds to the last of their
+	// claims (the group's share; the rest is the new owners' lanes getting
+	// to them).
+	Held                int     `json:"held_partitions"`
+	HandedOff           int     `json:"handed_off_partitions"`
+	HandOffSeconds      float64 `json:"hand_off_seconds_max"`
+	HandOffClaimSeconds float64 `json:"hand_off_claimed_seconds_max"`
+	Note                string  `json:"note,omitempty"`
 }
 
 type Report struct {
@@ -514,6 +519,15 @@ func (b *bench) say(format string, args ...any) {
 // topicWithJobs creates a topic and produces n jobs to it, keys spread
 // evenly (key i % keys), values of valueBytes bytes.
 func (b *bench) topicWithJobs(ctx context.Context, name string, partitions, n int) (string, error) {
+	topic, err := b.topic(ctx, name, partitions)
+	if err != nil {
+		return "", err
+	}
+	return topic, b.produce(ctx, topic, n)
+}
+
+// topic creates the run's topic of that name.
+func (b *bench) topic(ctx context.Context, name string, partitions int) (string, error) {
 	topic := "bench-" + b.id + "-" + name
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -521,6 +535,11 @@ func (b *bench) topicWithJobs(ctx context.Context, name string, partitions, n in
 		return "", fmt.Errorf("creating topic %s: %w", topic, err)
 	}
 	b.topics = append(b.topics, topic)
+	return topic, nil
+}
+
+// produce produces n jobs to topic, keyed over b.keys keys.
+func (b *bench) produce(ctx context.Context, topic string, n int) error {
 	pad := strings.Repeat("x", max(0, b.valueBytes-24))
 	var failed atomic.Pointer[error]
 	var wg sync.WaitGroup
@@ -543,10 +562,10 @@ func (b *bench) topicWithJobs(ctx context.Context, name string, partitions, n in
 	}
 	wg.Wait()
 	if err := failed.Load(); err != nil {
-		return "", fmt.Errorf("producing to %s: %w", topic, *err)
+		return fmt.Errorf("producing to %s: %w", topic, *err)
 	}
 	b.say("produced %d jobs to %s in %s", n, topic, time.Since(start).Round(time.Millisecond))
-	return topic, nil
+	return nil
 }
 
 // schema creates a migrated schema for one run; the plain table too.
@@ -656,8 +675,37 @@ func (b *bench) runCopy(ctx context.Context, i int, table string) (Result, error
 	return b.result(ctx, s, table, start, db0, []*proc{p})
 }
 
-// waitRows waits until table holds want rows, saying how far it is.
+// waitRows waits until table has want rows, or a process in procs exits.
+// Its cheap count, polled five times a second, is the table's statistics
+// (the ledger has no index to count by), which lag: a busy backend reports
+// at most once a second, an idle one may not for a long time. So a count
+// that stops moving for two seconds is read exactly, and the exact count
+// has the last word. The statistics alone once left the wait for a
+// partition dimension's last rows hanging after they were all in.
 func (b *bench) waitRows(ctx context.Context, schema, table string, want int64, procs []*proc) error {
+	q := pgx.Identifier{schema, table}.Sanitize()
+	var seen int64 = -1
+	var moved time.Time
+	return b.wait(ctx, schema, table, want, procs, func(ctx context.Context) (n int64, err error) {
+		err = b.pool.QueryRow(ctx, `SELECT coalesce(n_tup_ins, 0) FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`, schema, table).Scan(&n)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+		if err != nil || n != seen {
+			seen, moved = n, time.Now()
+			return n, err
+		}
+		if time.Since(moved) > 2*time.Second {
+			moved = time.Now()
+			err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+q).Scan(&n)
+		}
+		return n, err
+	})
+}
+
+// wait polls progress (cheap, may lag or run ahead) until it says want,
+// then confirms with the table's exact count.
+func (b *bench) wait(ctx context.Context, schema, table string, want int64, procs []*proc, progress func(context.Context) (int64, error)) error {
 	q := pgx.Identifier{schema, table}.Sanitize()
 	last := time.Now()
 	for {
@@ -671,10 +719,8 @@ func (b *bench) waitRows(ctx context.Context, schema, table string, want int64, 
 				return fmt.Errorf("the measured process exited after %d of %d jobs: %s", n, want, p.lastOutput())
 			}
 		}
-		var n int64
-		// The table's size from the statistics: cheap, a second late at
-		// most; the exact count is read once it says done.
-		if err := b.pool.QueryRow(ctx, `SELECT coalesce(n_tup_ins, 0) FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`, schema, table).Scan(&n); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		n, err := progress(ctx)
+		if err != nil {
 			return err
 		}
 		if n >= want {

@@ -185,12 +185,12 @@ func Print(w io.Writer, rep *Report) {
 	}
 	if len(rep.Partitions) > 0 {
 		fmt.Fprintln(w, "\npartition dimension (the same backlog, 3 workers, --session-timeout 6s; one run each; rate, CPU and RSS up to the SIGKILL of one worker a third of the way through;")
-		fmt.Fprintln(w, "  hand-off: the longest time from the kill to another worker's first commit on a partition the killed worker held that still had jobs):")
+		fmt.Fprintln(w, "  held: the partitions the killed worker held at the kill (its last claims); hand-off: the longest time from the kill to another worker's first commit on one of them that still had jobs, and to its claim):")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  PARTITIONS\tWORKERS\tJOBS/S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tPEAK RSS MB (per worker)\tCLAIMS/S AT START\tHAND-OFF MAX S\tHANDED OFF")
+		fmt.Fprintln(tw, "  PARTITIONS\tWORKERS\tJOBS/S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tPEAK RSS MB (per worker)\tCLAIMS/S AT START\tHELD\tHANDED OFF\tHAND-OFF MAX S\tCLAIMED MAX S")
 		for _, p := range rep.Partitions {
-			fmt.Fprintf(tw, "  %d\t%d\t%.0f\t%.2f\t%s\t%.0f\t%.0f\t%.1f\t%d\t%s\n", p.Partitions, p.Workers, p.JobsPerSec, p.CPUPerMJobs, dbs(p.DBCPUPerMJobs),
-				p.PeakRSSMB, p.ClaimsPerSec, p.HandOffSeconds, p.HandedOff, p.Note)
+			fmt.Fprintf(tw, "  %d\t%d\t%.0f\t%.2f\t%s\t%.0f\t%.0f\t%d\t%d\t%.1f\t%.1f\t%s\n", p.Partitions, p.Workers, p.JobsPerSec, p.CPUPerMJobs, dbs(p.DBCPUPerMJobs),
+				p.PeakRSSMB, p.ClaimsPerSec, p.Held, p.HandedOff, p.HandOffSeconds, p.HandOffClaimSeconds, p.Note)
 		}
 		_ = tw.Flush()
 	}
