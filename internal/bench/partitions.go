@@ -60,8 +60,7 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 	}
 	db1 := b.postgresCPU(ctx)
 	killed := procs[0]
-	_ = killed.cmd.Process.Kill()
-	<-killed.done
+	_ = killed.Kill()
 	var killAt time.Time
 	if err := b.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&killAt); err != nil {
 		return out, err
