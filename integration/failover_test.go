@@ -99,8 +99,7 @@ func ackedCommits(t *testing.T, ws []*worker) []ackedCommit {
 	t.Helper()
 	var out []ackedCommit
 	for _, w := range ws {
-		w.mu.Lock()
-		for _, m := range w.logs {
+		for _, m := range w.logs() {
 			if m["msg"] != "batch committed" {
 				continue
 			}
@@ -114,13 +113,11 @@ func ackedCommits(t *testing.T, ws []*worker) []ackedCommit {
 			ts, _ := m["ts"].(string)
 			at, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts)
 			if c.topic == "" || !ok1 || !ok2 || !ok3 || !ok4 || err != nil {
-				w.mu.Unlock()
 				t.Fatalf("%s: a batch committed line without its fields: %v", w.name, m)
 			}
 			c.partition, c.from, c.to, c.claimID, c.at = int32(p), int64(from), int64(to), int64(id), at
 			out = append(out, c)
 		}
-		w.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].at.Before(out[j].at) })
 	return out
@@ -288,9 +285,7 @@ func runFailover(t *testing.T, f *pgha.Formation, sync bool, freeze time.Duratio
 // findLogPrefix is the first line w logged whose message starts with
 // prefix.
 func (w *worker) findLogPrefix(prefix string) map[string]any {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, m := range w.logs {
+	for _, m := range w.logs() {
 		if msg, _ := m["msg"].(string); strings.HasPrefix(msg, prefix) {
 			return m
 		}
@@ -316,8 +311,7 @@ func (r *failoverRun) unknownOutcomes() (map[string]int, int) {
 	resolved := map[string]int{}
 	retried := 0
 	for _, w := range r.ws {
-		w.mu.Lock()
-		for _, m := range w.logs {
+		for _, m := range w.logs() {
 			switch m["msg"] {
 			case "commit outcome was unknown; resolved from the fencing row":
 				resolved[fmt.Sprint(m["outcome"])]++
@@ -325,7 +319,6 @@ func (r *failoverRun) unknownOutcomes() (map[string]int, int) {
 				retried++
 			}
 		}
-		w.mu.Unlock()
 	}
 	return resolved, retried
 }

@@ -1,10 +1,10 @@
 package integration
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tenure-dev/tenure/internal/childproc"
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/internal/netfault"
@@ -163,15 +164,13 @@ func (e *env) highWatermark(p int32) int64 {
 	return o.Offset
 }
 
-// worker is a running `tenure worker` process and the JSON lines it logged.
+// worker is a running `tenure worker` process and the lines it logged
+// (childproc keeps every one: the tests search the whole log).
 type worker struct {
 	t    *testing.T
 	name string
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	logs []map[string]any
-	raw  []string
-	done chan struct{}
+	p    *childproc.Proc
+	done <-chan struct{} // closed once it has exited and its log is read
 }
 
 func (e *env) startWorker(name string, extra ...string) *worker {
@@ -222,41 +221,18 @@ func (e *env) startWorkerCmd(name string, command func(args []string) *exec.Cmd,
 	}, extra...)
 	cmd := command(args)
 	cmd.Env = os.Environ()
-	stderr, err := cmd.StderrPipe()
+	p, err := childproc.Start(cmd, childproc.Options{Name: name, Keep: childproc.KeepAll})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	w := &worker{t: e.t, name: name, cmd: cmd, done: make(chan struct{})}
+	w := &worker{t: e.t, name: name, p: p, done: p.Done()}
 	e.mu.Lock()
 	e.workers = append(e.workers, w)
 	e.mu.Unlock()
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			var m map[string]any
-			_ = json.Unmarshal([]byte(line), &m)
-			w.mu.Lock()
-			w.raw = append(w.raw, line)
-			if m != nil {
-				w.logs = append(w.logs, m)
-			}
-			w.mu.Unlock()
-		}
-		_ = cmd.Wait()
-		close(w.done)
-	}()
 	e.t.Cleanup(func() {
-		w.signal(syscall.SIGCONT)
-		w.kill()
+		w.kill() // a paused worker is thawed first
 		if e.t.Failed() {
-			w.mu.Lock()
-			e.t.Logf("---- %s log (%d lines, last 80) ----\n%s", name, len(w.raw), strings.Join(tail(w.raw, 80), "\n"))
-			w.mu.Unlock()
+			e.t.Logf("---- %s log (%d lines, last 80) ----\n%s", name, w.p.Count(), strings.Join(w.p.Tail(80), "\n"))
 		}
 	})
 	return w
@@ -271,13 +247,11 @@ func (e *env) assignments() []history.Assignment {
 	e.mu.Unlock()
 	var out []history.Assignment
 	for _, w := range ws {
-		w.mu.Lock()
-		for _, m := range w.logs {
+		for _, m := range w.logs() {
 			if a, ok := history.ParseAssignment(e.group, m); ok {
 				out = append(out, a)
 			}
 		}
-		w.mu.Unlock()
 	}
 	return out
 }
@@ -289,23 +263,25 @@ func tail(s []string, n int) []string {
 	return s
 }
 
-func (w *worker) signal(sig syscall.Signal) {
-	if w.cmd.Process != nil {
-		_ = w.cmd.Process.Signal(sig)
+// logs is every JSON line the worker logged so far.
+func (w *worker) logs() []map[string]any {
+	var out []map[string]any
+	for _, l := range w.p.Lines(0) {
+		if l.Fields != nil {
+			out = append(out, l.Fields)
+		}
 	}
+	return out
 }
+
+// raw is every line the worker wrote to stderr so far.
+func (w *worker) raw() []string { return w.p.Tail(math.MaxInt) }
+
+func (w *worker) signal(sig syscall.Signal) { _ = w.p.Signal(sig) }
 
 // kill ends the process we started (by its PID) and waits for it.
 func (w *worker) kill() {
-	select {
-	case <-w.done:
-		return
-	default:
-	}
-	w.signal(syscall.SIGKILL)
-	select {
-	case <-w.done:
-	case <-time.After(10 * time.Second):
+	if err := w.p.Kill(); err != nil {
 		w.t.Errorf("%s did not exit after SIGKILL", w.name)
 	}
 }
@@ -313,12 +289,12 @@ func (w *worker) kill() {
 // stop asks for a graceful stop and waits for the process to exit.
 func (w *worker) stop(timeout time.Duration) {
 	w.t.Helper()
-	w.signal(syscall.SIGTERM)
-	select {
-	case <-w.done:
-	case <-time.After(timeout):
+	var se *childproc.StopError
+	if errors.As(w.p.Stop(timeout), &se) {
 		w.t.Errorf("%s did not stop within %s of SIGTERM", w.name, timeout)
-		w.kill()
+		if se.KillErr != nil {
+			w.t.Errorf("%s did not exit after SIGKILL", w.name)
+		}
 	}
 }
 
@@ -326,60 +302,49 @@ func (w *worker) stop(timeout time.Duration) {
 // (values compared as strings) and returns it.
 func (w *worker) waitLog(timeout time.Duration, fields map[string]any) map[string]any {
 	w.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if m := w.findLog(fields); m != nil {
-			return m
-		}
-		select {
-		case <-w.done:
-			if m := w.findLog(fields); m != nil {
-				return m
-			}
-			w.t.Fatalf("%s exited before logging %v", w.name, fields)
-		default:
-		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("%s did not log %v within %s", w.name, fields, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	l, err := w.p.WaitLine(ctx, 0, childproc.HasFields(fields))
+	switch {
+	case errors.Is(err, childproc.ErrExited):
+		w.t.Fatalf("%s exited before logging %v", w.name, fields)
+	case err != nil:
+		w.t.Fatalf("%s did not log %v within %s", w.name, fields, timeout)
 	}
+	return l.Fields
 }
 
 // waitLogAny waits until the worker logs a line matching one of the
 // alternatives and returns it.
 func (w *worker) waitLogAny(timeout time.Duration, alternatives ...map[string]any) map[string]any {
 	w.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	l, err := w.p.WaitLine(ctx, 0, func(m map[string]any) bool {
 		for _, f := range alternatives {
-			if m := w.findLog(f); m != nil {
-				return m
+			if matches(m, f) {
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("%s logged none of %v within %s", w.name, alternatives, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	})
+	if err != nil {
+		w.t.Fatalf("%s logged none of %v within %s", w.name, alternatives, timeout)
 	}
+	return l.Fields
 }
 
 func (w *worker) findLog(fields map[string]any) map[string]any {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, m := range w.logs {
-		if matches(m, fields) {
-			return m
-		}
+	l, ok := w.p.Find(0, childproc.HasFields(fields))
+	if !ok {
+		return nil
 	}
-	return nil
+	return l.Fields
 }
 
 func (w *worker) countLogs(fields map[string]any) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	n := 0
-	for _, m := range w.logs {
+	for _, m := range w.logs() {
 		if matches(m, fields) {
 			n++
 		}
@@ -387,38 +352,17 @@ func (w *worker) countLogs(fields map[string]any) int {
 	return n
 }
 
-func matches(m, fields map[string]any) bool {
-	for k, v := range fields {
-		got, ok := m[k]
-		if !ok || fmt.Sprint(got) != fmt.Sprint(v) {
-			return false
-		}
-	}
-	return true
-}
-
-// processState reads /proc/PID/stat's state letter ('T' when stopped).
-func (w *worker) processState() byte {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", w.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 >= len(s) {
-		return 0
-	}
-	return s[i+2]
-}
+func matches(m, fields map[string]any) bool { return childproc.HasFields(fields)(m) }
 
 // pause sends SIGSTOP and waits until the kernel reports the process stopped.
 func (w *worker) pause() {
 	w.t.Helper()
-	w.signal(syscall.SIGSTOP)
-	waitFor(w.t, 5*time.Second, "worker "+w.name+" to be stopped", func() bool { return w.processState() == 'T' })
+	if err := w.p.Freeze(5 * time.Second); err != nil {
+		w.t.Fatalf("timed out after %s waiting for %s", 5*time.Second, "worker "+w.name+" to be stopped")
+	}
 }
 
-func (w *worker) resume() { w.signal(syscall.SIGCONT) }
+func (w *worker) resume() { _ = w.p.Thaw() }
 
 // waitFor polls cond until it holds or the timeout passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {

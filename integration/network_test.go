@@ -192,8 +192,7 @@ func TestWorkerCutOffFromKafkaIsFencedByItsSuccessor(t *testing.T) {
 		return true
 	})
 	fenced, lastTry := 0, time.Time{}
-	zombie.mu.Lock()
-	for _, m := range zombie.logs {
+	for _, m := range zombie.logs() {
 		if m["fenced"] == true {
 			fenced++
 		}
@@ -203,7 +202,6 @@ func TestWorkerCutOffFromKafkaIsFencedByItsSuccessor(t *testing.T) {
 			}
 		}
 	}
-	zombie.mu.Unlock()
 	committedAfter := e.commitsByAfter(t, member, cutAt)
 	t.Logf("cut off from Kafka, the zombie committed %d batches after the cut, had %d rejected (fenced), and last tried %s after the cut",
 		committedAfter, fenced, lastTry.Sub(cutAt).Round(time.Millisecond))
@@ -219,9 +217,7 @@ func memberOf(t *testing.T, w *worker) string {
 	t.Helper()
 	var member string
 	waitFor(t, 30*time.Second, w.name+" to claim a partition", func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		for _, m := range w.logs {
+		for _, m := range w.logs() {
 			if m["msg"] == consumer.MsgClaiming {
 				member, _ = m["member"].(string)
 			}

@@ -123,10 +123,7 @@ func TestOwnershipEventsTellAPartitionsHistory(t *testing.T) {
 	// Every event, on every worker, carries its fields.
 	seen := map[string]int{}
 	for _, w := range []*worker{a, b, c, d} {
-		w.mu.Lock()
-		logs := append([]map[string]any(nil), w.logs...)
-		w.mu.Unlock()
-		for _, m := range logs {
+		for _, m := range w.logs() {
 			for _, ev := range ownershipEvents {
 				if m["msg"] != ev.msg {
 					continue
@@ -158,8 +155,7 @@ func TestOwnershipEventsTellAPartitionsHistory(t *testing.T) {
 		needle := fmt.Sprintf(`"topic":%q,"partition":%d,`, e.topic, p)
 		got := map[string]bool{}
 		for _, w := range []*worker{a, b, c, d} {
-			w.mu.Lock()
-			for _, line := range w.raw {
+			for _, line := range w.raw() {
 				if !strings.Contains(line, needle) {
 					continue
 				}
@@ -169,7 +165,6 @@ func TestOwnershipEventsTellAPartitionsHistory(t *testing.T) {
 					}
 				}
 			}
-			w.mu.Unlock()
 		}
 		want := []string{"assigned", "claimed", "reset"}
 		if p == 0 {

@@ -182,7 +182,7 @@ func (e *env) waitWorking(timeout time.Duration, what string, ws []*worker, cond
 		for _, w := range ws {
 			select {
 			case <-w.done:
-				e.t.Fatalf("worker %s exited (%v) while waiting for %s; a worker must ride out outages", w.name, w.cmd.ProcessState, what)
+				e.t.Fatalf("worker %s exited (%v) while waiting for %s; a worker must ride out outages", w.name, w.p.ProcessState(), what)
 			default:
 			}
 		}
@@ -238,7 +238,7 @@ func requireWorkersRunning(t *testing.T, ws ...*worker) {
 	for _, w := range ws {
 		select {
 		case <-w.done:
-			t.Errorf("worker %s exited (%v); a worker must ride out outages", w.name, w.cmd.ProcessState)
+			t.Errorf("worker %s exited (%v); a worker must ride out outages", w.name, w.p.ProcessState())
 		default:
 		}
 	}

@@ -154,9 +154,7 @@ func TestWorkerOverSASLAndTLS(t *testing.T) {
 	}
 
 	w.stop(30 * time.Second)
-	w.mu.Lock()
-	outputs = append(outputs, w.raw...)
-	w.mu.Unlock()
+	outputs = append(outputs, w.raw()...)
 	if n := len(outputs); n < 10 {
 		t.Fatalf("only %d outputs collected", n)
 	}

@@ -30,7 +30,7 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker did not exit on the second signal")
 	}
-	if code := w.cmd.ProcessState.ExitCode(); code != 130 {
+	if code := w.p.ProcessState().ExitCode(); code != 130 {
 		t.Errorf("exit code %d after the second signal, want 130", code)
 	}
 	// The first signal is logged with what a second one does; the second
@@ -38,9 +38,7 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 	if w.findLog(map[string]any{"msg": "stopping gracefully (a second signal stops at once)", "signal": "SIGTERM"}) == nil {
 		t.Errorf("the first signal was not logged as a graceful stop")
 	}
-	w.mu.Lock()
-	said := strings.Join(w.raw, "\n")
-	w.mu.Unlock()
+	said := strings.Join(w.raw(), "\n")
 	if !strings.Contains(said, "tenure: second signal (SIGINT): exiting at once with status 130") {
 		t.Errorf("stderr does not say what the second signal did:\n%s", said)
 	}

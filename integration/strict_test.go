@@ -84,13 +84,11 @@ func (e *env) strictEvents() []history.StrictEvent {
 	e.mu.Unlock()
 	var out []history.StrictEvent
 	for _, w := range ws {
-		w.mu.Lock()
-		for _, m := range w.logs {
+		for _, m := range w.logs() {
 			if ev, ok := history.ParseStrictEvent(e.group, m); ok {
 				out = append(out, ev)
 			}
 		}
-		w.mu.Unlock()
 	}
 	return out
 }

@@ -347,7 +347,7 @@ func (w *world) startWorker(s *slot, extra ...string) error {
 	}
 	args = append(args, extra...)
 	p, err := startProc(name, filepath.Join(w.logDir, fmt.Sprintf("w%d.log", s.n)), s.ns, args,
-		func(p *proc, line string) { w.book.record(p.name, line) })
+		func(line string) { w.book.record(name, line) })
 	if err != nil {
 		return err
 	}

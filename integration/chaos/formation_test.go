@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/childproc"
 	"github.com/tenure-dev/tenure/internal/pgha"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -251,13 +252,11 @@ func alive(pid int) bool {
 	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
 		return false
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := childproc.ReadStat(pid)
 	if err != nil {
 		return false
 	}
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
+	return st.State != 'Z' && st.State != 'X'
 }
 
 // checkFailovers runs after the drain, before the checks: it finds each

@@ -1,36 +1,25 @@
 package chaos
 
 import (
-	"bufio"
+	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/childproc"
 	"github.com/tenure-dev/tenure/internal/netfault"
 )
 
 // proc is one process the run started: a worker or the broker. Every
 // process is ended by its PID, and a process stopped with SIGSTOP always
-// gets SIGCONT before anything else is sent to it.
+// gets SIGCONT before anything else is sent to it (childproc does both).
 type proc struct {
-	name    string
-	cmd     *exec.Cmd
-	started time.Time
-	done    chan struct{} // closed when the process has exited and its output is read
-
-	mu       sync.Mutex
-	stopped  bool // SIGSTOP sent, SIGCONT not yet
-	expected bool // we ended it (kill, stop): its exit is not news
-	tail     []string
-	exitErr  error
-	exitedAt time.Time
+	*childproc.Proc
+	name string
 }
 
 const tailLines = 200
@@ -38,7 +27,7 @@ const tailLines = 200
 // startProc starts tenure with args, inside network namespace ns unless it
 // is nil (ns.Command: the PID is still tenure's own); every line of its
 // stdout and stderr goes to logPath and, for stderr, to onLine.
-func startProc(name, logPath string, ns *netfault.Namespace, args []string, onLine func(p *proc, line string)) (*proc, error) {
+func startProc(name, logPath string, ns *netfault.Namespace, args []string, onLine func(line string)) (*proc, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -50,59 +39,32 @@ func startProc(name, logPath string, ns *netfault.Namespace, args []string, onLi
 		where = " in network namespace " + ns.Name()
 	}
 	cmd.Env = os.Environ()
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		f.Close()
-		return nil, err
+	opts := childproc.Options{
+		Name:       name,
+		Output:     f,
+		ReadStdout: true,
+		Keep:       tailLines,
+		QuitGrace:  5 * time.Second,
+		KillWait:   15 * time.Second,
+		OnExit: func(err error) {
+			fmt.Fprintf(f, "---- %s exited at %s: %v\n", name, time.Now().Format(time.RFC3339Nano), exitString(err))
+			f.Close()
+		},
 	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	fmt.Fprintf(f, "---- %s started at %s%s: %s %s\n", name, time.Now().Format(time.RFC3339Nano), where, filepath.Base(tenureBin), strings.Join(args, " "))
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, err
-	}
-	p := &proc{name: name, cmd: cmd, started: time.Now(), done: make(chan struct{})}
-	var fileMu sync.Mutex
-	var readers sync.WaitGroup
-	read := func(r io.Reader, parse bool) {
-		defer readers.Done()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			fileMu.Lock()
-			fmt.Fprintln(f, line)
-			fileMu.Unlock()
-			p.mu.Lock()
-			p.tail = append(p.tail, line)
-			if len(p.tail) > 2*tailLines {
-				p.tail = append([]string(nil), p.tail[len(p.tail)-tailLines:]...)
-			}
-			p.mu.Unlock()
-			if parse && onLine != nil {
-				onLine(p, line)
+	if onLine != nil {
+		opts.OnLine = func(l childproc.Line) {
+			if !l.Stdout {
+				onLine(l.Raw)
 			}
 		}
-		_, _ = io.Copy(io.Discard, r)
 	}
-	readers.Add(2)
-	go read(stdout, false)
-	go read(stderr, true)
-	go func() {
-		readers.Wait()
-		err := cmd.Wait()
-		p.mu.Lock()
-		p.exitErr, p.exitedAt = err, time.Now()
-		p.mu.Unlock()
-		fmt.Fprintf(f, "---- %s exited at %s: %v\n", name, time.Now().Format(time.RFC3339Nano), exitString(err))
+	fmt.Fprintf(f, "---- %s started at %s%s: %s %s\n", name, time.Now().Format(time.RFC3339Nano), where, filepath.Base(tenureBin), strings.Join(args, " "))
+	p, err := childproc.Start(cmd, opts)
+	if err != nil {
 		f.Close()
-		close(p.done)
-	}()
-	return p, nil
+		return nil, err
+	}
+	return &proc{Proc: p, name: name}, nil
 }
 
 func exitString(err error) string {
@@ -112,140 +74,35 @@ func exitString(err error) string {
 	return err.Error()
 }
 
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// exitTime is when the process exited (its output read), or zero.
-func (p *proc) exitTime() time.Time {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.exitedAt
-}
-
-func (p *proc) signal(sig syscall.Signal) {
-	if p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(sig) // by PID: the process we started
-}
-
-// pause sends SIGSTOP and waits (bounded) until the kernel reports the
-// process stopped.
-func (p *proc) pause() error {
-	p.mu.Lock()
-	p.stopped = true
-	p.mu.Unlock()
-	p.signal(syscall.SIGSTOP)
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if p.exited() {
-			return fmt.Errorf("%s exited instead of stopping", p.name)
-		}
-		if p.state() == 'T' {
-			return nil
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return fmt.Errorf("%s (pid %d) not stopped 5s after SIGSTOP (state %q)", p.name, p.pid(), p.state())
-}
-
-func (p *proc) resume() {
-	p.signal(syscall.SIGCONT)
-	p.mu.Lock()
-	p.stopped = false
-	p.mu.Unlock()
-}
-
-// state is the process's state letter in /proc/PID/stat ('T' when stopped).
-func (p *proc) state() byte {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid()))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 >= len(s) {
-		return 0
-	}
-	return s[i+2]
-}
-
-// kill resumes the process if it is stopped, sends SIGKILL and waits
-// (bounded) for it to exit.
-func (p *proc) kill() error {
-	p.mu.Lock()
-	p.expected = true
-	stopped := p.stopped
-	p.mu.Unlock()
-	if stopped {
-		p.resume()
-	}
-	p.signal(syscall.SIGKILL)
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(15 * time.Second):
-		return fmt.Errorf("%s (pid %d) did not exit 15s after SIGKILL", p.name, p.pid())
-	}
-}
+func (p *proc) pid() int                 { return p.PID() }
+func (p *proc) exited() bool             { return p.Exited() }
+func (p *proc) exitTime() time.Time      { return p.ExitedAt() }
+func (p *proc) state() byte              { return p.State() }
+func (p *proc) resume()                  { _ = p.Thaw() }
+func (p *proc) kill() error              { return p.Kill() }
+func (p *proc) lastLines(n int) []string { return p.Tail(n) }
 
 // stop asks for a graceful stop (SIGTERM) and waits up to timeout; past it
 // the process gets SIGQUIT (a goroutine dump), then SIGKILL, and stop
 // reports that it had to.
-func (p *proc) stop(timeout time.Duration) error {
-	p.mu.Lock()
-	p.expected = true
-	stopped := p.stopped
-	p.mu.Unlock()
-	if stopped {
-		p.resume()
-	}
-	p.signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(timeout):
-	}
-	// A Go process prints every goroutine's stack on SIGQUIT and exits:
-	// the log then shows where the stop hung.
-	p.signal(syscall.SIGQUIT)
-	select {
-	case <-p.done:
-		return fmt.Errorf("%s (pid %d) did not stop within %s of SIGTERM: SIGQUIT, its goroutine dump is at the end of its log", p.name, p.pid(), timeout)
-	case <-time.After(5 * time.Second):
-	}
-	err := fmt.Errorf("%s (pid %d) did not stop within %s of SIGTERM, nor on SIGQUIT: killed", p.name, p.pid(), timeout)
-	if kerr := p.kill(); kerr != nil {
-		err = fmt.Errorf("%v; %v", err, kerr)
+func (p *proc) stop(timeout time.Duration) error { return p.Stop(timeout) }
+
+// pause sends SIGSTOP and waits (bounded) until the kernel reports the
+// process stopped.
+func (p *proc) pause() error {
+	err := p.Freeze(5 * time.Second)
+	if errors.Is(err, childproc.ErrExited) {
+		return fmt.Errorf("%s exited instead of stopping", p.name)
 	}
 	return err
 }
 
 // unexpectedExit reports whether the process ended without being asked to.
 func (p *proc) unexpectedExit() (bool, error) {
-	if !p.exited() {
+	if !p.Exited() {
 		return false, nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return !p.expected, p.exitErr
-}
-
-func (p *proc) lastLines(n int) []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.tail) > n {
-		return append([]string(nil), p.tail[len(p.tail)-n:]...)
-	}
-	return append([]string(nil), p.tail...)
+	return !p.StopRequested(), p.ExitErr()
 }
 
 func freePort() (int, error) {

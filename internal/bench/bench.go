@@ -23,7 +23,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +32,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/childproc"
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -710,7 +710,7 @@ func (b *bench) wait(ctx context.Context, schema, table string, want int64, proc
 	last := time.Now()
 	for {
 		for _, p := range procs {
-			if p.exited() && want > 0 {
+			if p.Exited() && want > 0 {
 				var n int64
 				_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+q).Scan(&n)
 				if n >= want {
@@ -950,14 +950,7 @@ func (b *bench) cleanup() {
 }
 
 // proc is a measured process: the running binary with args.
-type proc struct {
-	cmd  *exec.Cmd
-	out  *strings.Builder
-	mu   sync.Mutex
-	done chan struct{}
-	cpu  float64 // seconds, read before it is stopped
-	rss  float64 // MB, VmHWM
-}
+type proc struct{ *childproc.Proc }
 
 // startProc starts the running binary with args; its environment is this
 // process's with noTracing and env after it (a later entry wins).
@@ -966,97 +959,36 @@ func startProc(env []string, args ...string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &proc{cmd: exec.Command(exe, args...), out: &strings.Builder{}, done: make(chan struct{})}
-	p.cmd.Env = slices.Concat(os.Environ(), noTracing, env)
-	p.cmd.Stderr = lockedWriter{p}
-	p.cmd.Stdout = io.Discard
-	p.cmd.SysProcAttr = sysProcAttr()
-	if err := p.cmd.Start(); err != nil {
+	cmd := exec.Command(exe, args...)
+	cmd.Env = slices.Concat(os.Environ(), noTracing, env)
+	// Its own process group: the terminal's Ctrl-C goes to the bench,
+	// which stops it by PID; SIGINT is its graceful stop.
+	p, err := childproc.Start(cmd, childproc.Options{Name: args[0], OwnGroup: true, StopSignal: os.Interrupt})
+	if err != nil {
 		return nil, err
 	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	return p, nil
+	return &proc{p}, nil
 }
 
-type lockedWriter struct{ p *proc }
-
-func (w lockedWriter) Write(b []byte) (int, error) {
-	w.p.mu.Lock()
-	defer w.p.mu.Unlock()
-	if w.p.out.Len() < 1<<20 {
-		w.p.out.Write(b)
-	}
-	return len(b), nil
-}
-
+// lastOutput is the last line the process wrote to stderr (its error).
 func (p *proc) lastOutput() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	s := strings.TrimSpace(p.out.String())
-	if i := strings.LastIndex(s, "\n"); i >= 0 {
-		s = s[i+1:]
+	tail := p.Tail(20)
+	for i := len(tail) - 1; i >= 0; i-- {
+		if s := strings.TrimSpace(tail[i]); s != "" {
+			return s
+		}
 	}
-	return s
+	return ""
 }
 
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// usage reads the process's CPU time (user + system) and peak resident
-// memory from /proc while it runs.
+// usage is the process's CPU seconds and peak resident memory in MB.
 func (p *proc) usage() (cpuSeconds, peakMB float64) {
-	if p.exited() {
-		// It ended by itself (the programs that stop at their count):
-		// what wait(2) reported for it.
-		if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-			return cpu.Seconds(), float64(ru.Maxrss) / 1024
-		}
-		return 0, 0
-	}
-	pid := p.cmd.Process.Pid
-	if st, err := readStat(pid); err == nil {
-		cpuSeconds = (st.utime + st.stime) / 100 // USER_HZ
-	}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-				peakMB = kb / 1024
-			}
-		}
-	}
-	if peakMB == 0 {
-		// It ended between the check and the reads (a zombie's status has
-		// no VmHWM): wait(2)'s figures, once it is reaped.
-		select {
-		case <-p.done:
-			return p.usage()
-		case <-time.After(5 * time.Second):
-		}
-	}
-	return cpuSeconds, peakMB
+	u, _ := p.Usage()
+	return u.CPU.Seconds(), float64(u.PeakRSS) / (1 << 20)
 }
 
-// stop ends the process we started, by its PID: SIGTERM, then SIGKILL.
-func (p *proc) stop() {
-	if p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
+// stop ends the process, by its PID: SIGINT, then SIGKILL after 10s.
+func (p *proc) stop() { _ = p.Stop(10 * time.Second) }
 
 func (b *bench) getenv(k string) string {
 	if b.cfg.Getenv == nil {

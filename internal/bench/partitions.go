@@ -75,7 +75,7 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 			return out, fmt.Errorf("%d partitions, %d workers: after 2 minutes %d partitions are claimed by %d members", parts, workers, claimed, owners)
 		}
 		for _, p := range procs {
-			if p.exited() {
+			if p.Exited() {
 				return out, fmt.Errorf("a worker exited before the group settled: %s", p.lastOutput())
 			}
 		}
@@ -116,8 +116,7 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 	k := max(0, slices.Index(names, victim))
 	killed, survivors := procs[k], slices.Delete(slices.Clone(procs), k, k+1)
 	victim = names[k]
-	_ = killed.cmd.Process.Kill()
-	<-killed.done
+	_ = killed.Kill() // by its PID; returns once it has exited
 	var killAt time.Time
 	if err := b.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&killAt); err != nil {
 		return out, err

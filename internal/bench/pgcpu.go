@@ -2,12 +2,12 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tenure-dev/tenure/internal/childproc"
 )
 
 // The database's share of a run's cost. A worker's CPU time says little on
@@ -36,11 +36,11 @@ func (b *bench) postgresCPU(ctx context.Context) pgCPU {
 	if b.postmaster < 0 {
 		return pgCPU{}
 	}
-	st, err := readStat(b.postmaster)
-	if err != nil || st.comm != "postgres" {
+	st, err := childproc.ReadStat(b.postmaster)
+	if err != nil || st.Comm != "postgres" {
 		return pgCPU{}
 	}
-	total := st.utime + st.stime + st.cutime + st.cstime
+	total := st.UTime + st.STime + st.CUTime + st.CSTime
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return pgCPU{}
@@ -50,13 +50,13 @@ func (b *bench) postgresCPU(ctx context.Context) pgCPU {
 		if err != nil {
 			continue
 		}
-		c, err := readStat(pid)
-		if err != nil || c.ppid != b.postmaster {
+		c, err := childproc.ReadStat(pid)
+		if err != nil || c.PPID != b.postmaster {
 			continue
 		}
-		total += c.utime + c.stime
+		total += c.UTime + c.STime
 	}
-	return pgCPU{seconds: total / 100, ok: true} // USER_HZ
+	return pgCPU{seconds: float64(total) / childproc.ClockTicks, ok: true}
 }
 
 // findPostmaster returns the postmaster's pid, or -1 when the server is not
@@ -66,44 +66,13 @@ func findPostmaster(ctx context.Context, pool *pgxpool.Pool) int {
 	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
 		return -1
 	}
-	st, err := readStat(backend)
-	if err != nil || st.comm != "postgres" {
+	st, err := childproc.ReadStat(backend)
+	if err != nil || st.Comm != "postgres" {
 		return -1
 	}
-	parent, err := readStat(st.ppid)
-	if err != nil || parent.comm != "postgres" {
+	parent, err := childproc.ReadStat(st.PPID)
+	if err != nil || parent.Comm != "postgres" {
 		return -1
 	}
-	return st.ppid
-}
-
-type procStat struct {
-	comm                         string
-	ppid                         int
-	utime, stime, cutime, cstime float64 // clock ticks
-}
-
-// readStat parses /proc/PID/stat (proc(5)): the command name is in
-// parentheses and may hold spaces, so the fields are counted from the last
-// ')'.
-func readStat(pid int) (procStat, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return procStat{}, err
-	}
-	s := string(b)
-	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if open < 0 || end < open || end+2 > len(s) {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	f := strings.Fields(s[end+2:]) // from field 3, the state
-	if len(f) < 15 {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	st := procStat{comm: s[open+1 : end]}
-	st.ppid, _ = strconv.Atoi(f[1])
-	for i, p := range []*float64{&st.utime, &st.stime, &st.cutime, &st.cstime} {
-		*p, _ = strconv.ParseFloat(f[11+i], 64)
-	}
-	return st, nil
+	return st.PPID
 }

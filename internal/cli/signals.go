@@ -8,28 +8,20 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/tenure-dev/tenure/internal/childproc"
 )
 
 // signalError is the cause of the context a signal cancelled.
 type signalError struct{ sig os.Signal }
 
-func (s signalError) Error() string { return "received " + signalName(s.sig) }
-
-func signalName(s os.Signal) string {
-	switch s {
-	case os.Interrupt:
-		return "SIGINT"
-	case syscall.SIGTERM:
-		return "SIGTERM"
-	}
-	return s.String()
-}
+func (s signalError) Error() string { return "received " + childproc.SignalName(s.sig) }
 
 // stopSignal returns the name of the signal that cancelled ctx, or "".
 func stopSignal(ctx context.Context) string {
 	var se signalError
 	if errors.As(context.Cause(ctx), &se) {
-		return signalName(se.sig)
+		return childproc.SignalName(se.sig)
 	}
 	return ""
 }
@@ -45,7 +37,7 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 		s := <-ch
 		cancel(signalError{s})
 		s = <-ch
-		fmt.Fprintf(stderr, "tenure: second signal (%s): exiting at once with status 130\n", signalName(s))
+		fmt.Fprintf(stderr, "tenure: second signal (%s): exiting at once with status 130\n", childproc.SignalName(s))
 		os.Exit(130)
 	}()
 	return ctx, func() { signal.Stop(ch); cancel(nil) }

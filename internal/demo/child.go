@@ -1,38 +1,25 @@
 package demo
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tenure-dev/tenure/internal/childproc"
 )
 
 // child is a `tenure worker` process started by the demo, and the JSON
 // log lines it wrote to stderr (a pipe the demo reads; never the terminal).
+// The mechanics are childproc's; the methods here word the demo's messages.
 type child struct {
+	*childproc.Proc
 	name string
-	cmd  *exec.Cmd
 	pid  int
-
-	mu      sync.Mutex
-	lines   []logLine
-	changed chan struct{} // closed and replaced on every new line
-
-	done    chan struct{} // closed once the process is reaped
-	exitErr error         // cmd.Wait's error; read after done
-}
-
-type logLine struct {
-	at     time.Time
-	raw    string
-	fields map[string]any // nil when the line is not JSON
 }
 
 // ErrInterrupted ends the demo when its context is cancelled (Ctrl-C).
@@ -41,7 +28,7 @@ var ErrInterrupted = errors.New("interrupted; the demo's worker processes were k
 // startChild starts the running binary again with args. The child gets
 // its own process group, so that the terminal's Ctrl-C reaches only the demo,
 // which then kills it by PID; on Linux the kernel also kills it if the demo
-// dies without cleaning up (see sysProcAttr). echo, when not nil,
+// dies without cleaning up (childproc.Options.OwnGroup). echo, when not nil,
 // receives every line the child logs.
 func startChild(name string, env []string, echo func(string), args ...string) (*child, error) {
 	exe, err := os.Executable()
@@ -50,105 +37,57 @@ func startChild(name string, env []string, echo func(string), args ...string) (*
 	}
 	cmd := exec.Command(exe, args...)
 	cmd.Env = env
-	cmd.SysProcAttr = sysProcAttr()
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
+	// Every line kept: the demo looks back to the first (find(0, ...)).
+	opts := childproc.Options{Name: "worker " + name, Keep: childproc.KeepAll, OwnGroup: true}
+	if echo != nil {
+		opts.OnLine = func(l childproc.Line) { echo(l.Raw) }
 	}
-	if err := cmd.Start(); err != nil {
+	p, err := childproc.Start(cmd, opts)
+	if err != nil {
 		return nil, fmt.Errorf("starting worker %s: %w", name, err)
 	}
-	c := &child{name: name, cmd: cmd, pid: cmd.Process.Pid, changed: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			raw := sc.Text()
-			if echo != nil {
-				echo(raw)
-			}
-			var m map[string]any
-			if json.Unmarshal([]byte(raw), &m) != nil {
-				m = nil
-			}
-			c.mu.Lock()
-			c.lines = append(c.lines, logLine{at: time.Now(), raw: raw, fields: m})
-			close(c.changed)
-			c.changed = make(chan struct{})
-			c.mu.Unlock()
-		}
-		// Wait only after the pipe is drained (os/exec's rule); it reaps
-		// the process.
-		c.exitErr = cmd.Wait()
-		close(c.done)
-	}()
-	return c, nil
+	return &child{Proc: p, name: name, pid: p.PID()}, nil
 }
 
-// count is the number of lines logged so far: pass it to waitLog as since
-// to consider only what comes next.
-func (c *child) count() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.lines)
-}
-
-// find returns the first line from index since that match accepts.
-func (c *child) find(since int, match func(map[string]any) bool) (logLine, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i := since; i < len(c.lines); i++ {
-		if l := c.lines[i]; l.fields != nil && match(l.fields) {
-			return l, true
-		}
+// waitLog waits up to timeout for a line (from index since, a Count) that
+// match accepts. what completes the sentence "waiting for ...".
+func (c *child) waitLog(ctx context.Context, timeout time.Duration, since int, what string, match func(map[string]any) bool) (childproc.Line, error) {
+	tctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	l, err := c.WaitLine(tctx, since, match)
+	switch {
+	case err == nil:
+		return l, nil
+	case errors.Is(err, childproc.ErrExited):
+		return l, c.exitedWhile(what)
+	case ctx.Err() != nil:
+		return l, ErrInterrupted
 	}
-	return logLine{}, false
+	return l, fmt.Errorf("timed out after %s waiting for %s (run with --verbose to see the workers' logs)", timeout, what)
 }
 
-// waitLog waits up to timeout for a line (from index since) that match
-// accepts. what completes the sentence "waiting for ...".
-func (c *child) waitLog(ctx context.Context, timeout time.Duration, since int, what string, match func(map[string]any) bool) (logLine, error) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	for {
-		c.mu.Lock()
-		ch := c.changed
-		c.mu.Unlock()
-		if l, ok := c.find(since, match); ok {
-			return l, nil
-		}
-		select {
-		case <-ch:
-		case <-c.done:
-			if l, ok := c.find(since, match); ok {
-				return l, nil
-			}
-			return logLine{}, fmt.Errorf("worker %s (pid %d) exited (%v) while the demo was waiting for %s; its last words: %s",
-				c.name, c.pid, c.exitErr, what, c.lastWords())
-		case <-t.C:
-			return logLine{}, fmt.Errorf("timed out after %s waiting for %s (run with --verbose to see the workers' logs)", timeout, what)
-		case <-ctx.Done():
-			return logLine{}, ErrInterrupted
-		}
-	}
+// exitedWhile says that the child exited while the demo was waiting for
+// what, with its last words.
+func (c *child) exitedWhile(what string) error {
+	return fmt.Errorf("worker %s (pid %d) exited (%v) while the demo was waiting for %s; its last words: %s",
+		c.name, c.pid, c.ExitErr(), what, c.lastWords())
 }
 
 // lastWords is the child's last log message, or its last plain line (the
 // one-sentence error a failing command prints).
 func (c *child) lastWords() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i := len(c.lines) - 1; i >= 0; i-- {
-		l := c.lines[i]
-		if l.fields == nil {
-			if s := strings.TrimSpace(l.raw); s != "" {
+	lines := c.Lines(0)
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := lines[i]
+		if l.Fields == nil {
+			if s := strings.TrimSpace(l.Raw); s != "" {
 				return s
 			}
 			continue
 		}
-		if lvl := fmt.Sprint(l.fields["level"]); lvl == "error" || lvl == "fatal" || lvl == "warn" {
-			msg := fmt.Sprint(l.fields["msg"])
-			if e, ok := l.fields["error"]; ok {
+		if lvl := fmt.Sprint(l.Fields["level"]); lvl == "error" || lvl == "fatal" || lvl == "warn" {
+			msg := fmt.Sprint(l.Fields["msg"])
+			if e, ok := l.Fields["error"]; ok {
 				msg += ": " + fmt.Sprint(e)
 			}
 			return msg
@@ -157,82 +96,32 @@ func (c *child) lastWords() string {
 	return "(nothing logged)"
 }
 
-func (c *child) exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // signal sends sig to this child, by its PID, if it still runs.
 func (c *child) signal(sig syscall.Signal) error {
-	if c.exited() {
-		return fmt.Errorf("worker %s (pid %d) has already exited (%v): %s", c.name, c.pid, c.exitErr, c.lastWords())
-	}
-	if err := c.cmd.Process.Signal(sig); err != nil {
+	err := c.Signal(sig)
+	switch {
+	case errors.Is(err, childproc.ErrExited):
+		return fmt.Errorf("worker %s (pid %d) has already exited (%v): %s", c.name, c.pid, c.ExitErr(), c.lastWords())
+	case err != nil:
 		return fmt.Errorf("sending %s to worker %s (pid %d): %w", sig, c.name, c.pid, err)
 	}
 	return nil
 }
 
-// kill ends the child with SIGKILL (which also ends a stopped process) and
-// waits until it is reaped.
-func (c *child) kill() {
-	if c.exited() {
-		return
+// freeze sends SIGSTOP and waits until the kernel reports the process
+// stopped (where /proc does not exist, a moment).
+func (c *child) freeze(timeout time.Duration) error {
+	if c.Exited() {
+		return c.signal(syscall.SIGSTOP) // says that it has exited
 	}
-	_ = c.cmd.Process.Signal(syscall.SIGKILL)
-	select {
-	case <-c.done:
-	case <-time.After(10 * time.Second):
-		// Cannot happen short of an unkillable process (D state); do not
-		// hang the demo on it.
+	err := c.Freeze(timeout)
+	switch {
+	case errors.Is(err, childproc.ErrExited):
+		return fmt.Errorf("worker %s (pid %d) exited (%v): %s", c.name, c.pid, c.ExitErr(), c.lastWords())
+	case errors.Is(err, childproc.ErrTimeout):
+		return fmt.Errorf("worker %s (pid %d) did not stop within %s of SIGSTOP", c.name, c.pid, timeout)
 	}
-}
-
-// stop asks for a graceful stop (SIGTERM) and waits up to timeout, then
-// kills. It reports whether the stop was graceful.
-func (c *child) stop(timeout time.Duration) bool {
-	if c.exited() {
-		return true
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-		return true
-	case <-time.After(timeout):
-		c.kill()
-		return false
-	}
-}
-
-// frozen waits until the kernel reports the process stopped (state T in
-// /proc/PID/stat). Where /proc does not exist it waits a moment instead.
-func (c *child) frozen(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.pid))
-		if err != nil {
-			if c.exited() {
-				return fmt.Errorf("worker %s (pid %d) exited (%v): %s", c.name, c.pid, c.exitErr, c.lastWords())
-			}
-			if errors.Is(err, os.ErrNotExist) {
-				time.Sleep(200 * time.Millisecond)
-				return nil
-			}
-			return err
-		}
-		s := string(b)
-		if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && (s[i+2] == 'T' || s[i+2] == 't') {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("worker %s (pid %d) did not stop within %s of SIGSTOP", c.name, c.pid, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return err
 }
 
 // logMsg matches a log line whose msg is msg (or starts with it when msg

@@ -247,19 +247,19 @@ func (d *demo) startA(ctx context.Context) (*child, batch, error) {
 	if err != nil {
 		return nil, batch{}, err
 	}
-	bt := batch{token: str(held.fields, "token"), gid: str(held.fields, "gid")}
-	bt.from, _ = intField(held.fields, "from")
-	bt.to, _ = intField(held.fields, "to")
-	if claim, ok := a.find(0, logMsg(consumer.MsgClaimed)); ok {
-		d.members[str(claim.fields, "member")] = "A"
+	bt := batch{token: str(held.Fields, "token"), gid: str(held.Fields, "gid")}
+	bt.from, _ = intField(held.Fields, "from")
+	bt.to, _ = intField(held.Fields, "to")
+	if claim, ok := a.Find(0, logMsg(consumer.MsgClaimed)); ok {
+		d.members[str(claim.Fields, "member")] = "A"
 	}
 	if d.strict {
-		d.sayAt(held.at, "worker A (pid %d) claims partition %s with token %s, processes jobs %s and PREPAREs the transaction (%s); it is about to commit their offset to the group coordinator",
-			a.pid, str(held.fields, "partition"), bt.token, span(bt.from, bt.to), bt.gid)
+		d.sayAt(held.At, "worker A (pid %d) claims partition %s with token %s, processes jobs %s and PREPAREs the transaction (%s); it is about to commit their offset to the group coordinator",
+			a.pid, str(held.Fields, "partition"), bt.token, span(bt.from, bt.to), bt.gid)
 		return a, bt, nil
 	}
-	d.sayAt(held.at, "worker A (pid %d) claims partition %s with token %s, reads jobs %s and is about to write them",
-		a.pid, str(held.fields, "partition"), bt.token, span(bt.from, bt.to))
+	d.sayAt(held.At, "worker A (pid %d) claims partition %s with token %s, reads jobs %s and is about to write them",
+		a.pid, str(held.Fields, "partition"), bt.token, span(bt.from, bt.to))
 	return a, bt, nil
 }
 
@@ -277,7 +277,7 @@ func (d *demo) startB(ctx context.Context) (*child, error) {
 	if err := d.waitMembers(ctx, 2); err != nil {
 		return nil, err
 	}
-	if _, moved := b.find(0, logMsg(consumer.MsgClaimed)); moved {
+	if _, moved := b.Find(0, logMsg(consumer.MsgClaimed)); moved {
 		// The sticky assignor keeps partitions where they are; if it did
 		// not, this run cannot show a pause-driven hand-off.
 		return nil, errors.New("the group moved partition 0 to worker B before A was frozen, so this run cannot show the story; run the demo again")
@@ -288,10 +288,7 @@ func (d *demo) startB(ctx context.Context) (*child, error) {
 
 // freeze stops A inside its check-then-act window; more jobs arrive.
 func (d *demo) freeze(ctx context.Context, a *child) error {
-	if err := a.signal(syscall.SIGSTOP); err != nil {
-		return err
-	}
-	if err := a.frozen(5 * time.Second); err != nil {
+	if err := a.freeze(5 * time.Second); err != nil {
 		return err
 	}
 	if d.strict {
@@ -317,24 +314,24 @@ func (d *demo) handOff(ctx context.Context, b *child, a batch) error {
 			return err
 		}
 		what := "rolls it back (ROLLBACK PREPARED): nothing of it will ever be visible"
-		if str(res.fields, "committed") == "true" {
+		if str(res.Fields, "committed") == "true" {
 			what = "commits it (COMMIT PREPARED): the coordinator had accepted its offset"
 		}
-		d.sayAt(res.at, "the group evicts A; worker B's claim finds A's prepared batch holding the partition, reads the group's committed offset (%s) and %s",
-			str(res.fields, "evidence"), what)
+		d.sayAt(res.At, "the group evicts A; worker B's claim finds A's prepared batch holding the partition, reads the group's committed offset (%s) and %s",
+			str(res.Fields, "evidence"), what)
 	}
 	claimed, err := b.waitLog(ctx, waitLimit+2*d.session, 0, "the group to hand partition 0 to worker B", logMsg(consumer.MsgClaimed))
 	if err != nil {
 		return err
 	}
-	bToken := str(claimed.fields, "token")
-	d.members[str(claimed.fields, "member")] = "B"
-	d.sayAt(claimed.at, "the group evicts A (no heartbeat for %s); worker B claims partition 0 with token %s (%s)",
+	bToken := str(claimed.Fields, "token")
+	d.members[str(claimed.Fields, "member")] = "B"
+	d.sayAt(claimed.At, "the group evicts A (no heartbeat for %s); worker B claims partition 0 with token %s (%s)",
 		d.session, bToken, compareTokens(bToken, a.token))
 	if err := d.waitNextOffset(ctx, d.produced); err != nil {
 		return err
 	}
-	bFrom, bTo, bTx, err := d.commitsBy(ctx, str(claimed.fields, "member"))
+	bFrom, bTo, bTx, err := d.commitsBy(ctx, str(claimed.Fields, "member"))
 	if err != nil {
 		return err
 	}
@@ -345,7 +342,7 @@ func (d *demo) handOff(ctx context.Context, b *child, a batch) error {
 // wake resumes A, which goes on with the batch it took before it was
 // frozen, and reports whether Postgres rejected it.
 func (d *demo) wake(ctx context.Context, a *child, held batch) (rejected bool, err error) {
-	since := a.count()
+	since := a.Count()
 	if err := a.signal(syscall.SIGCONT); err != nil {
 		return false, err
 	}
@@ -355,9 +352,9 @@ func (d *demo) wake(ctx context.Context, a *child, held batch) (rejected bool, e
 	if err != nil {
 		return false, err
 	}
-	switch msg := str(outcome.fields, "msg"); {
+	switch msg := str(outcome.Fields, "msg"); {
 	case strings.HasPrefix(msg, "batch rejected"):
-		d.sayAt(outcome.at, "Postgres rejects A's commit: %s", str(outcome.fields, "error"))
+		d.sayAt(outcome.At, "Postgres rejects A's commit: %s", str(outcome.Fields, "error"))
 		d.printf("%s A's transaction rolled back: its %s moved no pointer.\n", indent, plural(int(held.to-held.from), "publication"))
 		if staged := d.objectsOf(ctx, held.token); len(staged) > 0 {
 			d.printf("%s A's staged objects stay unpublished (garbage for `tenure admin exports gc`): %s, e.g. %s\n", indent, plural(len(staged), "object"), staged[0])
@@ -367,9 +364,9 @@ func (d *demo) wake(ctx context.Context, a *child, held batch) (rejected bool, e
 		}
 		return true, nil
 	case msg == "batch committed":
-		d.sayAt(outcome.at, "A's stale batch %s with token %s was COMMITTED: the fence did not hold", span(held.from, held.to), held.token)
+		d.sayAt(outcome.At, "A's stale batch %s with token %s was COMMITTED: the fence did not hold", span(held.from, held.to), held.token)
 	default:
-		d.sayAt(outcome.at, "worker A abandoned its batch itself (%s) before Postgres could judge it; the fence was not exercised", str(outcome.fields, "error"))
+		d.sayAt(outcome.At, "worker A abandoned its batch itself (%s) before Postgres could judge it; the fence was not exercised", str(outcome.Fields, "error"))
 	}
 	return false, nil
 }
@@ -377,7 +374,7 @@ func (d *demo) wake(ctx context.Context, a *child, held batch) (rejected bool, e
 // wakeStrict resumes A, whose lane goes on with its offset commit, and
 // reports whether A's batch stayed invisible (rolled back).
 func (d *demo) wakeStrict(ctx context.Context, a *child, held batch) (rejected bool, err error) {
-	since := a.count()
+	since := a.Count()
 	if err := a.signal(syscall.SIGCONT); err != nil {
 		return false, err
 	}
@@ -386,20 +383,20 @@ func (d *demo) wakeStrict(ctx context.Context, a *child, held batch) (rejected b
 	if err != nil {
 		return false, err
 	}
-	if str(ans.fields, "accepted") == "true" {
-		d.sayAt(ans.at, "the coordinator ACCEPTED A's offset commit after the partition was handed to B: strict hand-off did not hold")
+	if str(ans.Fields, "accepted") == "true" {
+		d.sayAt(ans.At, "the coordinator ACCEPTED A's offset commit after the partition was handed to B: strict hand-off did not hold")
 	} else {
-		d.sayAt(ans.at, "the coordinator rejects A's offset commit: %s", str(ans.fields, "error"))
+		d.sayAt(ans.At, "the coordinator rejects A's offset commit: %s", str(ans.Fields, "error"))
 	}
 	dec, err := a.waitLog(ctx, waitLimit, since, "worker A's batch to be decided", logMsg(consumer.MsgStrictDecided))
 	if err != nil {
 		return false, err
 	}
-	if str(dec.fields, "committed") == "true" {
-		d.sayAt(dec.at, "A's prepared batch %s with token %s was COMMITTED: strict hand-off did not hold", span(held.from, held.to), held.token)
+	if str(dec.Fields, "committed") == "true" {
+		d.sayAt(dec.At, "A's prepared batch %s with token %s was COMMITTED: strict hand-off did not hold", span(held.from, held.to), held.token)
 		return false, nil
 	}
-	d.sayAt(dec.at, "A's ROLLBACK PREPARED finds its batch already rolled back by B's claim: jobs %s were never visible with token %s", span(held.from, held.to), held.token)
+	d.sayAt(dec.At, "A's ROLLBACK PREPARED finds its batch already rolled back by B's claim: jobs %s were never visible with token %s", span(held.from, held.to), held.token)
 	if staged := d.objectsOf(ctx, held.token); len(staged) > 0 {
 		d.printf("%s A's staged objects stay unpublished (garbage for `tenure admin exports gc`): %s, e.g. %s\n", indent, plural(len(staged), "object"), staged[0])
 	}
@@ -684,9 +681,9 @@ func (d *demo) startWorker(name string, extra ...string) (*child, error) {
 func (d *demo) stopChildren() {
 	var wg sync.WaitGroup
 	for _, c := range d.children {
-		_ = c.signal(syscall.SIGCONT) // a frozen process cannot act on SIGTERM
 		wg.Go(func() {
-			if !c.stop(20 * time.Second) {
+			// Stop thaws a frozen worker first: it cannot act on SIGTERM.
+			if c.Stop(20*time.Second) != nil {
 				d.log.Warn("worker did not stop within 20s of SIGTERM; killed", zap.String("name", c.name), zap.Int("pid", c.pid))
 			}
 		})
@@ -697,7 +694,7 @@ func (d *demo) stopChildren() {
 // killChildren kills and reaps every worker still running.
 func (d *demo) killChildren() {
 	for _, c := range d.children {
-		c.kill()
+		_ = c.Kill()
 	}
 }
 
@@ -753,9 +750,8 @@ func (d *demo) poll(ctx context.Context, timeout time.Duration, what string, con
 			return nil
 		}
 		for _, c := range d.children {
-			if c.exited() {
-				return fmt.Errorf("worker %s (pid %d) exited (%v) while the demo was waiting for %s; its last words: %s",
-					c.name, c.pid, c.exitErr, what, c.lastWords())
+			if c.Exited() {
+				return c.exitedWhile(what)
 			}
 		}
 		if time.Now().After(deadline) {

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tenure-dev/tenure/internal/childproc"
 )
 
 // These tests use the real kernel: namespaces, nftables, TCP. They need
@@ -564,13 +566,11 @@ func TestChild(t *testing.T) {
 func waitState(pid int, want byte, d time.Duration) byte {
 	var st byte
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		s, err := childproc.ReadStat(pid)
 		if err != nil {
 			return 0
 		}
-		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) {
-			st = b[i+2]
-		}
+		st = s.State
 		if st == want {
 			break
 		}

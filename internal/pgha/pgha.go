@@ -46,6 +46,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tenure-dev/tenure/internal/childproc"
 )
 
 // ErrUnavailable is returned by New when pg_autoctl or the pgautofailover
@@ -1082,25 +1084,15 @@ func (n *Node) semaphoreID() int {
 
 // procStat reads a process's parent, owner and state letter.
 func procStat(pid int) (ppid, uid int, state byte, err error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := childproc.ReadStat(pid)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 >= len(s) {
-		return 0, 0, 0, fmt.Errorf("/proc/%d/stat: unexpected %q", pid, s)
-	}
-	fs := strings.Fields(s[i+2:])
-	if len(fs) < 2 {
-		return 0, 0, 0, fmt.Errorf("/proc/%d/stat: unexpected %q", pid, s)
-	}
-	ppid, _ = strconv.Atoi(fs[1])
-	var st syscall.Stat_t
-	if err := syscall.Stat(fmt.Sprintf("/proc/%d", pid), &st); err != nil {
+	var fi syscall.Stat_t
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d", pid), &fi); err != nil {
 		return 0, 0, 0, err
 	}
-	return ppid, int(st.Uid), fs[0][0], nil
+	return st.PPID, int(fi.Uid), st.State, nil
 }
 
 // children maps every process to its children, for the processes owned by
