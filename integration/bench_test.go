@@ -29,7 +29,7 @@ func TestBenchSmall(t *testing.T) {
 	}
 	local := os.Getenv("TENURE_TEST_DATABASE_URL") == ""
 	for _, want := range []string{"RUN", "tenure-unfenced", "tenure-strict", "tenure-traced", "at-least-once", "copy-ceiling", "end-to-end latency", "scaling",
-		"median (min–max) of 2 runs", "partition dimension", "CLAIMS/S AT START", "HELD", "HAND-OFF MAX S", "targets", "want >= 1.0", "want <= 50", "where a tenure worker's CPU goes"} {
+		"median (min–max) of 2 runs", "by stage", "SLOWEST 1%", "partition dimension", "CLAIMS/S AT START", "HELD", "HAND-OFF MAX S", "targets", "want >= 1.0", "want <= 50", "where a tenure worker's CPU goes"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("the report lacks %q:\n%s", want, r.stdout)
 		}
@@ -192,5 +192,68 @@ func TestBenchSmall(t *testing.T) {
 		if strings.HasPrefix(g, "bench-"+rep.ID) {
 			t.Errorf("bench left group %s", g)
 		}
+	}
+}
+
+// --latency-only runs the latency rounds alone, each variant of
+// --latency-variants beside the default in every round, and breaks each
+// run's latency down by stage from the worker's stage log.
+func TestBenchLatencyOnly(t *testing.T) {
+	e := newEnv(t, 1)
+	out := filepath.Join(t.TempDir(), "bench.json")
+	r := runCLI(t, 5*time.Minute, "", "bench", "--brokers", strings.Join(e.brokers, ","), "--database-url", e.dbURL,
+		"--partitions", "4", "--repeat", "2", "--latency-seconds", "2", "--latency-rate", "2000", "--latency-only", "--skip-scaling",
+		"--partitions-dimension=false", "--latency-variants", "small=--batch-max 10;gc=GOGC=200", "--json", out)
+	if r.code != 0 {
+		t.Fatalf("bench failed: %s", r)
+	}
+	for _, want := range []string{"end-to-end latency", "by stage", "queue", "handler", "commit", "beside it, in turns in each round: small", "beside it, in turns in each round: gc",
+		"SLOWEST 1% (MEAN)", "latency runs only"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("the report lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "at-least-once") || strings.Contains(r.stdout, "scaling (") {
+		t.Errorf("--latency-only ran more than the latency runs:\n%s", r.stdout)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type stat struct {
+		Median float64
+		N      int
+	}
+	var rep struct {
+		Latency  map[string]stat `json:"latency_ms"`
+		Variants []struct {
+			Name, Env   string
+			WorkerFlags string          `json:"worker_flags"`
+			Latency     map[string]stat `json:"latency_ms"`
+			Runs        []map[string]float64
+		} `json:"latency_variants"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatalf("bench JSON: %v\n%s", err, data)
+	}
+	if len(rep.Variants) != 2 || rep.Variants[0].WorkerFlags != "--batch-max 10" || rep.Variants[1].Env != "GOGC=200" {
+		t.Fatalf("variants %+v", rep.Variants)
+	}
+	for name, l := range map[string]map[string]stat{"default": rep.Latency, "small": rep.Variants[0].Latency, "gc": rep.Variants[1].Latency} {
+		if l["p99"].N != 2 || l["stage_jobs"].Median < l["jobs"].Median*0.99 {
+			t.Errorf("%s: %d runs, %v of %v jobs broken down by stage; want 2 runs, every job", name, l["p99"].N, l["stage_jobs"].Median, l["jobs"].Median)
+		}
+		// The stages add up to the worker's COMMIT returning, which the
+		// fence log's time precedes (the fence statement travels with it).
+		var sum float64
+		for _, st := range []string{"produce", "fetch", "queue", "handler", "commit"} {
+			sum += l["tail_"+st].Median
+		}
+		if sum <= 0 || l["fencelog_vs_commit_p50"].Median > 0 {
+			t.Errorf("%s: stages of the slowest jobs add up to %v ms; fence log minus commit %v ms", name, sum, l["fencelog_vs_commit_p50"].Median)
+		}
+	}
+	if b := rep.Variants[0].Latency["batch_jobs_mean"].Median; b <= 0 || b > 10 {
+		t.Errorf("--batch-max 10 variant: batches of %v jobs on average", b)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -155,6 +156,9 @@ type Report struct {
 	// medians and spreads (ms; "achieved_rate" in jobs/s).
 	LatencyRuns []map[string]float64 `json:"latency_runs,omitempty"`
 	Latency     map[string]Stat      `json:"latency_ms,omitempty"`
+	// LatencyVariants are the latency runs of Config.LatencyVariants,
+	// interleaved with the default's.
+	LatencyVariants []VariantLatency `json:"latency_variants,omitempty"`
 	// LatencyRate is the rate asked for (jobs/s).
 	LatencyRate float64        `json:"latency_rate"`
 	Scaling     []Result       `json:"scaling,omitempty"`
@@ -212,6 +216,11 @@ type Config struct {
 	// DimensionPartitions are the partition counts of the partition
 	// dimension (3 workers each, the same backlog); none: skipped.
 	DimensionPartitions []int
+	// LatencyOnly runs the latency runs alone (no calibration, throughput
+	// rows or profile); LatencyVariants are run beside the default in each
+	// latency round, in turns, each with its worker flags after WorkerFlags.
+	LatencyOnly     bool
+	LatencyVariants []LatencyVariant
 	// WorkerFlags are extra flags of every tenure worker it runs.
 	WorkerFlags []string
 	// JSONFile, when set, gets the report as JSON.
@@ -296,7 +305,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	rep := &Report{ID: b.id, Machine: machineInfo(ctx, b.pool), StartedAt: time.Now().UTC(), Repeat: cfg.Repeat}
 	naive := cfg.NaiveJobs
-	if b.jobs == 0 || naive == 0 {
+	if (b.jobs == 0 || naive == 0) && !cfg.LatencyOnly {
 		if err := b.calibrate(ctx, rep, &naive); err != nil {
 			return fmt.Errorf("calibration: %w", err)
 		}
@@ -304,25 +313,45 @@ func Run(ctx context.Context, cfg Config) error {
 	naive = min(naive, b.jobs)
 	rep.Settings = map[string]any{"worker_flags": strings.Join(cfg.WorkerFlags, " "), "jobs": b.jobs, "partitions": b.partitions,
 		"value_bytes": b.valueBytes, "keys": b.keys, "naive_jobs": naive, "repeat": cfg.Repeat}
-	if err := b.throughput(ctx, rep, naive); err != nil {
-		return err
+	if !cfg.LatencyOnly {
+		if err := b.throughput(ctx, rep, naive); err != nil {
+			return err
+		}
 	}
 	rep.LatencyRate = float64(cfg.LatencyRate)
+	// The development broker runs in this process and keeps every record
+	// of its topics in memory: the backlogs of the runs before would be
+	// this process's heap (its collector's work) while it produces and
+	// serves the latency runs' jobs.
+	b.dropTopics(slices.Clone(b.topics)...)
+	// Each round runs the default and then every variant (in turns: the
+	// order rotates by round), so that the machine's noise hits them alike.
+	variants := append([]LatencyVariant{{}}, cfg.LatencyVariants...)
+	runs := make([][]map[string]float64, len(variants))
 	for i := range cfg.Repeat {
-		b.say("latency %d/%d: producing at %d jobs/s for %ds", i+1, cfg.Repeat, cfg.LatencyRate, cfg.LatencySeconds)
-		l, err := b.latency(ctx, i, float64(cfg.LatencyRate), time.Duration(cfg.LatencySeconds)*time.Second)
-		if err != nil {
-			return fmt.Errorf("latency: %w", err)
+		for k := range variants {
+			v := (k + i) % len(variants)
+			name := variants[v].Name
+			if name == "" {
+				name = "default"
+			}
+			b.say("latency %d/%d (%s): producing at %d jobs/s for %ds", i+1, cfg.Repeat, name, cfg.LatencyRate, cfg.LatencySeconds)
+			suffix := ""
+			if v > 0 {
+				suffix = fmt.Sprintf("v%d", v)
+			}
+			l, err := b.latency(ctx, i, float64(cfg.LatencyRate), time.Duration(cfg.LatencySeconds)*time.Second, suffix, variants[v].WorkerFlags, variants[v].Env)
+			if err != nil {
+				return fmt.Errorf("latency (%s): %w", name, err)
+			}
+			b.say("latency %d/%d (%s): p50 %.1f ms, p99 %.1f ms, max %.1f ms", i+1, cfg.Repeat, name, l["p50"], l["p99"], l["max"])
+			runs[v] = append(runs[v], l)
 		}
-		rep.LatencyRuns = append(rep.LatencyRuns, l)
 	}
-	rep.Latency = map[string]Stat{}
-	for _, k := range []string{"achieved_rate", "jobs", "p50", "p99", "max", "produce_ack_p50", "produce_ack_p99"} {
-		var vs []float64
-		for _, l := range rep.LatencyRuns {
-			vs = append(vs, l[k])
-		}
-		rep.Latency[k] = summarize(vs)
+	rep.LatencyRuns, rep.Latency = runs[0], summarizeLatency(runs[0])
+	for v, lv := range cfg.LatencyVariants {
+		rep.LatencyVariants = append(rep.LatencyVariants, VariantLatency{Name: lv.Name, WorkerFlags: strings.Join(lv.WorkerFlags, " "), Env: strings.Join(lv.Env, " "),
+			Runs: runs[v+1], Latency: summarizeLatency(runs[v+1])})
 	}
 	if !cfg.SkipScaling {
 		if rep.Scaling, err = b.scaling(ctx); err != nil {
@@ -777,30 +806,45 @@ func (b *bench) result(ctx context.Context, schema, table string, start time.Tim
 // latency runs one tenure worker while jobs are produced at rate jobs/s
 // for d, and returns the end-to-end latency percentiles (produce to the
 // job's row being written in its fenced batch) in milliseconds.
-func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Duration) (map[string]float64, error) {
+//
+// variant names the run (topic, group and schema; "" for the default) and
+// extra are its worker flags after --worker-flags. The worker writes its
+// stage log (--stage-log), read into the breakdown (stages).
+func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Duration, variant string, extra, env []string) (map[string]float64, error) {
 	if rate < 1 {
 		rate = 1
 	}
-	topic := fmt.Sprintf("bench-%s-latency%d", b.id, round)
+	name := fmt.Sprintf("latency%d%s", round, variant)
+	topic := fmt.Sprintf("bench-%s-%s", b.id, name)
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if _, err := kadm.NewClient(b.cl).CreateTopic(cctx, int32(b.partitions), 1, nil, topic); err != nil {
 		return nil, err
 	}
 	b.topics = append(b.topics, topic)
-	s, err := b.schema(ctx, fmt.Sprintf("latency%d", round))
+	defer b.dropTopics(topic) // see Run: the broker may be in this process
+	s, err := b.schema(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	defer b.dropSchema(s)
-	p, err := startProc(nil, append([]string{"worker", "--brokers", strings.Join(b.brokers, ","), "--group", b.group(fmt.Sprintf("latency%d", round)), "--topic", topic,
+	sf, err := os.CreateTemp("", "tenure-bench-stages-*.txt")
+	if err != nil {
+		return nil, err
+	}
+	stageFile := sf.Name()
+	_ = sf.Close()
+	defer func() { _ = os.Remove(stageFile) }()
+	p, err := startProc(env, append([]string{"worker", "--brokers", strings.Join(b.brokers, ","), "--group", b.group(name), "--topic", topic,
 		"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error", "--name", "bench-latency",
-		"--fence-log-max-age", "0", "--fence-log-max-entries", "0"}, slices.Concat(b.kafkaArgs, b.workerFlags)...)...) // the latencies are read from the fence log
+		"--fence-log-max-age", "0", "--fence-log-max-entries", "0", "--stage-log", stageFile}, slices.Concat(b.kafkaArgs, b.workerFlags, extra)...)...) // the latencies are read from the fence log
 	if err != nil {
 		return nil, err
 	}
 	defer p.stop()
 	time.Sleep(3 * time.Second) // joined and claimed
+	cpu0, _ := p.usage()
+	db0 := b.postgresCPU(ctx)
 	// Each job's produce time by its position; the commit that covers it
 	// is found in the fence log afterwards.
 	type sentAt struct {
@@ -842,6 +886,9 @@ func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Dur
 	if err := b.waitRows(ctx, s, "ledger", int64(total), []*proc{p}); err != nil {
 		return nil, err
 	}
+	cpu1, rss := p.usage()
+	db1 := b.postgresCPU(ctx)
+	p.stop() // it writes its stage log as it stops
 	// The fence log's commit entry is written by the fence statement,
 	// which travels with COMMIT: its time (clock_timestamp) is the commit's,
 	// to within the COMMIT's own flush.
@@ -863,7 +910,12 @@ func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Dur
 	}); err != nil {
 		return nil, err
 	}
+	st, err := readStages(stageFile)
+	if err != nil {
+		return nil, fmt.Errorf("the worker's stage log: %w", err)
+	}
 	var lat, acks []float64
+	var timed []jobTimes
 	for part, jobs := range sent {
 		cs := commits[part]
 		for _, j := range jobs {
@@ -873,6 +925,7 @@ func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Dur
 			}
 			lat = append(lat, float64(cs[k].at.Sub(j.at).Microseconds())/1000)
 			acks = append(acks, float64(j.ack.Sub(j.at).Microseconds())/1000)
+			timed = append(timed, jobTimes{partition: part, offset: j.off, produced: j.at.UnixNano(), acked: j.ack.UnixNano(), fenceLog: cs[k].at.UnixNano()})
 		}
 	}
 	if len(lat) == 0 {
@@ -884,8 +937,17 @@ func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Dur
 	ackPct := func(q float64) float64 { return acks[min(len(acks)-1, int(q*float64(len(acks))))] }
 	// The producer's share (Produce called to the broker's acknowledgement)
 	// is in the figures: it is part of what a user sees.
-	return map[string]float64{"rate_jobs_per_sec": rate, "achieved_rate": achieved, "jobs": float64(len(lat)), "p50": pct(0.50), "p99": pct(0.99), "max": lat[len(lat)-1],
-		"produce_ack_p50": ackPct(0.50), "produce_ack_p99": ackPct(0.99)}, nil
+	out := map[string]float64{"rate_jobs_per_sec": rate, "achieved_rate": achieved, "jobs": float64(len(lat)), "p50": pct(0.50), "p99": pct(0.99), "max": lat[len(lat)-1],
+		"produce_ack_p50": ackPct(0.50), "produce_ack_p99": ackPct(0.99)}
+	maps.Copy(out, st.breakdown(timed))
+	// What the worker and the server spent on it: CPU per million jobs
+	// (from the claim to the last row), the worker's peak memory.
+	out["worker_cpu_s_per_mjobs"] = (cpu1 - cpu0) / float64(total) * 1e6
+	out["worker_peak_rss_mb"] = rss
+	if db0.ok && db1.ok {
+		out["postgres_cpu_s_per_mjobs"] = (db1.seconds - db0.seconds) / float64(total) * 1e6
+	}
+	return out, nil
 }
 
 func machineInfo(ctx context.Context, pool *pgxpool.Pool) map[string]string {
@@ -903,6 +965,24 @@ func machineInfo(ctx context.Context, pool *pgxpool.Pool) map[string]string {
 		m["postgres"] = "PostgreSQL " + v
 	}
 	return m
+}
+
+// dropTopics deletes topics no run needs any more.
+func (b *bench) dropTopics(topics ...string) {
+	if len(topics) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(b.cl).DeleteTopics(ctx, topics...)
+	if err != nil {
+		return
+	}
+	for _, r := range resp {
+		if r.Err == nil {
+			b.topics = slices.DeleteFunc(b.topics, func(x string) bool { return x == r.Topic })
+		}
+	}
 }
 
 // dropSchema drops a run's schema once it is measured: the repeats'

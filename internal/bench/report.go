@@ -110,6 +110,9 @@ func whereTimeGoes(rep *Report) []string {
 		case strings.Contains(t.Name, "latency"):
 			if ack, ok := rep.Latency["produce_ack_p99"]; ok {
 				line = fmt.Sprintf("%s: of the p99 %s ms, producing alone (produce called to the broker's acknowledgement) took %s ms at p99", t.Name, t.Spread.cell(1), ack.cell(1))
+				if tail := tailLine(rep.Latency); tail != "" {
+					line += "; " + tail
+				}
 			}
 		case strings.Contains(t.Name, "RSS"):
 			line = t.Name + ": the worker's fetch buffers (--partition-buffer-bytes per partition, --worker-buffer-bytes per worker) bound its memory"
@@ -141,8 +144,13 @@ func Print(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "tenure workers run with %s\n", f)
 	}
 	fmt.Fprintln(w)
+	if len(rep.Results) == 0 {
+		fmt.Fprintln(w, "latency runs only (--latency-only): no throughput rows")
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tJOBS/S\tDRAIN S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tBOTH S/1M\tPEAK RSS MB\tWHAT")
+	if len(rep.Results) > 0 {
+		fmt.Fprintln(tw, "RUN\tJOBS/S\tDRAIN S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tBOTH S/1M\tPEAK RSS MB\tWHAT")
+	}
 	var short []string
 	for _, r := range rep.Results {
 		if r.Skipped != "" {
@@ -167,6 +175,13 @@ func Print(w io.Writer, rep *Report) {
 			"  p50 %s ms, p99 %s ms, max %s ms; of which producing (produce called to the broker's acknowledgement): p50 %s ms, p99 %s ms\n",
 			rep.LatencyRate, l["achieved_rate"].cell(0), l["jobs"].cell(0), l["p50"].cell(1), l["p99"].cell(1), l["max"].cell(1),
 			l["produce_ack_p50"].cell(1), l["produce_ack_p99"].cell(1))
+		printStages(w, "  ", l)
+		for _, v := range rep.LatencyVariants {
+			vl := v.Latency
+			fmt.Fprintf(w, "  beside it, in turns in each round: %s (worker flags %q, environment %q): achieved %s jobs/s; p50 %s ms, p99 %s ms, max %s ms; producing p99 %s ms\n",
+				v.Name, v.WorkerFlags, v.Env, vl["achieved_rate"].cell(0), vl["p50"].cell(1), vl["p99"].cell(1), vl["max"].cell(1), vl["produce_ack_p99"].cell(1))
+			printStages(w, "    ", vl)
+		}
 	}
 	dbs := func(v *float64) string {
 		if v == nil {
@@ -234,4 +249,54 @@ func Print(w io.Writer, rep *Report) {
 			fmt.Fprintf(w, "  - %s\n", l)
 		}
 	}
+}
+
+// tailLine says what the slowest 1% of jobs spent in each stage (means,
+// medians over the runs), largest first.
+func tailLine(l map[string]Stat) string {
+	type part struct {
+		name string
+		ms   float64
+	}
+	var parts []part
+	for _, n := range stageNames {
+		if st, ok := l["tail_"+n]; ok && st.N > 0 {
+			parts = append(parts, part{n, st.Median})
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	slices.SortStableFunc(parts, func(a, b part) int {
+		switch {
+		case a.ms > b.ms:
+			return -1
+		case a.ms < b.ms:
+			return 1
+		}
+		return 0
+	})
+	var s []string
+	for _, p := range parts {
+		s = append(s, fmt.Sprintf("%s %.1f ms", p.name, p.ms))
+	}
+	return "the slowest 1% of jobs spent, on average, " + strings.Join(s, ", ") + " (stages: see the latency breakdown)"
+}
+
+// printStages writes the latency breakdown by stage.
+func printStages(w io.Writer, indent string, l map[string]Stat) {
+	if st, ok := l["stage_jobs"]; !ok || st.N == 0 || st.Median == 0 {
+		return
+	}
+	fmt.Fprintf(w, "%sby stage (the worker's stage log; ms, median (min–max) over the runs):\n", indent)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "%s  STAGE\tP50\tP99\tSLOWEST 1%% (MEAN)\tWHAT\n", indent)
+	for _, n := range stageNames {
+		fmt.Fprintf(tw, "%s  %s\t%s\t%s\t%s\t%s\n", indent, n, l["stage_"+n+"_p50"].cell(1), l["stage_"+n+"_p99"].cell(1), l["tail_"+n].cell(1), stageWhat[n])
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "%s  batches of %s jobs on average; CPU per 1M jobs: worker %s s, Postgres %s s; worker peak RSS %s MB\n", indent,
+		l["batch_jobs_mean"].cell(0), l["worker_cpu_s_per_mjobs"].cell(2), l["postgres_cpu_s_per_mjobs"].cell(2), l["worker_peak_rss_mb"].cell(0))
+	fmt.Fprintf(w, "%s  the fence log's commit time (the end-to-end figure's) minus the worker's COMMIT returning: p50 %s ms, p99 %s ms\n", indent,
+		l["fencelog_vs_commit_p50"].cell(1), l["fencelog_vs_commit_p99"].cell(1))
 }

@@ -20,8 +20,8 @@ type benchCmd struct {
 	jobs, partitions, valueBytes, keys, naiveJobs int
 	latencySeconds, latencyRate, scalingJobs      int
 	repeat                                        int
-	skipScaling, partitionsDimension              bool
-	dimensionPartitions                           string
+	skipScaling, partitionsDimension, latencyOnly bool
+	dimensionPartitions, latencyVariants          string
 }
 
 func (c *benchCmd) define(f *flagSet) {
@@ -35,6 +35,8 @@ func (c *benchCmd) define(f *flagSet) {
 	f.Int(&c.naiveJobs, "naive-jobs", 0, "jobs the naive program (one INSERT per job) runs, its rate measured on them (0: sized by calibration for about 5 s)")
 	f.Int(&c.latencySeconds, "latency-seconds", 10, "how long jobs are produced at --latency-rate in each latency run, for the end-to-end latency")
 	f.Int(&c.latencyRate, "latency-rate", 100_000, "the fixed produce rate (jobs/s) of the latency runs; the report says the rate the producer achieved, and the target is unclear if it fell short")
+	f.Bool(&c.latencyOnly, "latency-only", false, "run only the latency runs (no calibration, throughput rows or profile); with --skip-scaling and --partitions-dimension=false a latency comparison takes minutes")
+	f.String(&c.latencyVariants, "latency-variants", "", "latency runs beside the default in each round, in turns: NAME=FLAGS entries separated by ';', each with these worker flags after --worker-flags, e.g. \"linger=--batch-linger 5ms\"", arg("\"NAME=FLAGS;...\""))
 	f.String(&c.workerFlags, "worker-flags", "", "extra flags for the tenure workers of every tenure run, e.g. \"--batch-max 5000\" (the table then no longer shows the defaults)", arg("\"...\""))
 	f.Int(&c.scalingJobs, "scaling-jobs", 500_000, "jobs of each scaling run (1, 2, 3 workers; 1, 12, 48 partitions)")
 	f.Bool(&c.skipScaling, "skip-scaling", false, "skip the scaling runs")
@@ -55,6 +57,9 @@ func (c *benchCmd) check([]string) error {
 	}
 	if _, err := c.dimension(); err != nil {
 		return err
+	}
+	if _, err := bench.ParseLatencyVariants(c.latencyVariants); err != nil {
+		return usagef("--latency-variants: %v", err)
 	}
 	return nil
 }
@@ -86,6 +91,10 @@ func (c *benchCmd) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	variants, err := bench.ParseLatencyVariants(c.latencyVariants)
+	if err != nil {
+		return usagef("--latency-variants: %v", err)
+	}
 	pool, err := openDB(ctx, c.dbURL)
 	if err != nil {
 		return err
@@ -99,6 +108,7 @@ func (c *benchCmd) run(ctx context.Context) error {
 		LatencySeconds: c.latencySeconds, LatencyRate: c.latencyRate, ScalingJobs: c.scalingJobs, SkipScaling: c.skipScaling,
 		Repeat: c.repeat, DimensionPartitions: dim,
 		WorkerFlags: strings.Fields(c.workerFlags), JSONFile: c.jsonOut,
+		LatencyOnly: c.latencyOnly, LatencyVariants: variants,
 		Getenv: c.getenv, Stdout: c.stdout, Progress: c.stderr,
 	})
 }

@@ -38,6 +38,7 @@ type workerCmd struct {
 
 	group, topic, dbURL, handler, schema, protocol, name              string
 	exportStore, jobIDHeader, httpAddr, metricsAddr, hold, cpuProfile string
+	stageLogFile                                                      string
 
 	session, rebalance, batchLinger, idleTx, handlerTimeout time.Duration
 	dbTimeout, shutdown, logAge                             time.Duration
@@ -93,6 +94,7 @@ func (w *workerCmd) define(f *flagSet) {
 	f.Bool(&w.injectFaults, "inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout", testOnly)
 	f.Bool(&w.unsafeNoFence, "unsafe-no-fence", false, "benchmarks only (tenure bench): commit batches WITHOUT the fence; the guarantee is gone", testOnly)
 	f.String(&w.cpuProfile, "cpu-profile", "", "benchmarks (tenure bench): write a CPU profile of the worker's whole run to FILE when it stops (go tool pprof)", arg("FILE"), testOnly)
+	f.String(&w.stageLogFile, "stage-log", "", "benchmarks (tenure bench): write the times of each fetch and committed batch (fetched, formed, handled, committed) to FILE when the worker stops, for the latency breakdown", arg("FILE"), testOnly)
 }
 
 // maxBatch bounds --batch-max: a lane buffers four batches.
@@ -225,6 +227,16 @@ func (w *workerCmd) run(ctx context.Context) error {
 	cfg, m, reg, err := w.configure(ctx, log)
 	if err != nil {
 		return err
+	}
+	if w.stageLogFile != "" {
+		sl := newStageLog()
+		cfg.Hooks = sl.hooks(cfg.Hooks)
+		cfg.KgoOpts = append(cfg.KgoOpts, kgo.WithHooks(sl))
+		defer func() {
+			if err := sl.write(w.stageLogFile); err != nil {
+				log.Error("--stage-log: writing failed", zap.Error(err))
+			}
+		}()
 	}
 	// Tracing, from the OTEL_* environment; off unless it asks for it.
 	tr, err := otelsetup.Setup(ctx, "tenure-worker", w.name, func(err error) {
