@@ -51,29 +51,9 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 	if err != nil {
 		return nil, err
 	}
-	// A topic whose partition count changed is claimed (which fences its
-	// previous owners at once) but not processed until an operator
-	// acknowledges the new count.
-	blocked := map[string]error{}
-	for _, t := range topics {
-		var lerr error
-		err := c.retry(ctx, "checking partition count", c.log, func() error {
-			lerr = c.store.CheckLayout(ctx, c.cfg.Group, t, logs[t].partitions)
-			if errors.Is(lerr, sink.ErrPartitionsChanged) {
-				return nil
-			}
-			return lerr
-		})
-		if err != nil {
-			return nil, err
-		}
-		if lerr != nil {
-			c.log.Error("topic partitions changed: not processing it", zap.String("topic", t), zap.Error(lerr))
-			blocked[t] = lerr
-			// The partitions this worker already runs are held too: the
-			// new layout applies to the whole topic.
-			c.holdTopic(t, logs[t].partitions)
-		}
+	blocked, err := c.checkLayouts(ctx, topics, logs)
+	if err != nil {
+		return nil, err
 	}
 
 	// One round's registration and confirmation for the whole assignment;
@@ -92,98 +72,144 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 		parts := offsets[topic]
 		tl := logs[topic]
 		for _, p := range slices.Sorted(maps.Keys(parts)) {
-			// Where a partition Postgres has never seen starts: at the log's
-			// start, or at an offset another client committed for the group
-			// (a group moving to tenure from plain Kafka offsets). An offset
-			// tenure's mirror committed says the partition was processed
-			// here before: the database should have its fencing row, and if
-			// it has not (restored from before the partition's first
-			// claim), the divergence check below holds the partition rather
-			// than take the mirror's word for what the database lost.
-			co, hasCommit := committed[tp{topic, p}]
-			start := max(tl.start[p], 0)
-			if hasCommit && !co.tenure {
-				start = max(start, co.offset)
+			at, fresh, err := c.claimPartition(ctx, cl, member, epoch, rd, tl, committed, tp{topic, p}, blocked[topic])
+			if err != nil {
+				return nil, err
 			}
-			c.mu.Lock()
-			if old := c.lanes[tp{topic, p}]; old != nil {
-				// Assigned again without a revoke in between (the session was
-				// abandoned): the old lane's token is stale. It is released
-				// before the new lane exists, so that it can no longer pause
-				// or resume the partition under the new lane.
-				delete(c.lanes, tp{topic, p})
-				old.release()
-				go old.stopHard()
-			}
-			c.mu.Unlock()
-			key := sink.Partition{Group: c.cfg.Group, Topic: topic, Partition: p}
-			log := c.log.With(zap.String("topic", topic), zap.Int32("partition", p), zap.String("member", member))
-			l := newLane(c, cl, key, member, epoch, tl.partitions, log)
-			l.topicID = tl.id
-			// The coordinator's side of the history: when this member was
-			// given the partition, and the lane (claim id) that claims it.
-			// internal/history's Assignment reads this line.
-			l.log.Info(MsgClaiming, zap.Int32("member_epoch", epoch), zap.Int64("start_offset", start))
-			claimed, err := c.claimOne(ctx, cl, l, start, rd)
-			switch {
-			case errors.Is(err, sink.ErrFenced):
-				// Another claim holds the partition. Usually this member is
-				// behind the group and the coordinator will take the
-				// partition away; if it does not, the lane finds out by
-				// itself and claims again (lane.recover).
-				c.stats.claimsRejected.Add(1)
-				l.log.Error(MsgClaimFenced, append(rejectedFields(err), zap.Int64("start_offset", start), zap.Error(err), zap.Bool("fenced", true))...)
-				l.next = start
-				l.fetchPos = start
-				parts[p] = kgo.NewOffset().At(start).WithEpoch(-1)
-				l.startRecovering(err)
-			case err != nil:
-				log.Warn("claim failed: abandoning the group session to rejoin", zap.Error(err))
-				return nil, fmt.Errorf("claiming %s: %w", key, err)
-			default:
-				// Epoch -1: the position comes from Postgres, not from a
-				// Kafka commit, so kgo must not run its data-loss check
-				// with a leader epoch that belongs to another offset.
-				parts[p] = kgo.NewOffset().At(claimed.NextOffset).WithEpoch(-1)
-				l.fetchPos = claimed.NextOffset // the lane is not in c.lanes yet: nothing reads it concurrently
-				l.setAcked(claimed.NextOffset)
-				if claimed.Created && hasCommit && !co.tenure && co.offset > tl.start[p] {
-					l.log.Info("partition starts at the offset the group had committed in Kafka (not by tenure): jobs before it are taken as processed",
-						zap.Int64("start_offset", claimed.NextOffset), zap.Int64("log_start", tl.start[p]))
-				}
-				h, fresh, err := claimedLogHold(ctx, key, member, claimed, tl, func(ctx context.Context) (*topicLog, error) {
-					logs, err := c.topicLogsOf(ctx, cl, []string{topic}, true)
-					if err != nil {
-						return nil, err
-					}
-					return logs[topic], nil
-				})
-				if err != nil {
-					return nil, fmt.Errorf("claiming %s: reading the log again: %w", key, err)
-				}
-				tl = fresh
-				if h == nil && hasCommit && co.tenure && (claimed.Created || co.logEpoch == claimed.LogEpoch) {
-					source := "mirrored to Kafka's committed offsets"
-					if claimed.Created {
-						source += " by tenure, although the database has no fencing row for the partition (restored from before its first claim?)"
-					}
-					h = c.divergenceHold(key, member, claimed.NextOffset, co.offset, tl.end[p], source)
-				}
-				switch {
-				case h != nil:
-					l.startHeld(h)
-				case blocked[topic] != nil:
-					l.block()
-				default:
-					l.start()
-				}
-			}
-			c.mu.Lock()
-			c.lanes[tp{topic, p}] = l
-			c.mu.Unlock()
+			parts[p] = at
+			tl = fresh
 		}
 	}
 	return offsets, nil
+}
+
+// claimPartition claims one partition of the assignment and starts its
+// lane (running, held or blocked), or, fenced, a lane that recovers by
+// itself. It returns the partition's fetch position and the topic's log as
+// last read (a hold's check may read it again: the next partitions of the
+// topic use that). blocked is the topic's layout error, if any.
+func (c *Consumer) claimPartition(ctx context.Context, cl *kgo.Client, member string, epoch int32, rd *round, tl *topicLog,
+	committed map[tp]committedOffset, part tp, blocked error) (at kgo.Offset, _ *topicLog, _ error) {
+	topic, p := part.topic, part.partition
+	// Where a partition Postgres has never seen starts: at the log's
+	// start, or at an offset another client committed for the group
+	// (a group moving to tenure from plain Kafka offsets). An offset
+	// tenure's mirror committed says the partition was processed
+	// here before: the database should have its fencing row, and if
+	// it has not (restored from before the partition's first
+	// claim), the divergence check below holds the partition rather
+	// than take the mirror's word for what the database lost.
+	co, hasCommit := committed[tp{topic, p}]
+	start := max(tl.start[p], 0)
+	if hasCommit && !co.tenure {
+		start = max(start, co.offset)
+	}
+	c.mu.Lock()
+	if old := c.lanes[tp{topic, p}]; old != nil {
+		// Assigned again without a revoke in between (the session was
+		// abandoned): the old lane's token is stale. It is released
+		// before the new lane exists, so that it can no longer pause
+		// or resume the partition under the new lane.
+		delete(c.lanes, tp{topic, p})
+		old.release()
+		go old.stopHard()
+	}
+	c.mu.Unlock()
+	key := sink.Partition{Group: c.cfg.Group, Topic: topic, Partition: p}
+	log := c.log.With(zap.String("topic", topic), zap.Int32("partition", p), zap.String("member", member))
+	l := newLane(c, cl, key, member, epoch, tl.partitions, log)
+	l.topicID = tl.id
+	// The coordinator's side of the history: when this member was
+	// given the partition, and the lane (claim id) that claims it.
+	// internal/history's Assignment reads this line.
+	l.log.Info(MsgClaiming, zap.Int32("member_epoch", epoch), zap.Int64("start_offset", start))
+	claimed, err := c.claimOne(ctx, cl, l, start, rd)
+	switch {
+	case errors.Is(err, sink.ErrFenced):
+		// Another claim holds the partition. Usually this member is
+		// behind the group and the coordinator will take the
+		// partition away; if it does not, the lane finds out by
+		// itself and claims again (lane.recover).
+		c.stats.claimsRejected.Add(1)
+		l.log.Error(MsgClaimFenced, append(rejectedFields(err), zap.Int64("start_offset", start), zap.Error(err), zap.Bool("fenced", true))...)
+		l.next = start
+		l.fetchPos = start
+		at = kgo.NewOffset().At(start).WithEpoch(-1)
+		l.startRecovering(err)
+	case err != nil:
+		log.Warn("claim failed: abandoning the group session to rejoin", zap.Error(err))
+		return at, tl, fmt.Errorf("claiming %s: %w", key, err)
+	default:
+		// Epoch -1: the position comes from Postgres, not from a
+		// Kafka commit, so kgo must not run its data-loss check
+		// with a leader epoch that belongs to another offset.
+		at = kgo.NewOffset().At(claimed.NextOffset).WithEpoch(-1)
+		l.fetchPos = claimed.NextOffset // the lane is not in c.lanes yet: nothing reads it concurrently
+		l.setAcked(claimed.NextOffset)
+		if claimed.Created && hasCommit && !co.tenure && co.offset > tl.start[p] {
+			l.log.Info("partition starts at the offset the group had committed in Kafka (not by tenure): jobs before it are taken as processed",
+				zap.Int64("start_offset", claimed.NextOffset), zap.Int64("log_start", tl.start[p]))
+		}
+		h, fresh, err := claimedLogHold(ctx, key, member, claimed, tl, func(ctx context.Context) (*topicLog, error) {
+			logs, err := c.topicLogsOf(ctx, cl, []string{topic}, true)
+			if err != nil {
+				return nil, err
+			}
+			return logs[topic], nil
+		})
+		if err != nil {
+			return at, tl, fmt.Errorf("claiming %s: reading the log again: %w", key, err)
+		}
+		tl = fresh
+		if h == nil && hasCommit && co.tenure && (claimed.Created || co.logEpoch == claimed.LogEpoch) {
+			source := "mirrored to Kafka's committed offsets"
+			if claimed.Created {
+				source += " by tenure, although the database has no fencing row for the partition (restored from before its first claim?)"
+			}
+			h = c.divergenceHold(key, member, claimed.NextOffset, co.offset, tl.end[p], source)
+		}
+		switch {
+		case h != nil:
+			l.startHeld(h)
+		case blocked != nil:
+			l.block()
+		default:
+			l.start()
+		}
+	}
+	c.mu.Lock()
+	c.lanes[tp{topic, p}] = l
+	c.mu.Unlock()
+	return at, tl, nil
+}
+
+// checkLayouts checks each topic's partition count against the one
+// recorded. A topic whose count changed is claimed (which fences its
+// previous owners at once) but not processed until an operator
+// acknowledges the new count: its error is in the map, and the partitions
+// this worker already runs are held too (the new layout applies to the
+// whole topic).
+func (c *Consumer) checkLayouts(ctx context.Context, topics []string, logs map[string]*topicLog) (map[string]error, error) {
+	blocked := map[string]error{}
+	for _, t := range topics {
+		var lerr error
+		err := c.retry(ctx, "checking partition count", c.log, func() error {
+			lerr = c.store.CheckLayout(ctx, c.cfg.Group, t, logs[t].partitions)
+			if errors.Is(lerr, sink.ErrPartitionsChanged) {
+				return nil
+			}
+			return lerr
+		})
+		if err != nil {
+			return nil, err
+		}
+		if lerr != nil {
+			c.log.Error("topic partitions changed: not processing it", zap.String("topic", t), zap.Error(lerr))
+			blocked[t] = lerr
+			c.holdTopic(t, logs[t].partitions)
+		}
+	}
+	return blocked, nil
 }
 
 // maxClaimRounds bounds the rounds of one claim: a round ends in a claim,
