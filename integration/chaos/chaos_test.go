@@ -58,7 +58,7 @@ var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrok
 var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs,
 	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull}
 
-// Group reset modes (issue 7), the group-delete fault's Mode: how the
+// Group reset modes, the group-delete fault's Mode: how the
 // group's lifetime ends, and what else is going on meanwhile.
 const (
 	resetGraceful = "graceful" // every worker stopped (SIGTERM), the group deleted, the workers started
@@ -686,7 +686,7 @@ func (w *world) nextReset() string {
 // deleteGroup ends the consumer group's lifetime: its epochs restart at 1,
 // below the tokens Postgres holds, and the workers must get going on their
 // own through a new incarnation, while nothing of the old lifetime is
-// accepted once the new one has claimed (issue 7). The harness deletes the
+// accepted once the new one has claimed. The harness deletes the
 // group with the Kafka API (DeleteGroups), not `tenure admin group delete`,
 // so no incarnation is bumped beforehand: the workers must detect the reset
 // themselves. The modes:

@@ -684,7 +684,7 @@ func brokerKillBefore(faults []*fault, at time.Time, within time.Duration) *faul
 	return k
 }
 
-// handoffTarget is issue 16's bound on a hand-off: the coordinator notices a
+// handoffTarget is the bound on a hand-off: the coordinator notices a
 // dead or frozen member after one session timeout; two seconds more for the
 // rebalance, the claim and the first batch.
 const handoffTarget = sessionTimeout + 2*time.Second

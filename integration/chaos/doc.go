@@ -24,7 +24,7 @@
 //   - broker-restart: the broker stopped (SIGTERM or SIGKILL) and started
 //     again on the same port and data directory;
 //   - group-delete: the consumer group's lifetime ends (its epochs restart
-//     at 1), in one of four modes (issue 7): graceful (every worker stopped,
+//     at 1), in one of four modes: graceful (every worker stopped,
 //     the group deleted, the workers started again), frozen (the same with
 //     one worker SIGSTOPped throughout, woken once the new lifetime holds
 //     every partition), live (every worker SIGKILLed, the group deleted the
@@ -134,7 +134,7 @@
 // target held at the fault (its last accepted claim before it), the time
 // from the SIGKILL or SIGSTOP to the partition's first commit by another
 // claim, by the fence log's commit times: tenure's side, so the producer's
-// own stalls do not count. The target (issue 16) is at most the session
+// own stalls do not count. The target is at most the session
 // timeout + 2s; it is measured and printed, not asserted. A hand-off during
 // which another fault was injected (a Postgres restart the new owner waits
 // for) is counted as overlapped, and one above the target is a finding that

@@ -307,7 +307,7 @@ func TestViolationsAreDetected(t *testing.T) {
 		{
 			name: "G3: old owner commits after the new owner's claim",
 			plant: func(t *testing.T, h *History) {
-				// The seeds' "81 arrives before 82": B has claimed with 0.5
+				// The "token 81 arrives before 82" case: B has claimed with 0.5
 				// but written nothing; A's late commit at 0.3 lands.
 				insertLog(h, commit(95, 0, tok(0, 3), "A", 9, 10))
 				logEntry(t, h, 100).From = 10

@@ -1,13 +1,13 @@
 // Package jobs holds tenure's built-in handlers, the ones `tenure worker
 // --handler NAME` runs:
 //
-//   - export: the seeds' scenario. For each job's key it overwrites the key's
+//   - export: the paused-worker story's export. For each job's key it overwrites the key's
 //     current export (the job's exact value bytes, and a JSON document) and
 //     appends a row to export_versions. The write is deliberately naive, a
 //     plain overwrite: the fence in the same transaction is what keeps a
 //     paused, superseded worker from moving a key's export backwards.
 //     With an object store (Options.ExportStore, `--export-store URL`) it is
-//     the seeds' full protocol instead (package export): the job's
+//     the object-store export protocol instead (package export): the job's
 //     exact value bytes are staged under an immutable name, and the key's
 //     pointer moves, only forward, in the fenced transaction.
 //   - ledger: one row per job, with no unique constraint on the job's position,
