@@ -439,264 +439,310 @@ type netReport struct {
 
 // networkReport measures every network fault: see the file comment.
 func (w *world) networkReport(faults []*fault, byPart map[int32][]fenceEntry, claimWorker map[int64]string) netReport {
-	r := netReport{rows: map[string]*netRow{}, otherSteps: map[string]int{}}
+	c := &netCheck{
+		r:      netReport{rows: map[string]*netRow{}, otherSteps: map[string]int{}},
+		faults: faults, byPart: byPart, claimWorker: claimWorker,
+	}
 	w.book.mu.Lock()
-	steps := slices.Clone(w.book.stepDowns)
-	rejoins := slices.Clone(w.book.rejoins)
-	rejections := slices.Clone(w.book.rejections)
-	lost := slices.Clone(w.book.lostEvents)
-	unknowns := slices.Clone(w.book.unknowns)
+	c.steps = slices.Clone(w.book.stepDowns)
+	c.rejoins = slices.Clone(w.book.rejoins)
+	c.rejections = slices.Clone(w.book.rejections)
+	c.lost = slices.Clone(w.book.lostEvents)
+	c.unknowns = slices.Clone(w.book.unknowns)
 	w.book.mu.Unlock()
-	explained := make([]bool, len(steps))
-	find := func(format string, args ...any) { r.findings = append(r.findings, fmt.Sprintf(format, args...)) }
+	c.explained = make([]bool, len(c.steps))
 	w.mu.Lock()
-	procs := slices.Clone(w.all)
-	w.mu.Unlock()
-	// exitedBefore: the worker process ended (a later fault ended it)
-	// before at.
-	exitedBefore := func(worker string, at time.Time) bool {
-		for _, p := range procs {
-			if e := p.exitTime(); p.name == worker && !e.IsZero() && e.Before(at) {
-				return true
-			}
-		}
-		return false
-	}
-
-	for _, f := range faults {
-		nc := f.Net
-		if nc == nil {
-			continue
-		}
-		row := r.rows[f.row()]
-		if row == nil {
-			row = &netRow{bands: map[string]int{}, unknown: map[string]int{}, target: handoffTarget}
-			if nc.pgOnly {
-				row.target = pgHandoffTarget
-			}
-			r.rows[f.row()] = row
-		}
-		row.cuts++
-		row.bands[nc.band]++
-		lasted := f.Ended.Sub(f.Injected)
-
-		// Hand-off of each partition the target held at the cut.
-		movedClaims := map[int64]bool{} // the held claims whose partitions were handed off: the zombie's
-		var kept []int32
-		moved := false
-		for p := int32(0); p < partitions; p++ {
-			es := byPart[p]
-			held := heldAt(es, f.Injected)
-			if held < 0 || claimWorker[es[held].claimID] != f.Target {
-				continue
-			}
-			out, at := afterCut(es, held, f.Injected, f.Ended)
-			switch out {
-			case handedOff:
-				moved = true
-				movedClaims[es[held].claimID] = true
-				d := at.Sub(f.Injected)
-				var during []string
-				for _, g := range faults {
-					if g != f && g.Injected.After(f.Injected) && g.Injected.Before(at) {
-						during = append(during, fmt.Sprintf("%s +%s", g.row(), g.Injected.Sub(f.Injected).Round(time.Millisecond)))
-					}
-				}
-				if len(during) > 0 {
-					row.overlapped = append(row.overlapped, d)
-				} else {
-					row.took = append(row.took, d)
-				}
-				if d > row.target {
-					row.missed++
-					msg := fmt.Sprintf("hand-off of partition %d after %s took %s (target %s)", p, f, d.Round(time.Millisecond), row.target)
-					if len(during) > 0 {
-						msg += "; faults injected meanwhile: " + strings.Join(during, ", ")
-					}
-					find("%s", msg)
-				}
-			case stayed:
-				row.stayed++
-				kept = append(kept, p)
-				if lasted > row.target {
-					row.missed++
-					find("partition %d stayed with %s through its cut of %s, longer than the hand-off target %s: nothing moved until the network healed (%s)",
-						p, f.Target, lasted.Round(time.Millisecond), row.target, f)
-				}
-			case noCommit:
-				row.none++
-			}
-		}
-		if len(kept) > 0 && !moved {
-			row.stayedCuts++
-		}
-
-		// The database watch: a cut from Postgres longer than the database
-		// timeout makes the target step down (and join again once healed);
-		// a shorter one, or one from the broker alone, does not.
-		var mine []int
-		for i, sd := range steps {
-			if sd.Worker == f.Target && !sd.At.Before(f.Injected) && sd.At.Before(f.Ended.Add(stepDownSlack)) {
-				mine = append(mine, i)
-				explained[i] = true
-			}
-		}
-		cutsPostgres := nc.kind != netfault.KafkaCut && nc.kind != netfault.KafkaOneWay
-		expect := cutsPostgres && lasted >= dbTimeout+stepDownSlack
-		forbid := !cutsPostgres || lasted < dbTimeout-stepDownSlack
-		if expect {
-			row.stepExpected++
-		}
-		row.stepSeen += len(mine)
-		switch {
-		case expect && len(mine) == 0:
-			row.stepMissing++
-			find("%s: cut off from Postgres for %s, longer than the database timeout %s, and it did not step down", f, lasted.Round(time.Millisecond), dbTimeout)
-		case forbid && len(mine) > 0:
-			row.stepUnexpected++
-			find("%s: it stepped down at +%s after the cut, which should not make it (the database timeout is %s)",
-				f, steps[mine[0]].At.Sub(f.Injected).Round(time.Millisecond), dbTimeout)
-		}
-		for _, i := range mine {
-			row.stepAfter = append(row.stepAfter, steps[i].At.Sub(f.Injected))
-			var back time.Time
-			for _, rj := range rejoins {
-				if rj.Worker == f.Target && rj.At.After(steps[i].At) {
-					back = rj.At
-					break
-				}
-			}
-			switch {
-			case !back.IsZero() && back.Before(f.Ended.Add(rejoinWithin)):
-				row.rejoined++
-			case exitedBefore(f.Target, f.Ended.Add(rejoinWithin)):
-				// ended by a later fault before it had to be back: nothing to say
-			default:
-				row.notRejoined++
-				when := "never"
-				if !back.IsZero() {
-					when = fmt.Sprintf("only %s after the heal", back.Sub(f.Ended).Round(time.Millisecond))
-				}
-				find("%s: %s stepped down at +%s and joined the group again %s (at most %s after the heal expected)",
-					f, f.Target, steps[i].At.Sub(f.Injected).Round(time.Millisecond), when, rejoinWithin)
-			}
-		}
-
-		// The zombie cut off from the broker: what of the work of its
-		// claims that were handed off still reached Postgres, and when kgo
-		// told it. (A claim whose partition stayed was no zombie: it just
-		// went on.)
-		if nc.kafkaCut && len(movedClaims) > 0 {
-			var last time.Time
-			for p := int32(0); p < partitions; p++ {
-				for _, e := range byPart[p] {
-					if e.kind == "commit" && movedClaims[e.claimID] && e.at.After(f.Injected) {
-						row.zCommits++
-						if e.at.After(last) {
-							last = e.at
-						}
-					}
-				}
-			}
-			for _, rj := range rejections {
-				if movedClaims[rj.ClaimID] && rj.At.After(f.Injected) {
-					row.zFenced++
-					if !rj.At.Before(f.Ended) {
-						row.zFencedAfterHeal++
-					}
-					if rj.At.After(last) {
-						last = rj.At
-					}
-				}
-			}
-			if !last.IsZero() {
-				row.zTried = append(row.zTried, last.Sub(f.Injected))
-			}
-			noticed := false
-			for _, l := range lost {
-				if l.Worker == f.Target && l.At.After(f.Injected) {
-					row.zNoticed = append(row.zNoticed, l.At.Sub(f.Injected))
-					if l.At.Before(f.Ended) {
-						row.zNoticedInCut++
-					}
-					noticed = true
-					break
-				}
-			}
-			if !noticed {
-				row.zNotNoticed++
-			}
-		}
-
-		// A cut made mid-commit: did the held batch commit, and what did
-		// the worker make of it?
-		if nc.held != nil {
-			committed := false
-			for _, e := range byPart[nc.held.Partition] {
-				if e.kind == "commit" && e.from == nc.held.From && e.to == nc.held.To && claimWorker[e.claimID] == f.Target {
-					committed = true
-				}
-			}
-			if committed {
-				row.heldCommitted++
-			} else {
-				row.heldNot++
-			}
-		}
-		if isMidCommit(nc.mode) || nc.pgOnly || nc.kind == netfault.FullCut {
-			for _, u := range unknowns {
-				if u.Worker == f.Target && u.At.After(f.Injected) && u.At.Before(f.Ended.Add(time.Minute)) {
-					row.unknown[u.Outcome]++
-				}
-			}
-		}
-	}
-
-	// Sessions left once every worker had stopped: a worker's connection
-	// whose client end vanished behind a cut (the worker gave it up: its
-	// reset was dropped) stays open on the server's side until a keepalive
-	// or a timeout ends it (here the forwarder's keepalive, 2.5 min, stands
-	// in for the server's). A stopped worker closed every other connection,
-	// so a session idle since before the end of a cut from Postgres is one
-	// of those; any other is a finding.
-	w.mu.Lock()
+	c.procs = slices.Clone(w.all)
 	left := slices.Clone(w.sess.leftover)
 	w.mu.Unlock()
+
+	for _, f := range faults {
+		if f.Net == nil {
+			continue
+		}
+		row := c.row(f)
+		moved := c.handoffs(f, row)
+		c.stepDowns(f, row)
+		c.zombie(f, row, moved)
+		c.midCommit(f, row)
+	}
+	c.leftover(left)
+	c.unexplainedStepDowns()
+	return c.r
+}
+
+// netCheck is one pass of networkReport: the run's logbook, copied once,
+// and the report it fills. Each method is one question asked of every
+// network fault, or of the run once at the end.
+type netCheck struct {
+	r           netReport
+	faults      []*fault
+	byPart      map[int32][]fenceEntry
+	claimWorker map[int64]string
+	procs       []*proc
+
+	steps, rejoins, rejections, lost, unknowns []batchEvent
+	explained                                  []bool // of steps: a network fault's cut explains it
+}
+
+func (c *netCheck) find(format string, args ...any) {
+	c.r.findings = append(c.r.findings, fmt.Sprintf(format, args...))
+}
+
+// row is the fault's row of the table, counting this cut.
+func (c *netCheck) row(f *fault) *netRow {
+	nc := f.Net
+	row := c.r.rows[f.row()]
+	if row == nil {
+		row = &netRow{bands: map[string]int{}, unknown: map[string]int{}, target: handoffTarget}
+		if nc.pgOnly {
+			row.target = pgHandoffTarget
+		}
+		c.r.rows[f.row()] = row
+	}
+	row.cuts++
+	row.bands[nc.band]++
+	return row
+}
+
+// exitedBefore: the worker process ended (a later fault ended it) before
+// at.
+func (c *netCheck) exitedBefore(worker string, at time.Time) bool {
+	for _, p := range c.procs {
+		if e := p.exitTime(); p.name == worker && !e.IsZero() && e.Before(at) {
+			return true
+		}
+	}
+	return false
+}
+
+// handoffs measures the hand-off of each partition the target held at the
+// cut, and returns the held claims whose partitions were handed off: the
+// zombie's.
+func (c *netCheck) handoffs(f *fault, row *netRow) map[int64]bool {
+	lasted := f.Ended.Sub(f.Injected)
+	movedClaims := map[int64]bool{}
+	var kept []int32
+	moved := false
+	for p := int32(0); p < partitions; p++ {
+		es := c.byPart[p]
+		held := heldAt(es, f.Injected)
+		if held < 0 || c.claimWorker[es[held].claimID] != f.Target {
+			continue
+		}
+		out, at := afterCut(es, held, f.Injected, f.Ended)
+		switch out {
+		case handedOff:
+			moved = true
+			movedClaims[es[held].claimID] = true
+			d := at.Sub(f.Injected)
+			var during []string
+			for _, g := range c.faults {
+				if g != f && g.Injected.After(f.Injected) && g.Injected.Before(at) {
+					during = append(during, fmt.Sprintf("%s +%s", g.row(), g.Injected.Sub(f.Injected).Round(time.Millisecond)))
+				}
+			}
+			if len(during) > 0 {
+				row.overlapped = append(row.overlapped, d)
+			} else {
+				row.took = append(row.took, d)
+			}
+			if d > row.target {
+				row.missed++
+				msg := fmt.Sprintf("hand-off of partition %d after %s took %s (target %s)", p, f, d.Round(time.Millisecond), row.target)
+				if len(during) > 0 {
+					msg += "; faults injected meanwhile: " + strings.Join(during, ", ")
+				}
+				c.find("%s", msg)
+			}
+		case stayed:
+			row.stayed++
+			kept = append(kept, p)
+			if lasted > row.target {
+				row.missed++
+				c.find("partition %d stayed with %s through its cut of %s, longer than the hand-off target %s: nothing moved until the network healed (%s)",
+					p, f.Target, lasted.Round(time.Millisecond), row.target, f)
+			}
+		case noCommit:
+			row.none++
+		}
+	}
+	if len(kept) > 0 && !moved {
+		row.stayedCuts++
+	}
+	return movedClaims
+}
+
+// stepDowns checks the database watch: a cut from Postgres longer than the
+// database timeout makes the target step down (and join again once
+// healed); a shorter one, or one from the broker alone, does not.
+func (c *netCheck) stepDowns(f *fault, row *netRow) {
+	nc := f.Net
+	lasted := f.Ended.Sub(f.Injected)
+	var mine []int
+	for i, sd := range c.steps {
+		if sd.Worker == f.Target && !sd.At.Before(f.Injected) && sd.At.Before(f.Ended.Add(stepDownSlack)) {
+			mine = append(mine, i)
+			c.explained[i] = true
+		}
+	}
+	cutsPostgres := nc.kind != netfault.KafkaCut && nc.kind != netfault.KafkaOneWay
+	expect := cutsPostgres && lasted >= dbTimeout+stepDownSlack
+	forbid := !cutsPostgres || lasted < dbTimeout-stepDownSlack
+	if expect {
+		row.stepExpected++
+	}
+	row.stepSeen += len(mine)
+	switch {
+	case expect && len(mine) == 0:
+		row.stepMissing++
+		c.find("%s: cut off from Postgres for %s, longer than the database timeout %s, and it did not step down", f, lasted.Round(time.Millisecond), dbTimeout)
+	case forbid && len(mine) > 0:
+		row.stepUnexpected++
+		c.find("%s: it stepped down at +%s after the cut, which should not make it (the database timeout is %s)",
+			f, c.steps[mine[0]].At.Sub(f.Injected).Round(time.Millisecond), dbTimeout)
+	}
+	for _, i := range mine {
+		row.stepAfter = append(row.stepAfter, c.steps[i].At.Sub(f.Injected))
+		var back time.Time
+		for _, rj := range c.rejoins {
+			if rj.Worker == f.Target && rj.At.After(c.steps[i].At) {
+				back = rj.At
+				break
+			}
+		}
+		switch {
+		case !back.IsZero() && back.Before(f.Ended.Add(rejoinWithin)):
+			row.rejoined++
+		case c.exitedBefore(f.Target, f.Ended.Add(rejoinWithin)):
+			// ended by a later fault before it had to be back: nothing to say
+		default:
+			row.notRejoined++
+			when := "never"
+			if !back.IsZero() {
+				when = fmt.Sprintf("only %s after the heal", back.Sub(f.Ended).Round(time.Millisecond))
+			}
+			c.find("%s: %s stepped down at +%s and joined the group again %s (at most %s after the heal expected)",
+				f, f.Target, c.steps[i].At.Sub(f.Injected).Round(time.Millisecond), when, rejoinWithin)
+		}
+	}
+}
+
+// zombie follows the target cut off from the broker: what of the work of
+// its claims that were handed off still reached Postgres, and when kgo
+// told it. (A claim whose partition stayed was no zombie: it just went
+// on.)
+func (c *netCheck) zombie(f *fault, row *netRow, movedClaims map[int64]bool) {
+	if !f.Net.kafkaCut || len(movedClaims) == 0 {
+		return
+	}
+	var last time.Time
+	for p := int32(0); p < partitions; p++ {
+		for _, e := range c.byPart[p] {
+			if e.kind == "commit" && movedClaims[e.claimID] && e.at.After(f.Injected) {
+				row.zCommits++
+				if e.at.After(last) {
+					last = e.at
+				}
+			}
+		}
+	}
+	for _, rj := range c.rejections {
+		if movedClaims[rj.ClaimID] && rj.At.After(f.Injected) {
+			row.zFenced++
+			if !rj.At.Before(f.Ended) {
+				row.zFencedAfterHeal++
+			}
+			if rj.At.After(last) {
+				last = rj.At
+			}
+		}
+	}
+	if !last.IsZero() {
+		row.zTried = append(row.zTried, last.Sub(f.Injected))
+	}
+	for _, l := range c.lost {
+		if l.Worker == f.Target && l.At.After(f.Injected) {
+			row.zNoticed = append(row.zNoticed, l.At.Sub(f.Injected))
+			if l.At.Before(f.Ended) {
+				row.zNoticedInCut++
+			}
+			return
+		}
+	}
+	row.zNotNoticed++
+}
+
+// midCommit asks of a cut made mid-commit: did the held batch commit, and
+// what did the worker make of it?
+func (c *netCheck) midCommit(f *fault, row *netRow) {
+	nc := f.Net
+	if nc.held != nil {
+		committed := false
+		for _, e := range c.byPart[nc.held.Partition] {
+			if e.kind == "commit" && e.from == nc.held.From && e.to == nc.held.To && c.claimWorker[e.claimID] == f.Target {
+				committed = true
+			}
+		}
+		if committed {
+			row.heldCommitted++
+		} else {
+			row.heldNot++
+		}
+	}
+	if isMidCommit(nc.mode) || nc.pgOnly || nc.kind == netfault.FullCut {
+		for _, u := range c.unknowns {
+			if u.Worker == f.Target && u.At.After(f.Injected) && u.At.Before(f.Ended.Add(time.Minute)) {
+				row.unknown[u.Outcome]++
+			}
+		}
+	}
+}
+
+// leftover judges the sessions left once every worker had stopped:
+// a worker's connection whose client end vanished behind a cut (the worker
+// gave it up: its reset was dropped) stays open on the server's side until
+// a keepalive or a timeout ends it (here the forwarder's keepalive, 2.5
+// min, stands in for the server's). A stopped worker closed every other
+// connection, so a session idle since before the end of a cut from
+// Postgres is one of those; any other is a finding.
+func (c *netCheck) leftover(left []leftSession) {
 	for _, l := range left {
 		var in *fault
-		for _, f := range faults {
+		for _, f := range c.faults {
 			if f.Net != nil && f.Net.kind != netfault.KafkaCut && f.Net.kind != netfault.KafkaOneWay &&
 				l.lastActive.Before(f.Ended) {
 				in = f
 			}
 		}
 		if in != nil {
-			r.leftoverInCut++
+			c.r.leftoverInCut++
 			continue
 		}
-		find("Postgres session pid %d (%s, started %s, last active %s) was still open 2s after every worker had stopped, with no cut to explain it",
+		c.find("Postgres session pid %d (%s, started %s, last active %s) was still open 2s after every worker had stopped, with no cut to explain it",
 			l.pid, l.state, l.backend.Format("15:04:05.000"), l.lastActive.Format("15:04:05.000"))
 	}
+}
 
-	// Step-downs no network fault explains: a database down for everyone
-	// (pg-restart, pg-failover) may make every worker step down; anything
-	// else is a finding.
-	for i, sd := range steps {
-		if explained[i] {
+// unexplainedStepDowns: a database down for everyone (pg-restart,
+// pg-failover) may make every worker step down; any other step-down no
+// network fault explains is a finding.
+func (c *netCheck) unexplainedStepDowns() {
+	for i, sd := range c.steps {
+		if c.explained[i] {
 			continue
 		}
 		why := "no fault"
-		if g := latestFault(faults, sd.At); g != nil {
+		if g := latestFault(c.faults, sd.At); g != nil {
 			why = g.row()
 			if (g.Kind == kindPGRestart || g.Kind == kindPGFailover) && sd.At.Sub(g.Injected) < time.Minute {
-				r.otherSteps[why]++
+				c.r.otherSteps[why]++
 				continue
 			}
 		}
-		r.otherSteps[why]++
-		find("%s stepped down at %s with no cut from Postgres to explain it (latest fault: %s)", sd.Worker, sd.At.Format("15:04:05.000"), why)
+		c.r.otherSteps[why]++
+		c.find("%s stepped down at %s with no cut from Postgres to explain it (latest fault: %s)", sd.Worker, sd.At.Format("15:04:05.000"), why)
 	}
-	return r
 }
 
 // summary is the network faults' part of the run's summary.
