@@ -137,7 +137,7 @@ func (c *Consumer) claimPartition(ctx context.Context, cl *kgo.Client, member st
 		at = kgo.NewOffset().At(start).WithEpoch(-1)
 		l.startRecovering(err)
 	case err != nil:
-		log.Warn("claim failed: abandoning the group session to rejoin", zap.Error(err))
+		log.Warn(MsgClaimFailed, zap.Error(err))
 		return at, tl, fmt.Errorf("claiming %s: %w", key, err)
 	default:
 		// Epoch -1: the position comes from Postgres, not from a

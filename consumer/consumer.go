@@ -61,6 +61,9 @@ type Consumer struct {
 
 	// db is what the database watch knows (dbwatch.go).
 	db dbWatch
+	// txSlots bounds the lanes' transactions at once below the pool's
+	// size (laneConns); made at the first transaction, from the pool.
+	txSlots func() chan struct{}
 
 	txOptions pgx.TxOptions
 	// txTag and txSeq make each batch transaction's marker unique (see
@@ -98,6 +101,9 @@ func New(cfg Config) (*Consumer, error) {
 		lanes:   map[tp]*lane{},
 		running: make(chan struct{}),
 	}
+	c.txSlots = sync.OnceValue(func() chan struct{} {
+		return make(chan struct{}, laneConns(c.store.Pool().Config().MaxConns))
+	})
 	c.trace = newTracing(&c.cfg)
 	// Set per transaction so that a pool shared with other code keeps its
 	// own settings. One round trip: BEGIN and the SETs travel together.

@@ -17,6 +17,10 @@ const (
 	MsgClaimed = "partition claimed"
 	// MsgClaimFenced: the claim was rejected (claim_token, held_by).
 	MsgClaimFenced = "claim rejected: fenced"
+	// MsgClaimFailed: a claim failed for another reason (the database, the
+	// claim timeout): the member gives up the group session and joins
+	// again, claiming every partition it is then assigned.
+	MsgClaimFailed = "claim failed: abandoning the group session to rejoin"
 	// MsgRecovered: a lane claimed its partition again after a rejection.
 	MsgRecovered = "partition claimed again: processing resumes"
 	// MsgBatchFenced: the fence rejected a batch (from, to).

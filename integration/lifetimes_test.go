@@ -83,7 +83,7 @@ func testZombieOfDeletedGroup(t *testing.T, proto, path string) {
 	z.resume()
 	z.waitLogAny(30*time.Second,
 		map[string]any{"msg": consumer.MsgClaimFenced},
-		map[string]any{"msg": "claim failed: abandoning the group session to rejoin"},
+		map[string]any{"msg": consumer.MsgClaimFailed},
 		map[string]any{"msg": consumer.MsgClaimed, "member": zombie, "partition": held})
 	slow.Store(false)
 	if m := z.findLog(map[string]any{"msg": consumer.MsgClaimed, "member": zombie, "partition": held}); m != nil {

@@ -82,7 +82,7 @@ func (w *workerCmd) define(f *flagSet) {
 	f.String(&w.strictCoordinator, "strict-coordinator", "", "with --strict and --protocol consumer (KIP-848): declare the group coordinator's offset commit rule; only \"kafka\" (Apache Kafka 4.0 or later) is sound (kfake's is not, and the protocol cannot tell them apart)", arg("kafka"))
 	f.Bool(&w.strictCurGen, "unsafe-strict-current-generation", false, "tests only: strict lanes commit offsets at the client's current generation instead of their own assignment's (unsafe: shows that the tests catch it)", testOnly)
 	f.Bool(&w.requireSync, "require-sync-standby", false, "refuse to start unless the database acknowledges commits only once a synchronous standby has them (see docs/fencing.md, \"Running on highly available Postgres\")")
-	f.Int(&w.dbMaxConns, "db-max-conns", 32, "the most database connections this worker opens: one per partition whose batch runs, plus a few")
+	f.Int(&w.dbMaxConns, "db-max-conns", 32, "the most database connections this worker opens: one per partition whose batch runs, plus a few; 1 in 8 (1 to 4) is kept from the batches for claims")
 	f.Duration(&w.logAge, "fence-log-max-age", consumer.DefaultFenceLogMaxAge, "prune fence log entries older than this from the partitions this worker holds (0: no age limit)")
 	f.Int(&w.logEntries, "fence-log-max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many fence log entries per partition (0: no count limit; both 0 keep the whole log)")
 	f.String(&w.exportStore, "export-store", "", "export handler: publish to this object store (file:///path or s3://bucket/prefix?endpoint=URL&region=R) through staged immutable objects and a fenced pointer, instead of the exports table; see docs/export.md", arg("URL"))
