@@ -845,6 +845,7 @@ func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Dur
 	time.Sleep(3 * time.Second) // joined and claimed
 	cpu0, _ := p.usage()
 	db0 := b.postgresCPU(ctx)
+	m0 := readCPU()
 	// Each job's produce time by its position; the commit that covers it
 	// is found in the fence log afterwards.
 	type sentAt struct {
@@ -888,6 +889,7 @@ func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Dur
 	}
 	cpu1, rss := p.usage()
 	db1 := b.postgresCPU(ctx)
+	m1 := readCPU()
 	p.stop() // it writes its stage log as it stops
 	// The fence log's commit entry is written by the fence statement,
 	// which travels with COMMIT: its time (clock_timestamp) is the commit's,
@@ -946,6 +948,19 @@ func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Dur
 	out["worker_peak_rss_mb"] = rss
 	if db0.ok && db1.ok {
 		out["postgres_cpu_s_per_mjobs"] = (db1.seconds - db0.seconds) / float64(total) * 1e6
+	}
+	// How much of the machine the rate took, over the same window: the
+	// cores busy on average, the worker's, the server's and the bench's
+	// own (the producer, and the broker when it runs in this process)
+	// among them. A machine near all its cores busy queues every stage.
+	if wall := m1.at.Sub(m0.at).Seconds(); m0.ok && m1.ok && wall > 0 {
+		out["cores"] = float64(m1.cores)
+		out["machine_busy_cores"] = (m1.machine - m0.machine) / wall
+		out["bench_busy_cores"] = (m1.self - m0.self) / wall
+		out["worker_busy_cores"] = (cpu1 - cpu0) / wall
+		if db0.ok && db1.ok {
+			out["postgres_busy_cores"] = (db1.seconds - db0.seconds) / wall
+		}
 	}
 	return out, nil
 }

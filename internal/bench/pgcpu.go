@@ -2,8 +2,12 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"runtime"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -75,4 +79,60 @@ func findPostmaster(ctx context.Context, pool *pgxpool.Pool) int {
 		return -1
 	}
 	return st.PPID
+}
+
+// cpuReading is what the latency runs read beside the worker's and the
+// server's CPU: the bench's own (the producer, and the broker when it runs
+// in this process) and the whole machine's busy time, so that the report
+// can say how much of the machine a rate takes. ok is false where there is
+// no /proc.
+type cpuReading struct {
+	at            time.Time
+	self, machine float64 // CPU seconds: this process's own, all cores' busy time
+	cores         int
+	ok            bool
+}
+
+func readCPU() cpuReading {
+	r := cpuReading{at: time.Now(), cores: runtime.NumCPU()}
+	st, err := childproc.ReadStat(os.Getpid())
+	if err != nil {
+		return r
+	}
+	r.self = st.CPU().Seconds() // its own: the workers, its reaped children, are counted apart
+	busy, err := machineBusy()
+	if err != nil {
+		return r
+	}
+	r.machine, r.ok = busy, true
+	return r
+}
+
+// machineBusy reads the first line of /proc/stat (proc(5)): every core's
+// time in user, nice, system, irq, softirq and steal, in seconds. Idle and
+// iowait are not busy.
+func machineBusy() (float64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return parseBusy(line)
+}
+
+// parseBusy reads the busy seconds of /proc/stat's "cpu" line.
+func parseBusy(line string) (float64, error) {
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	}
+	var busy uint64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system (idle iowait) irq softirq steal
+		v, err := strconv.ParseUint(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+		}
+		busy += v
+	}
+	return float64(busy) / childproc.ClockTicks, nil
 }

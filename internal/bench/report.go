@@ -113,6 +113,9 @@ func whereTimeGoes(rep *Report) []string {
 				if tail := tailLine(rep.Latency); tail != "" {
 					line += "; " + tail
 				}
+				if busy, ok := rep.Latency["machine_busy_cores"]; ok && busy.N > 0 {
+					line += fmt.Sprintf("; the machine had %s of its %.0f cores busy at that rate", busy.cell(2), rep.Latency["cores"].Median)
+				}
 			}
 		case strings.Contains(t.Name, "RSS"):
 			line = t.Name + ": the worker's fetch buffers (--partition-buffer-bytes per partition, --worker-buffer-bytes per worker) bound its memory"
@@ -297,6 +300,10 @@ func printStages(w io.Writer, indent string, l map[string]Stat) {
 	_ = tw.Flush()
 	fmt.Fprintf(w, "%s  batches of %s jobs on average; CPU per 1M jobs: worker %s s, Postgres %s s; worker peak RSS %s MB\n", indent,
 		l["batch_jobs_mean"].cell(0), l["worker_cpu_s_per_mjobs"].cell(2), l["postgres_cpu_s_per_mjobs"].cell(2), l["worker_peak_rss_mb"].cell(0))
+	if st, ok := l["machine_busy_cores"]; ok && st.N > 0 {
+		fmt.Fprintf(w, "%s  cores busy on average while it ran: the machine %s of %s (worker %s, Postgres %s, the bench's producer and in-process broker %s)\n", indent,
+			st.cell(2), strconv.FormatFloat(l["cores"].Median, 'f', 0, 64), l["worker_busy_cores"].cell(2), l["postgres_busy_cores"].cell(2), l["bench_busy_cores"].cell(2))
+	}
 	fmt.Fprintf(w, "%s  the fence log's commit time (the end-to-end figure's) minus the worker's COMMIT returning: p50 %s ms, p99 %s ms\n", indent,
 		l["fencelog_vs_commit_p50"].cell(1), l["fencelog_vs_commit_p99"].cell(1))
 }
