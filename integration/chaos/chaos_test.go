@@ -119,7 +119,7 @@ type slot struct {
 
 // world is one chaos run.
 type world struct {
-	t      *testing.T
+	t      *failT // the run's *testing.T, keeping its first failure
 	cfg    config
 	rng    *rand.Rand // the fault schedule
 	logDir string
@@ -155,7 +155,14 @@ type world struct {
 	sess sessionStats      // the workers' Postgres sessions and the live processes, sampled
 }
 
-func TestChaos(t *testing.T) {
+func TestChaos(tt *testing.T) {
+	t := &failT{T: tt}
+	// Registered first, so it runs last: the output's last line says why.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("chaos run failed: %s", t.reason())
+		}
+	})
 	if testing.Short() {
 		t.Skip("the chaos run takes minutes; skipped with -short")
 	}
