@@ -4,9 +4,9 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/freeport"
 	"github.com/tenure-dev/tenure/internal/testdb"
 )
 
@@ -117,14 +118,15 @@ func (b *brokerProcess) stop(sig syscall.Signal) {
 	}
 }
 
+// freeLoopbackAddress is a port below the ephemeral range (freeport): the
+// broker binds it again after each restart.
 func freeLoopbackAddress(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Block(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return "127.0.0.1:" + strconv.Itoa(p)
 }
 
 // The development broker stops (cleanly, or killed) and comes back on the

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/internal/childproc"
+	"github.com/tenure-dev/tenure/internal/freeport"
 	"github.com/tenure-dev/tenure/internal/netfault"
 )
 
@@ -105,14 +106,10 @@ func (p *proc) unexpectedExit() (bool, error) {
 	return !p.StopRequested(), p.ExitErr()
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// freePort is the broker's port: below the ephemeral range (freeport),
+// since the broker binds it again after each restart while the workers
+// open connections.
+func freePort() (int, error) { return freeport.Block(1) }
 
 // waitListening waits until addr accepts TCP connections.
 func waitListening(addr string, timeout time.Duration, p *proc) error {

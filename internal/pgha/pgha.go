@@ -32,7 +32,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -48,6 +47,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tenure-dev/tenure/internal/childproc"
+	"github.com/tenure-dev/tenure/internal/freeport"
 )
 
 // ErrUnavailable is returned by New when pg_autoctl or the pgautofailover
@@ -293,10 +293,13 @@ func New(ctx context.Context, cfg Config) (_ *Formation, err error) {
 		"LC_ALL=C.UTF-8", "LANG=C.UTF-8",
 		"PGCONNECT_TIMEOUT=5",
 	}
-	ports, err := freePorts(3)
+	// Below the ephemeral range (freeport): the nodes bind their ports
+	// seconds after this, and again after every kill and restart.
+	base, err := freeport.Block(3)
 	if err != nil {
 		return nil, err
 	}
+	ports := []int{base, base + 1, base + 2}
 	f.Monitor = f.newNode("monitor", ports[0])
 	f.Nodes = []*Node{f.newNode("node1", ports[1]), f.newNode("node2", ports[2])}
 	start := time.Now()
@@ -1215,23 +1218,4 @@ func ipcRow(path string, id int, ok func([]string) bool) bool {
 		}
 	}
 	return false
-}
-
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var out []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
 }

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -23,6 +22,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tenure-dev/tenure/internal/freeport"
 )
 
 // Cluster is one throwaway PostgreSQL server.
@@ -78,7 +79,9 @@ func New(ctx context.Context) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	if c.Port, err = freePort(); err != nil {
+	// Below the ephemeral range (freeport): the server binds it after
+	// initdb, and again after every restart, while tests connect a lot.
+	if c.Port, err = freeport.Block(1); err != nil {
 		os.RemoveAll(root)
 		return nil, err
 	}
@@ -236,13 +239,4 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) (string,
 	cmd.Dir = os.TempDir()
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -8,15 +8,18 @@
 package weedtest
 
 import (
+	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/tenure-dev/tenure/internal/freeport"
 )
 
 const weedVersion = "v0.0.0-20261109003541-7506e5f91cd6"
@@ -48,32 +51,6 @@ func Binary(t testing.TB) string {
 	return ""
 }
 
-// freePorts finds n consecutive free loopback ports.
-func freePorts(t testing.TB, n int) int {
-	t.Helper()
-	for try := 0; try < 50; try++ {
-		base := 20000 + int(time.Now().UnixNano()%30000)
-		ok := true
-		var ls []net.Listener
-		for i := range n {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no free ports")
-	return 0
-}
-
 // The identity the server accepts.
 const (
 	Key    = "tenuretest"
@@ -81,16 +58,40 @@ const (
 )
 
 // Start starts a server, stopped when the test ends, and returns its
-// endpoint (http://127.0.0.1:PORT).
+// endpoint (http://127.0.0.1:PORT). A start that fails because one of its
+// ports was taken meanwhile is tried again on other ports (3 tries).
 func Start(t testing.TB) string {
 	t.Helper()
 	bin := Binary(t)
+	for try := 1; ; try++ {
+		endpoint, log, err := start(t, bin)
+		if err == nil {
+			return endpoint
+		}
+		if try < 3 && strings.Contains(log, "address already in use") {
+			t.Logf("weed start %d: a port was taken meanwhile; trying other ports", try)
+			continue
+		}
+		if log != "" {
+			t.Logf("weed log (tail):\n%s", log)
+		}
+		t.Fatal(err)
+	}
+}
+
+// start runs one weed server on fresh ports and waits for its S3 port. On
+// failure the server is stopped and the error comes with its log's tail.
+func start(t testing.TB, bin string) (endpoint, logTail string, err error) {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "s3.json")
 	if err := os.WriteFile(cfg, []byte(`{"identities":[{"name":"tenure","credentials":[{"accessKey":"`+Key+`","secretKey":"`+Secret+`"}],"actions":["Admin","Read","Write","List","Tagging"]}]}`), 0o600); err != nil {
-		t.Fatal(err)
+		return "", "", err
 	}
-	p := freePorts(t, 12)
+	p, err := freeport.Block(12)
+	if err != nil {
+		return "", "", err
+	}
 	port := func(i int) string { return strconv.Itoa(p + i) }
 	cmd := exec.Command(bin, "server", "-dir="+dir, "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
 		"-master.port="+port(0), "-master.port.grpc="+port(1), "-volume.port="+port(2), "-volume.port.grpc="+port(3),
@@ -100,27 +101,28 @@ func Start(t testing.TB) string {
 	cmd.Dir = dir
 	logf, err := os.Create(filepath.Join(dir, "weed.log"))
 	if err != nil {
-		t.Fatal(err)
+		return "", "", err
 	}
+	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return "", "", err
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
+	tail := func() string {
+		b, _ := os.ReadFile(logf.Name())
+		if len(b) > 4000 {
+			b = b[len(b)-4000:]
+		}
+		return string(b)
+	}
+	stop := func() {
 		_ = cmd.Process.Kill() // ours, by PID
 		<-done
 		_ = os.Remove(fmt.Sprintf("/tmp/seaweedfs-s3-grpc-%d.sock", p+7))
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			if len(b) > 4000 {
-				b = b[len(b)-4000:]
-			}
-			t.Logf("weed log (tail):\n%s", b)
-		}
-	})
-	endpoint := "http://127.0.0.1:" + port(6)
+	}
+	endpoint = "http://127.0.0.1:" + port(6)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		resp, err := http.Get(endpoint + "/")
@@ -130,13 +132,21 @@ func Start(t testing.TB) string {
 		}
 		select {
 		case <-done:
-			t.Fatalf("weed exited at start; see its log")
+			stop()
+			return "", tail(), errors.New("weed exited at start; see its log")
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("weed's S3 port did not answer within 60s: %v", err)
+			stop()
+			return "", tail(), fmt.Errorf("weed's S3 port did not answer within 60s: %v", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return endpoint
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			t.Logf("weed log (tail):\n%s", tail())
+		}
+	})
+	return endpoint, "", nil
 }

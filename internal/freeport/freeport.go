@@ -1,0 +1,76 @@
+// Package freeport picks loopback ports for the servers tests start as
+// child processes (PostgreSQL, pg_auto_failover, SeaweedFS), which bind them
+// some time after they were picked.
+//
+// A port asked of the kernel (":0") comes from its ephemeral range, the
+// same range every outgoing connection's local end is taken from: in the
+// seconds before the server binds it, one of the many connections a test
+// makes can take it, and the server fails with "address already in use"
+// (a SeaweedFS start failed so in CI). Ports below that range are never
+// given out that way, so Block picks there and checks that each is free.
+package freeport
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+)
+
+const floor = 10000 // below: well-known and registered services' habits
+
+// Block returns the first of n consecutive loopback ports, each free when
+// checked, below the kernel's ephemeral range. Another process can still
+// bind one before the caller's server does (two tests picking at once);
+// callers whose server reports that may pick again.
+func Block(n int) (int, error) {
+	lo, hi := floor, EphemeralLow()-n
+	if hi-lo < 1000 {
+		// An unusual ephemeral range leaves no room below it: any port.
+		lo, hi = floor, 65535-n
+	}
+	for range 50 {
+		base := lo + rand.IntN(hi-lo)
+		if free(base, n) {
+			return base, nil
+		}
+	}
+	return 0, fmt.Errorf("no %d consecutive free loopback ports found between %d and %d", n, lo, hi+n)
+}
+
+func free(base, n int) bool {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for i := range n {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
+		if err != nil {
+			return false
+		}
+		ls = append(ls, l)
+	}
+	return true
+}
+
+// EphemeralLow is the first port of the kernel's ephemeral range (32768,
+// Linux's default, when it cannot be read).
+func EphemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return lo
+}
