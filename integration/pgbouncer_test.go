@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/freeport"
 	"github.com/tenure-dev/tenure/internal/pgtest"
 )
 
@@ -91,16 +92,10 @@ func startPgBouncer(t *testing.T, pg *pgtest.Cluster, poolSize int) *pgBouncer {
 		t.Fatal(err)
 	}
 	b := &pgBouncer{}
-	for i := 0; i < 100 && b.port == 0; i++ {
-		p := 16400 + (os.Getpid()+i)%100
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err == nil {
-			l.Close()
-			b.port = p
-		}
-	}
-	if b.port == 0 {
-		t.Fatal("no free port in 16400-16499 for pgbouncer")
+	// freeport: never the port of another test's PgBouncer that has not
+	// bound it yet (these tests run in parallel).
+	if b.port, err = freeport.Block(1); err != nil {
+		t.Fatal(err)
 	}
 	conf := fmt.Sprintf(`[databases]
 %s = host=127.0.0.1 port=%d dbname=postgres user=postgres

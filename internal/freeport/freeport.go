@@ -17,15 +17,30 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 const floor = 10000 // below: well-known and registered services' habits
 
+// given holds every port Block has returned in this process: parallel
+// tests pick before their servers bind, so "free when checked" alone would
+// hand two of them the same port (two PgBouncers did, and one test's
+// worker reached the other test's database).
+var given struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
 // Block returns the first of n consecutive loopback ports, each free when
-// checked, below the kernel's ephemeral range. Another process can still
-// bind one before the caller's server does (two tests picking at once);
-// callers whose server reports that may pick again.
+// checked and none returned before in this process, below the kernel's
+// ephemeral range. Another process can still bind one before the caller's
+// server does; callers whose server reports that may pick again.
 func Block(n int) (int, error) {
+	given.Lock()
+	defer given.Unlock()
+	if given.ports == nil {
+		given.ports = map[int]bool{}
+	}
 	lo, hi := floor, EphemeralLow()-n
 	if hi-lo < 1000 {
 		// An unusual ephemeral range leaves no room below it: any port.
@@ -33,11 +48,23 @@ func Block(n int) (int, error) {
 	}
 	for range 50 {
 		base := lo + rand.IntN(hi-lo)
-		if free(base, n) {
+		if !taken(base, n) && free(base, n) {
+			for i := range n {
+				given.ports[base+i] = true
+			}
 			return base, nil
 		}
 	}
 	return 0, fmt.Errorf("no %d consecutive free loopback ports found between %d and %d", n, lo, hi+n)
+}
+
+func taken(base, n int) bool {
+	for i := range n {
+		if given.ports[base+i] {
+			return true
+		}
+	}
+	return false
 }
 
 func free(base, n int) bool {

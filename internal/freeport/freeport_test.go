@@ -31,3 +31,21 @@ func TestBlockBelowEphemeralRange(t *testing.T) {
 		}
 	}
 }
+
+// Parallel tests pick before their servers bind: Block never returns a
+// port twice in one process, though each is still free.
+func TestBlockNeverTwice(t *testing.T) {
+	seen := map[int]bool{}
+	for range 200 {
+		p, err := Block(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if seen[p+i] {
+				t.Fatalf("port %d returned twice", p+i)
+			}
+			seen[p+i] = true
+		}
+	}
+}
