@@ -40,22 +40,32 @@ type Session struct {
 //
 // Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) CommitBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, marker string) error {
-	if req.To <= req.From {
-		return fmt.Errorf("sink: commit of %s must advance: from %d to %d", req.Partition, req.From, req.To)
-	}
 	p := req.Partition
-	b := &pgx.Batch{}
-	b.Queue(s.pipelinedSQL, p.Group, p.Topic, p.Partition,
+	return s.fenceAndEnd(ctx, tx, req, "commit", "COMMIT", s.pipelinedSQL, p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID, marker, req.LogEpoch)
-	b.Queue("COMMIT")
+}
+
+// fenceAndEnd sends the fence statement (fenceSQL with args) and the
+// statement that ends the transaction (COMMIT, or PREPARE TRANSACTION for a
+// strict lane) in one round trip, and sorts the outcome as CommitBatch's
+// comment says; verb names the step in errors. One body for both, so that
+// the two paths cannot come to read the same outcome differently.
+func (s *Store) fenceAndEnd(ctx context.Context, tx pgx.Tx, req CommitRequest, verb, endSQL, fenceSQL string, args ...any) error {
+	p := req.Partition
+	if req.To <= req.From {
+		return fmt.Errorf("sink: commit of %s must advance: from %d to %d", p, req.From, req.To)
+	}
+	b := &pgx.Batch{}
+	b.Queue(fenceSQL, args...)
+	b.Queue(endSQL)
 	br := tx.SendBatch(ctx, b)
 	var n int64
 	ferr := br.QueryRow().Scan(&n)
-	_, cerr := br.Exec()
+	_, eerr := br.Exec()
 	closeErr := br.Close()
 	var pgErr *pgconn.PgError
 	switch {
-	case ferr == nil && cerr == nil && closeErr == nil:
+	case ferr == nil && eerr == nil && closeErr == nil:
 		return nil
 	case errors.As(ferr, &pgErr) && pgErr.Code == CodeTxEnded:
 		return ErrTxEnded
@@ -63,11 +73,11 @@ func (s *Store) CommitBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, m
 		// Report what won, read on another connection (bounded by fenced).
 		return withClaim(s.fenced(context.WithoutCancel(ctx), "commit", p, req.Token, req.Owner, req.From), req)
 	case ferr != nil:
-		return fmt.Errorf("commit of %s: %w", p, ferr)
-	case cerr != nil:
-		return fmt.Errorf("commit of %s: %w", p, cerr)
+		return fmt.Errorf("%s of %s: %w", verb, p, ferr)
+	case eerr != nil:
+		return fmt.Errorf("%s of %s: %w", verb, p, eerr)
 	}
-	return fmt.Errorf("commit of %s: %w", p, closeErr)
+	return fmt.Errorf("%s of %s: %w", verb, p, closeErr)
 }
 
 // ResolveSession finds out exactly whether a commit whose answer was lost (the

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -122,33 +121,9 @@ func (s *Store) strictFenceSQL() string {
 //
 // Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) PrepareBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, marker, gid string) error {
-	if req.To <= req.From {
-		return fmt.Errorf("sink: commit of %s must advance: from %d to %d", req.Partition, req.From, req.To)
-	}
 	p := req.Partition
-	b := &pgx.Batch{}
-	b.Queue(s.strictFenceSQL(), p.Group, p.Topic, p.Partition,
+	return s.fenceAndEnd(ctx, tx, req, "prepare", "PREPARE TRANSACTION "+quoteLiteral(gid), s.strictFenceSQL(), p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID, marker, req.LogEpoch, gid)
-	b.Queue("PREPARE TRANSACTION " + quoteLiteral(gid))
-	br := tx.SendBatch(ctx, b)
-	var n int64
-	ferr := br.QueryRow().Scan(&n)
-	_, perr := br.Exec()
-	closeErr := br.Close()
-	var pgErr *pgconn.PgError
-	switch {
-	case ferr == nil && perr == nil && closeErr == nil:
-		return nil
-	case errors.As(ferr, &pgErr) && pgErr.Code == CodeTxEnded:
-		return ErrTxEnded
-	case errors.As(ferr, &pgErr) && (pgErr.Code == CodeFenced || pgErr.Code == CodeSerializationFailure):
-		return withClaim(s.fenced(context.WithoutCancel(ctx), "commit", p, req.Token, req.Owner, req.From), req)
-	case ferr != nil:
-		return fmt.Errorf("prepare of %s: %w", p, ferr)
-	case perr != nil:
-		return fmt.Errorf("prepare of %s: %w", p, perr)
-	}
-	return fmt.Errorf("prepare of %s: %w", p, closeErr)
 }
 
 // PrepareOutcome is what ResolvePrepare learned about a PREPARE whose answer
