@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -21,6 +20,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/tenure-dev/tenure/internal/freeport"
 )
 
 // rulesPath is the alerting rules shipped for Prometheus.
@@ -172,16 +173,16 @@ scrape_configs:
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// A free port: taken by the kernel, released, handed to prometheus.
-	// Another process could take it meanwhile: then prometheus exits at
-	// once, and it is tried again with another (three times at most).
+	// A free port below the ephemeral range (freeport), handed to
+	// prometheus. Another process could still take it meanwhile: then
+	// prometheus exits at once, and it is tried again with another (three
+	// times at most).
 	for attempt := 1; ; attempt++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := freeport.Block(1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		addr := ln.Addr().String()
-		ln.Close()
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		p := &promServer{t: t, base: "http://" + addr, log: &lockedWriter{}, done: make(chan struct{})}
 		p.cmd = exec.Command(bin,
 			"--config.file="+filepath.Join(dir, "prometheus.yml"),

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,12 +95,7 @@ func TestDemo(t *testing.T) {
 // Without a database the demo says what to do in one sentence, exit 1.
 func TestDemoWithoutDatabase(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // now nothing listens there
+	addr := closedPort(t)
 	url := "postgres://postgres@" + addr + "/postgres?sslmode=disable&connect_timeout=5"
 
 	stdout, stderr, code := runDemoBin(t, 30*time.Second, url, "--schema", testdb.NewSchemaName("tenure_demo_test"))
