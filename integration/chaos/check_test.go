@@ -33,6 +33,7 @@ type runCheck struct {
 	ctx context.Context
 	hwm map[int32]int64
 	h   *history.History
+	np  int32 // the topic's partitions at the end
 
 	// A snapshot of the run's own record, taken once.
 	faults     []*fault // by injection time
@@ -79,6 +80,9 @@ type runCheck struct {
 	// measure.
 	ho handoffs
 	nr netReport
+
+	// checkLiveness.
+	live liveReport
 }
 
 // bookCounts is the logbook's figures, copied under its lock.
@@ -111,7 +115,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	if err != nil {
 		w.t.Fatalf("loading the history: %v", err)
 	}
-	c := &runCheck{w: w, ctx: ctx, hwm: hwm, h: h}
+	c := &runCheck{w: w, ctx: ctx, hwm: hwm, h: h, np: w.nparts()}
 	w.mu.Lock()
 	c.faults = append([]*fault(nil), w.faults...)
 	c.unexpected = append([]string(nil), w.unexpected...)
@@ -129,6 +133,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	c.checkExports()
 	c.checkWorkerLogs()
 	c.measure()
+	c.checkLiveness()
 	c.report(c.summary())
 }
 
@@ -143,7 +148,7 @@ func (c *runCheck) checkLog(records map[int32][]*kgo.Record) {
 	c.produced = map[history.TopicPartition][]int64{}
 	c.byPos = map[pos]*kgo.Record{}
 	c.reappeared = map[int32][]int64{}
-	for p := int32(0); p < partitions; p++ {
+	for p := range c.np {
 		tp := history.TopicPartition{Topic: topicName, Partition: p}
 		var prev int64 = -1
 		for _, r := range records[p] {
@@ -246,7 +251,7 @@ func (c *runCheck) checkStored() {
 		c.fenceNext[f.Partition.Partition] = f.NextOffset
 	}
 	lost := c.w.brokerLostHolds()
-	for p := int32(0); p < partitions; p++ {
+	for p := range c.np {
 		if c.fenceNext[p] == c.hwm[p] {
 			continue
 		}
@@ -435,13 +440,24 @@ func (c *runCheck) measure() {
 	if err != nil {
 		c.w.t.Errorf("reading the fence log for the hand-offs: %v", err)
 	}
-	c.ho = handoffsOf(byPart, c.faults, c.claimWorker)
+	c.ho = handoffsOf(byPart, c.faults, c.claimWorker, c.np)
 	for _, l := range c.ho.slow {
 		c.find("%s", l)
 	}
-	c.nr = c.w.networkReport(c.faults, byPart, c.claimWorker)
+	c.nr = c.w.networkReport(c.faults, byPart, c.claimWorker, c.np)
 	for _, l := range c.nr.findings {
 		c.find("%s", l)
+	}
+}
+
+// checkLiveness: no partition with jobs waiting went without moving for
+// longer than B of quiet time, held with no reason the run expected, and
+// no worker stayed out of the group (liveness_test.go); each such wedge
+// was reported when it was seen, with its evidence, and is a violation.
+func (c *runCheck) checkLiveness() {
+	c.live = c.w.liveReport(c.faults)
+	for _, wd := range c.live.wedges {
+		c.violate("wedge: %s", wd)
 	}
 }
 
@@ -452,7 +468,7 @@ func (c *runCheck) summary() string {
 	sess := w.sess
 	w.mu.Unlock()
 	var total int64
-	for p := int32(0); p < partitions; p++ {
+	for p := range c.np {
 		total += c.hwm[p]
 	}
 	var s strings.Builder
@@ -461,7 +477,7 @@ func (c *runCheck) summary() string {
 		mode = " (strict hand-off)"
 	}
 	fmt.Fprintf(&s, "==== chaos summary: seed %d, %d workers, %s protocol%s, %s of faults, %d jobs/s, %d partitions, run took %s\n",
-		w.cfg.seed, w.cfg.workers, w.cfg.protocol, mode, w.cfg.duration, w.cfg.rate, partitions, time.Since(w.start).Round(time.Second))
+		w.cfg.seed, w.cfg.workers, w.cfg.protocol, mode, w.cfg.duration, w.cfg.rate, c.np, time.Since(w.start).Round(time.Second))
 	fmt.Fprintf(&s, "jobs:        %d in the log (%d acknowledged, %d produce errors, %d unacknowledged, %d duplicate seqs); %d exported, %d dead-lettered\n",
 		total, len(c.acked), len(c.failed), c.unacked, c.dupSeq, len(h.Writes), len(h.DeadLetters))
 	fmt.Fprintf(&s, "fault jobs:  %d (%d error, %d panic), each must be dead-lettered; good jobs dead-lettered: %d %v\n",
@@ -479,11 +495,12 @@ func (c *runCheck) summary() string {
 	c.recoveryTable(&s)
 	c.handoffTable(&s)
 	s.WriteString(c.nr.summary(w, sess))
+	s.WriteString(c.live.summary(tableRows(w.kinds())))
 	fmt.Fprintf(&s, "ownership:   %d fence log entries checked against %d assignments the workers logged; %d unmatched\n",
 		len(h.Log), len(c.assignments), len(c.unmatched))
 	s.WriteString(w.failoverSummary())
-	fmt.Fprintf(&s, "violations:  %d (history checker %d, ownership %d, deleted jobs %d, harness checks %d)\n", len(c.violations), len(c.checked), len(c.owned),
-		len(c.deleted.violations), len(c.violations)-len(c.checked)-len(c.owned)-len(c.deleted.violations))
+	fmt.Fprintf(&s, "violations:  %d (history checker %d, ownership %d, deleted jobs %d, liveness %d, harness checks %d)\n", len(c.violations), len(c.checked), len(c.owned),
+		len(c.deleted.violations), len(c.live.wedges), len(c.violations)-len(c.checked)-len(c.owned)-len(c.deleted.violations)-len(c.live.wedges))
 	fmt.Fprintf(&s, "findings:    %d (allowed by the guarantee, listed in the test log)\n", len(c.findings))
 	fmt.Fprintf(&s, "worker logs: %d lines (%d not JSON), %d commits logged; most frequent warnings and errors:\n", c.book.lines, c.book.unparsed, c.book.loggedCommits)
 	for _, l := range w.book.topMessages(8) {
@@ -712,13 +729,13 @@ type handoffs struct {
 // claim, the target's own after it rejoined included (a new lane the
 // coordinator gave the partition to). Measuring commits, not the harness's
 // markers, keeps the producer's own stalls out of it.
-func handoffsOf(byPart map[int32][]fenceEntry, faults []*fault, claimWorker map[int64]string) handoffs {
+func handoffsOf(byPart map[int32][]fenceEntry, faults []*fault, claimWorker map[int64]string, np int32) handoffs {
 	ho := handoffs{took: map[string][]time.Duration{}, none: map[string]int{}, overlapped: map[string][]time.Duration{}}
 	for _, f := range faults {
 		if !slices.Contains(handoffKinds, f.Kind) {
 			continue
 		}
-		for p := int32(0); p < partitions; p++ {
+		for p := range np {
 			es := byPart[p]
 			held := heldAt(es, f.Injected)
 			if held < 0 || claimWorker[es[held].claimID] != f.Target {

@@ -107,7 +107,31 @@
 // (processed before the deletion, reported lost by holds, skipped in
 // silence: must be 0), the rejections observed, the violations (must be 0),
 // the time to recover from each kind of fault, the hand-off latency of
-// kills and pauses, and the network faults' own measures (below).
+// kills and pauses, the network faults' own measures (below) and the
+// liveness check's wedges and stalls.
+//
+// The liveness check (liveness_test.go, which says it in full): every
+// second, per partition, the log's end, the stored next offset and the open
+// holds are sampled; a partition is waiting when its next offset is below
+// the log's end, and a stall is the time it waits at one next offset. The
+// bound is B = session timeout + claim timeout + margin (a rebalance
+// timeout and the lanes' longest retry backoff), read from the worker
+// command line the harness builds: 3s + 30s + (10s + 5s) = 48s. A stall's
+// clock runs only in quiet time (not while a fault's function runs, from
+// its start to its fault's end, nor during its recovery allowance after:
+// as long again as a network cut lasted, none for the others; so in the
+// gaps between faults, in a fault's quiet tail, and after the schedule, the
+// drain included) and not while the
+// partition is held with a reason the run expected (a log-truncated hold
+// of the harness's own deletion until it acknowledges it, an ahead-of-log
+// hold after a broker SIGKILL). A stall whose clock passes B is a wedge: a
+// violation, reported when seen with the partition, the stall, what
+// consumer.Describe (tenure admin assignments) says of it then and the
+// workers' last lines about it. So is a worker that stepped down and has
+// not joined the group again after B of quiet time. The drain must catch
+// up within B of the start of the last quiet window. The summary gives the
+// wedges and, per fault kind, the longest stall attributed to the fault
+// injected last before it began, with its quiet part.
 //
 // A violation (a broken promise) fails the test. A finding is something the
 // guarantee allows but that deserves a look: a good job dead-lettered, a
@@ -173,7 +197,8 @@
 //
 //	go test ./integration/chaos -run TestChaos -v
 //
-// scripts/test.sh runs two of 60s of faults, one per protocol. The soak (30
+// scripts/test.sh runs four of 60s of faults (classic, KIP-848, a
+// formation, strict). The soak (30
 // minutes of faults, `make chaos-soak CHAOS_DURATION=30m CHAOS_PROTOCOL=classic`;
 // go test's default 10-minute timeout must be lifted):
 //
@@ -192,7 +217,9 @@
 // on a server with prepared transactions, and the run also checks G3-strict
 // with history.CheckStrict: classic protocol and a single server only),
 // -chaos.keep [TENURE_CHAOS_KEEP] (keep the logs directory even when the run
-// passes; it is always kept when it fails).
+// passes; it is always kept when it fails), -chaos.kinds
+// [TENURE_CHAOS_KINDS] (deal only the fault kinds listed, comma separated,
+// as often as the full deck does).
 //
 // A seed fixes the schedule (which fault, which worker, how long) and the
 // jobs' keys and faults; the timing of real processes still varies from run

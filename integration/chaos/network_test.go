@@ -275,9 +275,7 @@ func (w *world) partition(kind string) {
 		w.t.Fatalf("%s: %v", kind, err)
 	}
 	f := &fault{Kind: kind, Mode: desc, Target: s.p.name, Injected: time.Now(), Net: nc}
-	w.mu.Lock()
-	w.faults = append(w.faults, f)
-	w.mu.Unlock()
+	w.addFault(f)
 	if isMidCommit(mode) {
 		s.p.resume() // SIGCONT: releases the hold; the fence and COMMIT go out into the cut
 	}
@@ -438,10 +436,10 @@ type netReport struct {
 }
 
 // networkReport measures every network fault: see the file comment.
-func (w *world) networkReport(faults []*fault, byPart map[int32][]fenceEntry, claimWorker map[int64]string) netReport {
+func (w *world) networkReport(faults []*fault, byPart map[int32][]fenceEntry, claimWorker map[int64]string, np int32) netReport {
 	c := &netCheck{
 		r:      netReport{rows: map[string]*netRow{}, otherSteps: map[string]int{}},
-		faults: faults, byPart: byPart, claimWorker: claimWorker,
+		faults: faults, byPart: byPart, claimWorker: claimWorker, np: np,
 	}
 	w.book.mu.Lock()
 	c.steps = slices.Clone(w.book.stepDowns)
@@ -479,6 +477,7 @@ type netCheck struct {
 	faults      []*fault
 	byPart      map[int32][]fenceEntry
 	claimWorker map[int64]string
+	np          int32 // the topic's partitions at the end
 	procs       []*proc
 
 	steps, rejoins, rejections, lost, unknowns []batchEvent
@@ -524,7 +523,7 @@ func (c *netCheck) handoffs(f *fault, row *netRow) map[int64]bool {
 	movedClaims := map[int64]bool{}
 	var kept []int32
 	moved := false
-	for p := int32(0); p < partitions; p++ {
+	for p := range c.np {
 		es := c.byPart[p]
 		held := heldAt(es, f.Injected)
 		if held < 0 || c.claimWorker[es[held].claimID] != f.Target {
@@ -637,7 +636,7 @@ func (c *netCheck) zombie(f *fault, row *netRow, movedClaims map[int64]bool) {
 		return
 	}
 	var last time.Time
-	for p := int32(0); p < partitions; p++ {
+	for p := range c.np {
 		for _, e := range c.byPart[p] {
 			if e.kind == "commit" && movedClaims[e.claimID] && e.at.After(f.Injected) {
 				row.zCommits++
