@@ -51,11 +51,13 @@ const (
 )
 
 var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs, kindPGFailover,
+	kindOffsetsReset,                                        // offsetsreset_test.go
 	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull} // the last four: network_test.go
 
 // deck is one round of faults; each round is shuffled, so that every kind
 // comes up in every round.
 var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs,
+	kindOffsetsReset,
 	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull}
 
 // Group reset modes, the group-delete fault's Mode: how the
@@ -158,7 +160,8 @@ type world struct {
 	svc  netfault.Services // the ports the workers' namespaces forward (network_test.go)
 	sess sessionStats      // the workers' Postgres sessions and the live processes, sampled
 
-	live liveness // the liveness check (liveness_test.go)
+	live      liveness       // the liveness check (liveness_test.go)
+	offResets []*offsetReset // the offsets resets the harness made (offsetsreset_test.go)
 }
 
 func TestChaos(tt *testing.T) {
@@ -580,6 +583,8 @@ func (w *world) inject() {
 			w.failoverPostgres()
 		case kindDeleteRecs:
 			w.deleteRecords()
+		case kindOffsetsReset:
+			w.offsetsReset()
 		case kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull:
 			w.partition(kind)
 		}
@@ -1213,7 +1218,7 @@ func (f *fault) row() string {
 	case kindPauseInTx:
 		mode, _, _ := strings.Cut(f.Mode, " ")
 		return f.Kind + "/" + mode
-	case kindDeleteRecs:
+	case kindDeleteRecs, kindOffsetsReset:
 		return f.Kind + "/" + f.Mode
 	}
 	if f.Net != nil && f.Net.mode != "" {

@@ -68,9 +68,14 @@ type runCheck struct {
 	faultJobs, faultErr, faultPan int
 	goodDead                      map[string]int   // by the latest fault before it
 	newest                        map[string]int64 // per key, the newest exported job's offset
+	covered                       map[pos]int      // per job, the commits that covered it (fence log)
+	skippedByReset                int              // jobs below the next offset no commit covered: an offsets reset skipped them
 
 	// checkProducer.
 	unacked, dupSeq int
+
+	// checkResets.
+	resets resetReport
 
 	// checkWorkerLogs.
 	commits, claims int
@@ -130,6 +135,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	c.checkStored()
 	c.checkJobs()
 	c.checkProducer()
+	c.checkResets()
 	c.checkExports()
 	c.checkWorkerLogs()
 	c.measure()
@@ -298,9 +304,36 @@ func (c *runCheck) checkJobs() {
 	}
 	c.goodDead = map[string]int{}
 	c.newest = map[string]int64{}
+	c.covered = map[pos]int{}
+	cut := map[int32]int64{}
+	for _, x := range c.h.Cuts {
+		if x.Topic == topicName {
+			cut[x.Partition.Partition] = x.NextOffset
+		}
+	}
+	for _, e := range c.h.Log {
+		if e.Kind == "commit" && e.Partition.Topic == topicName {
+			for o := e.From; o < e.To; o++ {
+				c.covered[pos{e.Partition.Partition, o}]++
+			}
+		}
+	}
 	for ps, r := range jobs {
 		if ps.off >= c.fenceNext[ps.p] {
 			continue // not processed (a stuck partition, reported by checkStored)
+		}
+		// Each commit that covered a job ran it once: one, unless an
+		// offsets reset moved the partition back over it (it ran again)
+		// or forward past it (it never ran: history.Check reports a job
+		// no commit covers that no reset skipped). Below a pruned
+		// partition's cut the commits are gone: one.
+		want := 1
+		if b, ok := cut[ps.p]; !ok || ps.off >= b {
+			want = c.covered[ps]
+		}
+		if want == 0 {
+			c.skippedByReset++
+			continue
 		}
 		v := r.v
 		if v.Fault != "" {
@@ -310,8 +343,9 @@ func (c *runCheck) checkJobs() {
 			} else {
 				c.faultPan++
 			}
-			if c.dead[ps] != 1 || len(c.writes[ps]) != 0 {
-				c.violate("fault job %s/%d/%d (%s): %d dead letters, %d effects; want 1 dead letter and no effect", topicName, ps.p, ps.off, v.Fault, c.dead[ps], len(c.writes[ps]))
+			if c.dead[ps] != want || len(c.writes[ps]) != 0 {
+				c.violate("fault job %s/%d/%d (%s): %d dead letters, %d effects; want %d dead letters (one per commit that covered it) and no effect",
+					topicName, ps.p, ps.off, v.Fault, c.dead[ps], len(c.writes[ps]), want)
 			}
 			continue
 		}
@@ -336,6 +370,19 @@ func (c *runCheck) checkJobs() {
 		if o, ok := c.newest[r.key]; !ok || ps.off > o {
 			c.newest[r.key] = ps.off
 		}
+	}
+}
+
+// checkResets: the fence log's 'reset' entries are exactly the resets the
+// harness made as an operator (offsetsreset_test.go), and the holds it
+// acknowledged (checkDeleted judges those).
+func (c *runCheck) checkResets() {
+	c.w.mu.Lock()
+	resets := slices.Clone(c.w.offResets)
+	c.w.mu.Unlock()
+	c.resets = checkResetLog(c.h.Log, resets)
+	for _, v := range c.resets.violations {
+		c.violate("offsets reset: %s", v)
 	}
 }
 
@@ -483,6 +530,7 @@ func (c *runCheck) summary() string {
 	fmt.Fprintf(&s, "fault jobs:  %d (%d error, %d panic), each must be dead-lettered; good jobs dead-lettered: %d %v\n",
 		c.faultJobs, c.faultErr, c.faultPan, sumMap(c.goodDead), c.goodDead)
 	s.WriteString(c.deleted.summary())
+	s.WriteString(c.resets.summary(c.skippedByReset))
 	fmt.Fprintf(&s, "history:     %d claims, %d commits in the fence log; %d incarnation bumps (seen by %d claims)\n", c.claims, c.commits, c.book.incarnations, c.book.incSeen)
 	s.WriteString(c.strictLine)
 	fmt.Fprintf(&s, "rejections:  %d batches fenced, %d claims fenced; %d partitions-lost events; %d commits of unknown outcome %v; %d handler panics\n",
@@ -622,6 +670,10 @@ func tableRows(kinds []string) []string {
 			out = append(out, k+"/idle-timeout", k+"/lock-watch")
 		case kindDeleteRecs:
 			for _, m := range deleteModes {
+				out = append(out, k+"/"+m)
+			}
+		case kindOffsetsReset:
+			for _, m := range offsetResetModes {
 				out = append(out, k+"/"+m)
 			}
 		case kindPartPG, kindPartOneWay:

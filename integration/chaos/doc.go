@@ -70,6 +70,20 @@
 //     statement's prepare waits for its answer first and nothing commits);
 //   - partition-full: both services cut at once, both directions: the
 //     worker's host vanished;
+//   - offsets-reset: `tenure admin offsets reset --execute --actor
+//     chaos-reset` of one partition by 10-40 jobs, in one of four modes:
+//     busy-back and busy-forward (traffic goes on) and idle-back and
+//     idle-forward (the producer leaves the partition alone from before the
+//     reset, once its lane has caught up, until the partition has moved
+//     again or B and a second have passed: a lane with nothing to commit
+//     must still notice the reset); back is --shift-by -N, forward
+//     --to-offset into the middle of a burst produced while the worker that
+//     holds the partition is frozen for a moment (under the session
+//     timeout), so that the lane is behind; the history checker takes the
+//     'reset' entries as the operator's record (jobs a reset skipped have
+//     no effect, jobs it repeated one per commit that covered them), and
+//     checkResets holds the fence log to exactly the resets the harness made
+//     (offsetsreset_test.go);
 //   - fault jobs, all along: about 1% of the jobs carry
 //     "tenure-fault":"error" or "panic" and must end in the dead-letter table.
 //
@@ -107,8 +121,9 @@
 // (processed before the deletion, reported lost by holds, skipped in
 // silence: must be 0), the rejections observed, the violations (must be 0),
 // the time to recover from each kind of fault, the hand-off latency of
-// kills and pauses, the network faults' own measures (below) and the
-// liveness check's wedges and stalls.
+// kills and pauses, the network faults' own measures (below), the offsets
+// resets, the topic's growths, the rolling restarts and the liveness
+// check's wedges and stalls.
 //
 // The liveness check (liveness_test.go, which says it in full): every
 // second, per partition, the log's end, the stored next offset and the open
@@ -120,8 +135,8 @@
 // clock runs only in quiet time (not while a fault's function runs, from
 // its start to its fault's end, nor during its recovery allowance after:
 // as long again as a network cut lasted, none for the others; so in the
-// gaps between faults, in a fault's quiet tail, and after the schedule, the
-// drain included) and not while the
+// gaps between faults, in a fault's quiet tail such as offsets-reset's idle
+// wait, and after the schedule, the drain included) and not while the
 // partition is held with a reason the run expected (a log-truncated hold
 // of the harness's own deletion until it acknowledges it, an ahead-of-log
 // hold after a broker SIGKILL). A stall whose clock passes B is a wedge: a
