@@ -51,13 +51,13 @@ const (
 )
 
 var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs, kindPGFailover,
-	kindOffsetsReset,                                        // offsetsreset_test.go
+	kindOffsetsReset, kindAddParts, // offsetsreset_test.go, addpartitions_test.go
 	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull} // the last four: network_test.go
 
 // deck is one round of faults; each round is shuffled, so that every kind
 // comes up in every round.
 var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs,
-	kindOffsetsReset,
+	kindOffsetsReset, kindAddParts,
 	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull}
 
 // Group reset modes, the group-delete fault's Mode: how the
@@ -162,6 +162,7 @@ type world struct {
 
 	live      liveness       // the liveness check (liveness_test.go)
 	offResets []*offsetReset // the offsets resets the harness made (offsetsreset_test.go)
+	added     []*addition    // the topic's growths (addpartitions_test.go)
 }
 
 func TestChaos(tt *testing.T) {
@@ -565,6 +566,9 @@ func (w *world) inject() {
 		}
 		kind := round[0]
 		round = round[1:]
+		if kind == kindAddParts && len(w.added) >= maxAddPartitions {
+			continue // the topic has grown enough
+		}
 		sp := w.openSpan(kind)
 		switch kind {
 		case kindPause:
@@ -585,6 +589,8 @@ func (w *world) inject() {
 			w.deleteRecords()
 		case kindOffsetsReset:
 			w.offsetsReset()
+		case kindAddParts:
+			w.addPartitions()
 		case kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull:
 			w.partition(kind)
 		}
@@ -1218,7 +1224,7 @@ func (f *fault) row() string {
 	case kindPauseInTx:
 		mode, _, _ := strings.Cut(f.Mode, " ")
 		return f.Kind + "/" + mode
-	case kindDeleteRecs, kindOffsetsReset:
+	case kindDeleteRecs, kindOffsetsReset, kindAddParts:
 		return f.Kind + "/" + f.Mode
 	}
 	if f.Net != nil && f.Net.mode != "" {

@@ -66,10 +66,10 @@ type runCheck struct {
 	failed                        []string
 	deleted                       deletedReport
 	faultJobs, faultErr, faultPan int
-	goodDead                      map[string]int   // by the latest fault before it
-	newest                        map[string]int64 // per key, the newest exported job's offset
-	covered                       map[pos]int      // per job, the commits that covered it (fence log)
-	skippedByReset                int              // jobs below the next offset no commit covered: an offsets reset skipped them
+	goodDead                      map[string]int             // by the latest fault before it
+	newest                        map[string]map[int32]int64 // per key and partition, the newest exported job's offset
+	covered                       map[pos]int                // per job, the commits that covered it (fence log)
+	skippedByReset                int                        // jobs below the next offset no commit covered: an offsets reset skipped them
 
 	// checkProducer.
 	unacked, dupSeq int
@@ -303,7 +303,7 @@ func (c *runCheck) checkJobs() {
 		jobs[ps] = jobAt{j.Key, jobValue{Seq: j.Seq, Key: j.Key, Marker: j.Marker, Fault: j.Fault}}
 	}
 	c.goodDead = map[string]int{}
-	c.newest = map[string]int64{}
+	c.newest = map[string]map[int32]int64{}
 	c.covered = map[pos]int{}
 	cut := map[int32]int64{}
 	for _, x := range c.h.Cuts {
@@ -367,8 +367,11 @@ func (c *runCheck) checkJobs() {
 				topicName, ps.p, ps.off, r.key, d.at.Format("15:04:05.000"), after, d.owner, d.err, d.attempts)
 			continue
 		}
-		if o, ok := c.newest[r.key]; !ok || ps.off > o {
-			c.newest[r.key] = ps.off
+		if c.newest[r.key] == nil {
+			c.newest[r.key] = map[int32]int64{}
+		}
+		if o, ok := c.newest[r.key][ps.p]; !ok || ps.off > o {
+			c.newest[r.key][ps.p] = ps.off
 		}
 	}
 }
@@ -420,11 +423,37 @@ func (c *runCheck) checkProducer() {
 	}
 }
 
-// checkExports: each key's visible export is its newest exported job.
+// checkExports: each key's visible export is its newest exported job on
+// the partition of the job that wrote it.
+//
+// Why per partition: a key's jobs are on one partition until the topic
+// grows (add-partitions). Until the harness acknowledges the new count,
+// every worker that saw it holds the whole topic (claimed, not processed),
+// and one that did not see it yet goes on with the old layout, whose
+// partitions hold every job produced before the producer moved to the new
+// count. After the acknowledgement a key whose partition changed has jobs
+// on two partitions with two owners: what was left of it on the old one
+// and its new jobs, processed side by side, each partition in order. So
+// the export (one row per key, written by whichever commit came last) is
+// the newest job of the key on one of its partitions, not necessarily its
+// newest overall: the ordering hazard `tenure admin topic add-partitions`
+// warns about. What still holds is per partition: the export is the newest
+// exported job of its key on its own partition, and the export versions
+// never go back within a partition (history.Check). For a key whose jobs
+// are all on one partition, as every key's are in a run without
+// add-partitions, that is the newest exported job, as before.
 func (c *runCheck) checkExports() {
-	for key, off := range c.w.finalExports(c.ctx) {
-		if want, ok := c.newest[key]; ok && off != want {
-			c.violate("key %s: the export shows the job at offset %d, its newest exported job is at %d", key, off, want)
+	for key, e := range c.w.finalExports(c.ctx) {
+		newest := c.newest[key]
+		if len(newest) == 0 {
+			continue
+		}
+		want, ok := newest[e.p]
+		switch {
+		case !ok:
+			c.violate("key %s: the export shows the job at %d/%d, but no exported job of the key is on partition %d (its newest exported jobs: %v)", key, e.p, e.off, e.p, newest)
+		case e.off != want:
+			c.violate("key %s: the export shows the job at %d/%d, its newest exported job on that partition is at %d", key, e.p, e.off, want)
 		}
 	}
 }
@@ -531,6 +560,7 @@ func (c *runCheck) summary() string {
 		c.faultJobs, c.faultErr, c.faultPan, sumMap(c.goodDead), c.goodDead)
 	s.WriteString(c.deleted.summary())
 	s.WriteString(c.resets.summary(c.skippedByReset))
+	s.WriteString(w.additionsSummary())
 	fmt.Fprintf(&s, "history:     %d claims, %d commits in the fence log; %d incarnation bumps (seen by %d claims)\n", c.claims, c.commits, c.book.incarnations, c.book.incSeen)
 	s.WriteString(c.strictLine)
 	fmt.Fprintf(&s, "rejections:  %d batches fenced, %d claims fenced; %d partitions-lost events; %d commits of unknown outcome %v; %d handler panics\n",
@@ -674,6 +704,10 @@ func tableRows(kinds []string) []string {
 			}
 		case kindOffsetsReset:
 			for _, m := range offsetResetModes {
+				out = append(out, k+"/"+m)
+			}
+		case kindAddParts:
+			for _, m := range addModes {
 				out = append(out, k+"/"+m)
 			}
 		case kindPartPG, kindPartOneWay:
@@ -878,10 +912,11 @@ func (w *world) deadLetters(ctx context.Context) map[pos]deadLetter {
 	return out
 }
 
-// finalExports is each key's visible export: the offset of its job.
-func (w *world) finalExports(ctx context.Context) map[string]int64 {
-	out := map[string]int64{}
-	rows, err := w.pool.Query(ctx, `SELECT job_key, job_offset FROM `+schemaName+`.exports WHERE topic = $1`, topicName)
+// finalExports is each key's visible export: the partition and offset of
+// its job.
+func (w *world) finalExports(ctx context.Context) map[string]pos {
+	out := map[string]pos{}
+	rows, err := w.pool.Query(ctx, `SELECT job_key, partition, job_offset FROM `+schemaName+`.exports WHERE topic = $1`, topicName)
 	if err != nil {
 		w.t.Errorf("reading exports: %v", err)
 		return out
@@ -889,9 +924,9 @@ func (w *world) finalExports(ctx context.Context) map[string]int64 {
 	defer rows.Close()
 	for rows.Next() {
 		var k string
-		var off int64
-		if rows.Scan(&k, &off) == nil {
-			out[k] = off
+		var e pos
+		if rows.Scan(&k, &e.p, &e.off) == nil {
+			out[k] = e
 		}
 	}
 	return out

@@ -84,6 +84,16 @@
 //     no effect, jobs it repeated one per commit that covered them), and
 //     checkResets holds the fence log to exactly the resets the harness made
 //     (offsetsreset_test.go);
+//   - add-partitions: the topic grown by 1 or 2 partitions (`tenure admin
+//     topic add-partitions`, at most twice a run) and the new count
+//     acknowledged (`tenure admin topic acknowledge-partitions`) at once
+//     (ack-first: before the workers can notice) or once a worker has
+//     logged that it noticed (ack-after); the producer moves to the new
+//     count as soon as its client has the new partitions, partitioning with
+//     partition.For; the fault lasts until the acknowledgement, after which
+//     the new partitions must be owned and moving within B like any other
+//     (addpartitions_test.go; checkExports says what per-key checks still
+//     hold once keys have moved);
 //   - fault jobs, all along: about 1% of the jobs carry
 //     "tenure-fault":"error" or "panic" and must end in the dead-letter table.
 //
