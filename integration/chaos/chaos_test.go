@@ -51,13 +51,13 @@ const (
 )
 
 var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs, kindPGFailover,
-	kindOffsetsReset, kindAddParts, // offsetsreset_test.go, addpartitions_test.go
+	kindOffsetsReset, kindAddParts, kindRolling, // offsetsreset_test.go, addpartitions_test.go, rolling_test.go
 	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull} // the last four: network_test.go
 
 // deck is one round of faults; each round is shuffled, so that every kind
 // comes up in every round.
 var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs,
-	kindOffsetsReset, kindAddParts,
+	kindOffsetsReset, kindAddParts, kindRolling,
 	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull}
 
 // Group reset modes, the group-delete fault's Mode: how the
@@ -163,6 +163,7 @@ type world struct {
 	live      liveness       // the liveness check (liveness_test.go)
 	offResets []*offsetReset // the offsets resets the harness made (offsetsreset_test.go)
 	added     []*addition    // the topic's growths (addpartitions_test.go)
+	rolls     []*roll        // the rolling restarts (rolling_test.go)
 }
 
 func TestChaos(tt *testing.T) {
@@ -591,6 +592,8 @@ func (w *world) inject() {
 			w.offsetsReset()
 		case kindAddParts:
 			w.addPartitions()
+		case kindRolling:
+			w.rollingRestart()
 		case kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull:
 			w.partition(kind)
 		}

@@ -561,6 +561,7 @@ func (c *runCheck) summary() string {
 	s.WriteString(c.deleted.summary())
 	s.WriteString(c.resets.summary(c.skippedByReset))
 	s.WriteString(w.additionsSummary())
+	s.WriteString(w.rollsSummary())
 	fmt.Fprintf(&s, "history:     %d claims, %d commits in the fence log; %d incarnation bumps (seen by %d claims)\n", c.claims, c.commits, c.book.incarnations, c.book.incSeen)
 	s.WriteString(c.strictLine)
 	fmt.Fprintf(&s, "rejections:  %d batches fenced, %d claims fenced; %d partitions-lost events; %d commits of unknown outcome %v; %d handler panics\n",

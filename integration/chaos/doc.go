@@ -94,6 +94,11 @@
 //     the new partitions must be owned and moving within B like any other
 //     (addpartitions_test.go; checkExports says what per-key checks still
 //     hold once keys have moved);
+//   - rolling-restart: every worker in turn stopped (SIGTERM, its exit
+//     awaited) and started again, the next one once the restarted one has
+//     claimed a partition (B at most); with -chaos.strict each comes back
+//     with --strict toggled, so that the group mixes strict and plain
+//     workers for the length of the roll (rolling_test.go);
 //   - fault jobs, all along: about 1% of the jobs carry
 //     "tenure-fault":"error" or "panic" and must end in the dead-letter table.
 //
