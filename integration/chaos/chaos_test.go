@@ -52,13 +52,13 @@ const (
 
 var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs, kindPGFailover,
 	kindOffsetsReset, kindAddParts, kindRolling, // offsetsreset_test.go, addpartitions_test.go, rolling_test.go
-	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull} // the last four: network_test.go
+	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull, kindPartMulti} // the last five: network_test.go
 
 // deck is one round of faults; each round is shuffled, so that every kind
 // comes up in every round.
 var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs,
 	kindOffsetsReset, kindAddParts, kindRolling,
-	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull}
+	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull, kindPartMulti}
 
 // Group reset modes, the group-delete fault's Mode: how the
 // group's lifetime ends, and what else is going on meanwhile.
@@ -594,7 +594,7 @@ func (w *world) inject() {
 			w.addPartitions()
 		case kindRolling:
 			w.rollingRestart()
-		case kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull:
+		case kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull, kindPartMulti:
 			w.partition(kind)
 		}
 		w.closeSpan(sp)

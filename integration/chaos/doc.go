@@ -70,6 +70,15 @@
 //     statement's prepare waits for its answer first and nothing commits);
 //   - partition-full: both services cut at once, both directions: the
 //     worker's host vanished;
+//   - partition-multi-host: the worker restarted (once; its slot keeps the
+//     URL for the rest of the run) with a multi-host database URL whose
+//     first host is dead, postgres://127.0.0.2:P,127.0.0.1:P/...?
+//     connect_timeout=3 (every namespace drops every packet to 127.0.0.2:
+//     netfault's Blackhole; 3s is above the database probe's 2s budget),
+//     then cut from Postgres as partition-postgres is, long or (two times in
+//     three) an outage: it must work through the second host, step down in
+//     an outage and join the group again once the database answers
+//     (network_test.go);
 //   - offsets-reset: `tenure admin offsets reset --execute --actor
 //     chaos-reset` of one partition by 10-40 jobs, in one of four modes:
 //     busy-back and busy-forward (traffic goes on) and idle-back and
