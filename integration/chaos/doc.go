@@ -237,7 +237,10 @@
 //	go test ./integration/chaos -run TestChaos -v
 //
 // scripts/test.sh runs four of 60s of faults (classic, KIP-848, a
-// formation, strict). The soak (30
+// formation, strict) with every kind, and one of 60s with the newest kinds
+// alone (offsets-reset, add-partitions, rolling-restart,
+// partition-multi-host; strict, so that the roll mixes strict and plain
+// workers), so that each of them is dealt in every CI run. The soak (30
 // minutes of faults, `make chaos-soak CHAOS_DURATION=30m CHAOS_PROTOCOL=classic`;
 // go test's default 10-minute timeout must be lifted):
 //
@@ -258,7 +261,8 @@
 // -chaos.keep [TENURE_CHAOS_KEEP] (keep the logs directory even when the run
 // passes; it is always kept when it fails), -chaos.kinds
 // [TENURE_CHAOS_KINDS] (deal only the fault kinds listed, comma separated,
-// as often as the full deck does).
+// as often as the full deck does: scripts/test.sh's run of the newest
+// kinds).
 //
 // A seed fixes the schedule (which fault, which worker, how long) and the
 // jobs' keys and faults; the timing of real processes still varies from run
