@@ -524,7 +524,17 @@ func (w *world) reportWedge(ctx context.Context, s *stall, holds []sink.Hold) {
 	state, worker := w.describePartition(ctx, s.p)
 	lines := w.book.linesAbout(s.p, worker, 12)
 	if worker == "" {
+		// Nobody holds it: what each worker believes it holds, and what
+		// the workers said about the topic as a whole.
+		var names []string
+		for _, p := range w.runningWorkers() {
+			names = append(names, p.name)
+		}
+		lines = append(lines, w.book.assignedLines(names)...)
 		lines = append(lines, w.book.topicLinesTail(8)...)
+	}
+	if len(lines) == 0 {
+		lines = []string{"(none)"}
 	}
 	wd := wedge{p: s.p, at: time.Now(), what: what, state: state, lines: lines}
 	w.mu.Lock()
@@ -587,15 +597,7 @@ func reasonSuffix(r string) string {
 // not joined the group again after B of quiet time.
 func (w *world) checkWorkersInGroup(ctx context.Context, ds []interval, now time.Time, bound time.Duration) {
 	out := w.book.outOfGroup()
-	w.mu.Lock()
-	var running []*proc
-	for _, p := range w.all {
-		if p != w.broker && !strings.HasPrefix(p.name, "broker") && !p.exited() {
-			running = append(running, p)
-		}
-	}
-	w.mu.Unlock()
-	for _, p := range running {
+	for _, p := range w.runningWorkers() {
 		sd, ok := out[p.name]
 		if !ok || p.exited() || slices.Contains(w.live.workerW, p.name+sd.At.String()) {
 			continue
@@ -631,6 +633,19 @@ func (w *world) checkWorkersInGroup(ctx context.Context, ds []interval, now time
 		w.mu.Unlock()
 		w.t.Logf("WEDGE: %s", wd)
 	}
+}
+
+// runningWorkers are the worker processes that have not exited.
+func (w *world) runningWorkers() []*proc {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*proc
+	for _, p := range w.all {
+		if !strings.HasPrefix(p.name, "broker") && !p.exited() {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // drainDeadline is when the drain must have caught up: B after the last

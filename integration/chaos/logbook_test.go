@@ -99,11 +99,13 @@ type logbook struct {
 	strict      []history.StrictEvent // strict lanes' offset commits sent and answered, assignments ended
 
 	// For the liveness check and the faults that wait for a line.
-	layoutChanged []batchEvent         // msgLayoutChanged: a worker noticed the topic grew
-	partLines     map[int32][]string   // the last lines that name each partition, "worker: line"
-	topicLines    []string             // the last info-or-above lines that name the topic but no partition
-	waiters       []lineWaiter         // awaitLine
-	lastLine      map[string]time.Time // per worker, when it last logged anything
+	layoutChanged  []batchEvent         // msgLayoutChanged: a worker noticed the topic grew
+	strictResolved int                  // consumer.MsgStrictResolved: a claim decided an older lane's prepared batch
+	partLines      map[int32][]string   // the last lines that name each partition, "worker: line"
+	topicLines     []string             // the last info-or-above lines that name the topic but no partition
+	waiters        []lineWaiter         // awaitLine
+	lastAssigned   map[string]string    // per worker, its last msgAssigned line
+	lastLine       map[string]time.Time // per worker, when it last logged anything
 }
 
 // lineWaiter is a channel closed when worker ("": any) logs msg.
@@ -114,7 +116,8 @@ type lineWaiter struct {
 
 func newLogbook() *logbook {
 	return &logbook{deadLetters: map[string]int{}, unknown: map[string]int{}, byLevel: map[string]map[string]int{},
-		holding: map[string]chan struct{}{}, held: map[string]batchEvent{}, partLines: map[int32][]string{}, lastLine: map[string]time.Time{}}
+		holding: map[string]chan struct{}{}, held: map[string]batchEvent{}, partLines: map[int32][]string{}, lastLine: map[string]time.Time{},
+		lastAssigned: map[string]string{}}
 }
 
 func (lb *logbook) record(worker, line string) {
@@ -236,6 +239,10 @@ func (lb *logbook) record(worker, line string) {
 		lb.claims++
 	case msgLayoutChanged:
 		lb.layoutChanged = append(lb.layoutChanged, ev())
+	case msgAssigned:
+		lb.lastAssigned[worker] = worker + ": " + line
+	case consumer.MsgStrictResolved:
+		lb.strictResolved++
 	}
 }
 
@@ -264,6 +271,20 @@ func (lb *logbook) linesAbout(p int32, worker string, n int) []string {
 		out = lb.partLines[p]
 	}
 	return compactLines(out[max(0, len(out)-n):])
+}
+
+// assignedLines are the workers' last "partitions assigned" lines: what
+// each believes it holds.
+func (lb *logbook) assignedLines(workers []string) []string {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	var out []string
+	for _, w := range workers {
+		if l, ok := lb.lastAssigned[w]; ok {
+			out = append(out, l)
+		}
+	}
+	return compactLines(out)
 }
 
 // topicLinesTail are the last n lines about the topic as a whole.
