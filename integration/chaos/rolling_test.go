@@ -5,10 +5,20 @@ package chaos
 // the restarted one has rejoined (it logged a claimed partition), as a
 // deployment rolls a new version out. In a strict run (-chaos.strict) each
 // restarted worker comes back with --strict toggled, so that for the
-// length of the roll the group mixes strict and plain workers: a plain
-// worker must resolve the batch a strict one left prepared (it holds the
-// fencing row's lock until someone commits or rolls it back), and a strict
-// one what a plain one left. The next roll toggles them back.
+// length of the roll the group mixes strict and plain workers; the next
+// roll toggles them back.
+//
+// What a mixed group must get right is a batch a strict worker left
+// prepared: PREPARE TRANSACTION keeps the fencing row's lock until someone
+// commits or rolls the batch back, and whoever claims the partition next,
+// plain or strict, must decide it first. A graceful stop decides its
+// batches (so does a worker frozen and then stopped: it wakes and decides),
+// so a strict worker that is to come back plain leaves one the way a roll
+// meets it when a worker's grace period runs out: it is restarted holding
+// its first prepared batch before the batch's offset commit (--hold-once
+// strict-before-offset-commit) and then killed (SIGKILL) instead of
+// stopped. The batch outlives it, and the partition goes to the members
+// left, or to the plain worker started in its place.
 
 import (
 	"fmt"
@@ -29,6 +39,7 @@ type roll struct {
 	fault    *fault
 	rejoined []time.Duration // from its start to its first claimed partition
 	missed   []string        // the workers that did not rejoin within B
+	prepared int             // strict workers that left a batch prepared (held, then killed)
 }
 
 // rollingRestart is the rolling-restart fault.
@@ -46,8 +57,18 @@ func (w *world) rollingRestart() {
 	var did []string
 	for i := range w.slots {
 		s := w.slots[(first+i)%len(w.slots)]
-		if err := s.p.stop(45 * time.Second); err != nil {
-			w.note("rolling-restart: %v", err)
+		if mode == rollToggle && s.strict && w.restartHolding(s, kindRolling+" "+mode, "--hold-once", "strict-before-offset-commit") {
+			// Its batch is prepared: killed, it leaves it so.
+			if err := s.p.kill(); err != nil {
+				w.note("rolling-restart: %v", err)
+			} else {
+				r.prepared++
+			}
+		}
+		if !s.p.exited() {
+			if err := s.p.stop(45 * time.Second); err != nil {
+				w.note("rolling-restart: %v", err)
+			}
 		}
 		if i == 0 {
 			w.mark(f) // once the roll is in effect
@@ -102,11 +123,16 @@ func (w *world) rollsSummary() string {
 		return "rolls:       no rolling restart in this run\n"
 	}
 	var took []time.Duration
-	missed := 0
+	missed, prepared := 0, 0
 	for _, r := range rolls {
 		took = append(took, r.rejoined...)
 		missed += len(r.missed)
+		prepared += r.prepared
 	}
-	return fmt.Sprintf("rolls:       %d rolling restarts (%s); a restarted worker claimed its first partition after p50/max %s; not within B: %d\n",
-		len(rolls), rolls[0].fault.Mode, p50max(took), missed)
+	w.book.mu.Lock()
+	resolved := w.book.strictResolved
+	w.book.mu.Unlock()
+	return fmt.Sprintf("rolls:       %d rolling restarts (%s); a restarted worker claimed its first partition after p50/max %s; not within B: %d; "+
+		"batches strict workers left prepared on their way out %d, prepared batches of older claims resolved by a claim (any fault) %d\n",
+		len(rolls), rolls[0].fault.Mode, p50max(took), missed, prepared, resolved)
 }
