@@ -281,7 +281,7 @@ func (s *Store) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
 			}
 		}()
 	}
-	stop := s.watchClaim(p, req.Token, pid)
+	stop := s.watchClaim(req, pid)
 	row := conn.QueryRow(ctx, s.claimSQL, p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.StartOffset, req.PartitionCount, req.ClaimID, uuidOf(req.TopicID))
 	var topicID pgtype.UUID
