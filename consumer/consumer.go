@@ -41,6 +41,10 @@ type Consumer struct {
 
 	mu    sync.Mutex
 	lanes map[tp]*lane
+	// ended is the client of a group session whose lanes were taken to
+	// stop (shutdown, stepDownSession): no lane is made for it any more,
+	// or a claim still running would leave one behind that nothing stops.
+	ended *kgo.Client
 
 	running chan struct{} // closed when Run starts
 
@@ -347,6 +351,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if err := sink.CheckPreparedTransactions(ctx, c.store.Pool()); err != nil {
 			return err
 		}
+		if err := c.store.CheckStrictRole(ctx); err != nil {
+			return err
+		}
+	} else if _, err := c.store.PreparedRole(ctx); err != nil {
+		// Needed only to finish a strict worker's batch, should this
+		// worker's claim meet one; read again then.
+		c.log.Warn("cannot tell the role prepared batches are finished as; a strict worker's batch this worker meets may stay prepared", zap.Error(err))
 	}
 	wctx, stopProbe := context.WithCancel(ctx)
 	defer stopProbe()
@@ -392,6 +403,7 @@ func (c *Consumer) session(ctx context.Context) (stepped bool, err error) {
 		go c.mirrorOffsets(wctx, cl)
 	}
 	go c.pruneFenceLogs(wctx)
+	go c.watchRows(wctx)
 	for {
 		pctx, wake := context.WithCancel(sctx)
 		c.pollMu.Lock()
@@ -639,6 +651,7 @@ const leaveTimeout = 3 * time.Second
 // leaves the group and closes the client.
 func (c *Consumer) shutdown(cl *kgo.Client) {
 	c.mu.Lock()
+	c.ended = cl
 	lanes := make([]*lane, 0, len(c.lanes))
 	for k, l := range c.lanes {
 		lanes = append(lanes, l)

@@ -250,6 +250,7 @@ func (c *Consumer) awaitDatabase(ctx context.Context) bool {
 // commit stuck on a dead connection ends at its CommitTimeout).
 func (c *Consumer) stepDownSession(cl *kgo.Client) {
 	c.mu.Lock()
+	c.ended = cl
 	lanes := make([]*lane, 0, len(c.lanes))
 	for k, l := range c.lanes {
 		lanes = append(lanes, l)

@@ -17,10 +17,12 @@ const (
 	MsgClaimed = "partition claimed"
 	// MsgClaimFenced: the claim was rejected (claim_token, held_by).
 	MsgClaimFenced = "claim rejected: fenced"
-	// MsgClaimFailed: a claim failed for another reason (the database, the
-	// claim timeout): the member gives up the group session and joins
-	// again, claiming every partition it is then assigned.
-	MsgClaimFailed = "claim failed: abandoning the group session to rejoin"
+	// MsgClaimFailed: a claim could not be made for another reason (the
+	// database, a lock the claim cannot end, a prepared batch this worker
+	// may not finish, the claim timeout): the partition waits, paused and
+	// recorded as stalled with the reason, and its lane claims it again by
+	// itself (MsgStalled, MsgRecovered). The group session goes on.
+	MsgClaimFailed = "claim failed: the partition waits, held as stalled, and its lane claims it again by itself"
 	// MsgRecovered: a lane claimed its partition again after a rejection.
 	MsgRecovered = "partition claimed again: processing resumes"
 	// MsgBatchFenced: the fence rejected a batch (from, to).

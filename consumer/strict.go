@@ -63,7 +63,6 @@ func strictGIDOf(metadata string) string {
 const (
 	strictAnswerTimeout = 10 * time.Second // one OffsetCommit's answer
 	strictResendAfter   = 250 * time.Millisecond
-	strictClaimLockWait = time.Second // the claim statement's lock_timeout: a batch prepared meanwhile is resolved, then the claim tried again
 )
 
 // StrictRolledBackError is a strict batch that was rolled back: the
@@ -464,21 +463,4 @@ func (c *Consumer) resolvePrepared(ctx context.Context, cl *kgo.Client, l *lane,
 			zap.String("evidence", evidence))
 	}
 	return nil
-}
-
-// strictClaim is the claim statement of a strict lane: resolve, then claim,
-// with the claim's wait for the fencing row's lock bounded (a batch an
-// older claimant prepared after the listing is resolved in the next try).
-func (c *Consumer) strictClaim(ctx context.Context, cl *kgo.Client, l *lane, req sink.ClaimRequest) (sink.Claimed, error) {
-	req.LockTimeout = strictClaimLockWait
-	var claimed sink.Claimed
-	err := c.retry(ctx, "claim", l.log, func() error {
-		if err := c.resolvePrepared(ctx, cl, l, req.Token); err != nil {
-			return err
-		}
-		var err error
-		claimed, err = c.store.Claim(ctx, req)
-		return err
-	})
-	return claimed, err
 }

@@ -168,6 +168,7 @@ func New(opts Options) *Collector {
 	gaugeStat("buffered_bytes", "Bytes of records the lanes hold ahead of their handlers (bounded by --worker-buffer-bytes plus one fetch).", func(s consumer.Stats) int64 { return s.BufferedBytes })
 	gaugeStat("lanes_stalled", "Partitions whose claim or commit was rejected although this member holds them; recovering by themselves.", func(s consumer.Stats) int64 { return s.Stalled })
 	counterStat("claims_rejected_total", "Claims given up: refused by the fence or not confirmed by the coordinator.", func(s consumer.Stats) int64 { return s.ClaimsRejected })
+	counterStat("claims_failed_total", "Claims that could not be made (the database, a lock the claim cannot end, a prepared batch it may not finish): the partition is held as stalled and its lane claims it again by itself.", func(s consumer.Stats) int64 { return s.ClaimsFailed })
 	counterStat("dead_letters_total", "Jobs parked in the dead-letter table.", func(s consumer.Stats) int64 { return s.DeadLetters })
 	counterStat("handler_failures_total", "Handler errors, panics and timeouts counted against jobs.", func(s consumer.Stats) int64 { return s.HandlerFailures })
 	counterStat("handler_transient_total", "Handler failures retried without counting against jobs (consumer.Transient, lock timeouts, deadlocks).", func(s consumer.Stats) int64 { return s.HandlerTransient })
