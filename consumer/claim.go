@@ -714,20 +714,33 @@ func (c *Consumer) topicLogsOf(ctx context.Context, cl *kgo.Client, topics []str
 	return out, err
 }
 
-// watchLayouts checks every layoutWatch that the topics' partition counts
-// are still the ones the group recorded. Assignments check it too, but a
-// worker whose assignment does not change would otherwise go on processing
-// a topic whose keys now map elsewhere. On a change, every lane of the topic
-// finishes its batch and waits for the operator's acknowledgement.
+// watchLayouts reads the topics' partition counts from Kafka every
+// layoutWatch (at once first) and acts on two things:
+//
+//   - a count that changed since the last read: kgo refreshes its metadata
+//     only every few minutes (MetadataMaxAge), and a classic group's leader
+//     assigns new partitions only once its metadata shows them, so the
+//     refresh is forced now. This must not depend on the recorded count: an
+//     operator who adds partitions and acknowledges them at once leaves
+//     nothing for the layout check below to see, and the new partitions
+//     stayed unowned, with jobs waiting, until kgo's next refresh;
+//   - a count that differs from the one the group recorded: assignments
+//     check it too, but a worker whose assignment does not change would
+//     otherwise go on processing a topic whose keys now map elsewhere. Every
+//     lane of the topic finishes its batch and waits for the operator's
+//     acknowledgement.
 func (c *Consumer) watchLayouts(ctx context.Context, cl *kgo.Client) {
 	t := time.NewTicker(layoutWatch)
 	defer t.Stop()
 	warned := map[string]int32{}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	seen := map[string]int32{} // Kafka's count at the last read
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 		}
 		logs, err := topicLogs(ctx, cl, c.cfg.Topics, false)
 		if err != nil {
@@ -736,6 +749,11 @@ func (c *Consumer) watchLayouts(ctx context.Context, cl *kgo.Client) {
 		}
 		for topic, tl := range logs {
 			n := tl.partitions
+			if old, ok := seen[topic]; ok && old != n {
+				c.log.Warn(MsgPartitionCountChanged, zap.String("topic", topic), zap.Int32("from", old), zap.Int32("to", n))
+				cl.ForceMetadataRefresh()
+			}
+			seen[topic] = n
 			err := c.store.CheckLayout(ctx, c.cfg.Group, topic, n)
 			if !errors.Is(err, sink.ErrPartitionsChanged) {
 				continue
@@ -743,9 +761,6 @@ func (c *Consumer) watchLayouts(ctx context.Context, cl *kgo.Client) {
 			if warned[topic] != n {
 				warned[topic] = n
 				c.log.Error("topic partitions changed: not processing it", zap.String("topic", topic), zap.Error(err))
-				// kgo refreshes metadata every few minutes; a classic
-				// group's leader assigns the new partitions only once it
-				// sees them.
 				cl.ForceMetadataRefresh()
 			}
 			c.holdTopic(topic, n)

@@ -42,6 +42,10 @@ const (
 	// IncarnationMovedOn: a claim of this worker moved the group's
 	// incarnation on (why: a reset of the group's epochs, or a tie).
 	IncarnationMovedOn = "incarnation moved on"
+	// MsgPartitionCountChanged: a topic's partition count in Kafka changed
+	// (topic, from, to); the worker refreshes its metadata at once, so that
+	// the group assigns the new partitions.
+	MsgPartitionCountChanged = "topic partition count changed in Kafka: refreshing metadata"
 	// MsgSteppedDown and MsgRejoining: the worker left the group because its
 	// database did not answer, and joins again now that it does.
 	MsgSteppedDown = "worker stepped down: it holds no partitions until its database answers"
