@@ -59,6 +59,11 @@ const rolesTemplate = `-- Least-privilege roles for tenure's schema {{schema}}
 -- either, a frozen owner's locks last until idle_in_transaction_session_timeout
 -- (the worker says so once).
 --
+-- Strict hand-off (--strict): batches are prepared and finished as {{worker}}
+-- (SET ROLE), since PostgreSQL lets only the role that prepared a
+-- transaction, or a superuser, finish it. Login roles granted {{worker}}
+-- find it by themselves (or name it: --prepared-role {{worker}}).
+--
 -- --require-sync-standby reads pg_stat_replication, whose rows other roles
 -- cannot see in full without:
 --   GRANT pg_read_all_stats TO {{worker}};
