@@ -465,7 +465,8 @@ const (
 //
 // Errors that retrying within this claim cannot mend end it at once
 // (errStuck): a prepared batch this worker's role may not finish
-// (sink.PreparedOwnerError), a lock it cannot end.
+// (sink.PreparedOwnerError), a lock it cannot end, a privilege its role
+// lacks.
 func (c *Consumer) claimRow(ctx context.Context, cl *kgo.Client, l *lane, req sink.ClaimRequest, prepared bool) (sink.Claimed, error) {
 	req.LockTimeout = claimLockWait
 	var claimed sink.Claimed
@@ -482,6 +483,9 @@ func (c *Consumer) claimRow(ctx context.Context, cl *kgo.Client, l *lane, req si
 		}
 		var err error
 		claimed, err = c.store.Claim(ctx, req)
+		if sink.IsInsufficientPrivilege(err) {
+			return stuck(fmt.Errorf("the database role may not claim %s (grant it the schema's worker role: tenure migrate --print-roles): %w", l.key, err))
+		}
 		if sink.SQLState(err) == sink.CodeLockNotAvailable {
 			if waits++; waits >= claimLockTries {
 				return stuck(c.lockedRowError(ctx, l, err))
