@@ -61,6 +61,8 @@ type Consumer struct {
 
 	// db is what the database watch knows (dbwatch.go).
 	db dbWatch
+	// watch is what the group watch found (groupwatch.go).
+	watch groupWatch
 	// txSlots bounds the lanes' transactions at once below the pool's
 	// size (laneConns); made at the first transaction, from the pool.
 	txSlots func() chan struct{}
@@ -378,6 +380,8 @@ func (c *Consumer) session(ctx context.Context) (stepped bool, err error) {
 		return false, fmt.Errorf("kafka client: %w", err)
 	}
 	c.cl.CompareAndSwap(nil, cl)
+	// Stopped after the shutdown below: the row lives while the lanes end.
+	defer c.startHeartbeat(cl)()
 	defer func() {
 		if stepped {
 			c.stepDownSession(cl)
@@ -392,6 +396,7 @@ func (c *Consumer) session(ctx context.Context) (stepped bool, err error) {
 		go c.mirrorOffsets(wctx, cl)
 	}
 	go c.pruneFenceLogs(wctx)
+	go c.watchGroup(wctx, cl)
 	for {
 		pctx, wake := context.WithCancel(sctx)
 		c.pollMu.Lock()
