@@ -66,7 +66,7 @@ func (c *Consumer) writeHeartbeats(ctx context.Context, cl *kgo.Client) {
 	}()
 	failing := false
 	var pruned time.Time
-	t := time.NewTicker(heartbeatEvery)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		// A member fenced out of a classic group joins again under another
@@ -99,6 +99,13 @@ func (c *Consumer) writeHeartbeats(ctx context.Context, cl *kgo.Client) {
 			}
 			cancel()
 		}
+		// Until the member has joined, look for its id often: a member
+		// that dies within a beat of joining must have left a row.
+		next := heartbeatEvery
+		if written == "" {
+			next = min(heartbeatEvery, joinPoll)
+		}
+		t.Reset(next)
 		select {
 		case <-ctx.Done():
 			return
@@ -106,3 +113,7 @@ func (c *Consumer) writeHeartbeats(ctx context.Context, cl *kgo.Client) {
 		}
 	}
 }
+
+// joinPoll is how often the heartbeat loop looks for the member id before
+// the member has joined.
+const joinPoll = 100 * time.Millisecond
