@@ -117,8 +117,8 @@ func (e *env) totalHighWatermark(partitions int32) int64 {
 }
 
 // assignmentFields are the JSON fields of `tenure admin assignments`.
-var assignmentFields = []string{"client_id", "consumer_group", "epoch", "fence_epoch", "fence_owner", "high_watermark", "host",
-	"lag", "member_id", "next_offset", "partition", "reason", "state", "topic"}
+var assignmentFields = []string{"client_id", "consumer_group", "epoch", "fence_epoch", "fence_owner", "for_seconds", "high_watermark", "host",
+	"lag", "member_id", "next_offset", "partition", "reason", "since", "state", "topic"}
 
 // assignmentsJSON runs `tenure admin assignments --output json` and checks
 // that every object has exactly the documented fields.
@@ -824,7 +824,7 @@ func TestCLIAddAndAcknowledgePartitions(t *testing.T) {
 	}
 	tab := runCLI(t, 60*time.Second, "", append([]string{"admin", "assignments", "--brokers", brokers, "--group", e.group}, db...)...)
 	lines := strings.Split(strings.TrimSpace(tab.stdout), "\n")
-	if tab.code != 0 || len(lines) != 5 || strings.Join(strings.Fields(lines[0]), " ") != "GROUP TOPIC PARTITION MEMBER EPOCH TOKEN FENCE_OWNER NEXT_OFFSET HIGH_WATERMARK LAG STATE" ||
+	if tab.code != 0 || len(lines) != 5 || strings.Join(strings.Fields(lines[0]), " ") != "GROUP TOPIC PARTITION MEMBER EPOCH TOKEN FENCE_OWNER NEXT_OFFSET HIGH_WATERMARK LAG STATE FOR" ||
 		!strings.HasPrefix(lines[1], e.group+" ") || !regexp.MustCompile(`\btenure-A-[0-9a-f]{8}\s`).MatchString(lines[1]) ||
 		regexp.MustCompile(`[0-9a-f]{32}`).MatchString(tab.stdout) || !strings.Contains(lines[4], e.topic+"/0,1,2 held-partitions: "+reason) {
 		t.Errorf("admin assignments (table): %s", tab)
