@@ -124,7 +124,8 @@ func (f facts) judge(rows []Assignment) {
 				a.Reason = f.unownedReason(a, w)
 			}
 		}
-		if a.State != StateOK && waiting(a) && !w.none {
+		// A rebalance's start is not the partition's last commit: unknown.
+		if a.State != StateOK && a.State != StateRebalancing && waiting(a) && !w.none {
 			if since := later(act, w.at); !since.IsZero() {
 				a.setSince(since, f.now)
 			}

@@ -127,6 +127,15 @@ func TestJudgeLiveness(t *testing.T) {
 	since(13, ago(5))
 	state(14, StateOwnerSilent, "member A, assigned the partition and yet to claim it, silent for 15 s")
 
+	// Mid-rebalance, the partition's last commit says nothing about when
+	// the rebalance began: no since (the group watch counts from when it
+	// first saw it).
+	reb := []Assignment{lagged(Assignment{Topic: "jobs", Partition: 7, FenceOwner: "B", State: StateRebalancing}, 13, 3)}
+	f.judge(reb)
+	if reb[0].State != StateRebalancing || reb[0].Since != nil {
+		t.Errorf("rebalancing: %+v", reb[0])
+	}
+
 	// The oldest job's age decides: unknown counts as old; none waiting
 	// for the lane (a transaction marker, an open transaction) is ok.
 	for _, c := range []struct {
