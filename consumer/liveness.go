@@ -202,7 +202,7 @@ func (f facts) stuckReason(a *Assignment, act time.Time, w waitingJob) string {
 
 func (f facts) unownedReason(a *Assignment, w waitingJob) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "no member of the group is assigned the partition and %s", jobsWaiting(a))
+	fmt.Fprintf(&b, "no member of the group is assigned the partition; %s", jobsWaiting(a))
 	if !w.at.IsZero() {
 		fmt.Fprintf(&b, ", the oldest for %s", seconds(f.now.Sub(w.at)))
 	}

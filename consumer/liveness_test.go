@@ -118,7 +118,7 @@ func TestJudgeLiveness(t *testing.T) {
 	since(9, ago(15))
 	state(10, StateOK) // no heartbeat row and nothing waiting: nothing to say
 	state(11, StateOK)
-	state(12, StateUnowned, "no member of the group is assigned the partition and 8 jobs waiting, the oldest for 20 s",
+	state(12, StateUnowned, "no member of the group is assigned the partition; 8 jobs waiting, the oldest for 20 s",
 		"the members consume the topic, but the coordinator has not assigned this partition")
 	since(12, ago(20)) // the oldest job came after the last commit
 	if r := state(13, StateClaimPending); r.Reason != "" {

@@ -245,7 +245,7 @@ func TestDescribeUnownedWithJobs(t *testing.T) {
 	if r.State != StateUnowned || r.Lag == nil || *r.Lag != 5 || r.NextOffset != nil {
 		t.Fatalf("never claimed, nobody in the group: %+v", r)
 	}
-	if !strings.Contains(r.Reason, "no member of the group is assigned the partition and 5 jobs waiting, the oldest for ") ||
+	if !strings.Contains(r.Reason, "no member of the group is assigned the partition; 5 jobs waiting, the oldest for ") ||
 		!strings.Contains(r.Reason, "the group has no members") {
 		t.Errorf("reason: %q", r.Reason)
 	}
