@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -295,5 +296,14 @@ func TestDescribeUnownedWithJobs(t *testing.T) {
 			t.Fatalf("the new partition was not reported with its lag: %+v", cons.Stuck())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+
+	// A schema from before the heartbeats (a newer admin binary than the
+	// workers' schema): Describe goes on without them.
+	if _, err := w.store.Pool().Exec(w.ctx, `DROP TABLE `+pgx.Identifier{w.store.Schema()}.Sanitize()+`.workers`); err != nil {
+		t.Fatal(err)
+	}
+	if r := w.describe("other")["other"][0]; r.State != StateUnowned || r.Lag == nil {
+		t.Errorf("without the workers table: %+v", r)
 	}
 }
