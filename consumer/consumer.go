@@ -65,6 +65,8 @@ type Consumer struct {
 
 	// db is what the database watch knows (dbwatch.go).
 	db dbWatch
+	// watch is what the group watch found (groupwatch.go).
+	watch groupWatch
 	// txSlots bounds the lanes' transactions at once below the pool's
 	// size (laneConns); made at the first transaction, from the pool.
 	txSlots func() chan struct{}
@@ -389,6 +391,8 @@ func (c *Consumer) session(ctx context.Context) (stepped bool, err error) {
 		return false, fmt.Errorf("kafka client: %w", err)
 	}
 	c.cl.CompareAndSwap(nil, cl)
+	// Stopped after the shutdown below: the row lives while the lanes end.
+	defer c.startHeartbeat(cl)()
 	defer func() {
 		if stepped {
 			c.stepDownSession(cl)
@@ -404,6 +408,7 @@ func (c *Consumer) session(ctx context.Context) (stepped bool, err error) {
 	}
 	go c.pruneFenceLogs(wctx)
 	go c.watchRows(wctx)
+	go c.watchGroup(wctx, cl)
 	for {
 		pctx, wake := context.WithCancel(sctx)
 		c.pollMu.Lock()

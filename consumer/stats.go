@@ -55,6 +55,8 @@ type Stats struct {
 	// (keys, values, headers and a record's own size; a gauge), bounded by
 	// Config.WorkerBufferBytes plus one fetch.
 	BufferedBytes int64
+	// GroupWatchErrors counts group watches (Stuck) that failed.
+	GroupWatchErrors int64
 }
 
 type counters struct {
@@ -79,7 +81,7 @@ func (c *Consumer) Stats() Stats {
 		Recoveries: s.recoveries.Load(), Stalled: s.stalled.Load(), JobsLost: s.jobsLost.Load(),
 		StaleSessionsEnded: s.staleSessionsEnded.Load(), Divergences: s.divergences.Load(),
 		StepDowns: s.stepDowns.Load(), SteppedDown: b2i(c.db.down.Load()),
-		BufferedBytes: c.buffered.Load(),
+		BufferedBytes: c.buffered.Load(), GroupWatchErrors: c.watch.errors.Load(),
 	}
 }
 
