@@ -188,7 +188,7 @@ func (l *lane) take() *Batch {
 	lingered := false
 	var lingerUntil time.Time
 	for {
-		if l.stopping() || l.layoutHold.Load() != 0 {
+		if l.stopping() || l.layoutHold.Load() != 0 || l.rowMoved.Load() {
 			return nil
 		}
 		l.mu.Lock()

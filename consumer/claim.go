@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	mrand "math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -28,9 +30,14 @@ import (
 // once, here, and never refreshed: a KIP-848 epoch can rise later without the
 // partition moving, and the lane keeps the token it claimed with.
 //
-// ctx is cancelled if the group session starts revoking; an error returned
-// from here makes kgo abandon the session and rejoin, so no partition is ever
-// fetched without a claim behind it.
+// Every partition gets a lane, claimed or not. A partition whose claim
+// cannot be made now (the database, a lock it cannot end, a prepared batch
+// it may not finish, the claim timeout) starts paused, recorded as stalled
+// with the reason, and its lane claims it by itself (recover.go): one
+// stuck partition is that partition's trouble. An error returned from here
+// would make kgo abandon the whole group session and rejoin, moving every
+// other partition too, every claim timeout for as long as the one stays
+// stuck. ctx is cancelled if the group session starts revoking.
 func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	cl := c.cl.Load() // set: kgo calls OnPartitionsAssigned first
 	member, epoch := cl.GroupMetadata()
@@ -47,83 +54,147 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 	// In a fixed order (topic, partition), so that logs and tests can tell
 	// which partition is claimed first.
 	slices.Sort(topics)
-	logs, err := c.topicLogsOf(ctx, cl, topics, true)
-	if err != nil {
-		return nil, err
-	}
-	blocked, err := c.checkLayouts(ctx, topics, logs)
-	if err != nil {
-		return nil, err
-	}
-
-	// One round's registration and confirmation for the whole assignment;
-	// claimOne runs more rounds only for a partition that needs them.
-	rd, err := c.prepare(ctx, cl, member, epoch, -1, topics)
-	if err != nil {
-		return nil, err
-	}
-	// The group's committed offsets with their metadata: which of them
-	// tenure's mirror wrote (mirror.go), in which log epoch.
-	committed, err := c.committedOffsets(ctx, cl)
-	if err != nil {
-		return nil, err
-	}
+	a, err := c.readAssignment(ctx, cl, member, epoch, topics)
 	for _, topic := range topics {
 		parts := offsets[topic]
-		tl := logs[topic]
 		for _, p := range slices.Sorted(maps.Keys(parts)) {
-			at, fresh, err := c.claimPartition(ctx, cl, member, epoch, rd, tl, committed, tp{topic, p}, blocked[topic])
+			part := tp{topic, p}
+			var ok bool
 			if err != nil {
-				return nil, err
+				var l *lane
+				if l, ok = c.assignedLane(cl, member, epoch, part, 0, [16]byte{}, -1); ok {
+					parts[p] = c.claimLater(l, parts[p], err)
+				}
+			} else {
+				parts[p], ok = c.claimPartition(ctx, cl, member, epoch, a, part)
 			}
-			parts[p] = at
-			tl = fresh
+			if !ok {
+				return nil, errSessionEnded
+			}
 		}
 	}
 	return offsets, nil
 }
 
-// claimPartition claims one partition of the assignment and starts its
-// lane (running, held or blocked), or, fenced, a lane that recovers by
-// itself. It returns the partition's fetch position and the topic's log as
-// last read (a hold's check may read it again: the next partitions of the
-// topic use that). blocked is the topic's layout error, if any.
-func (c *Consumer) claimPartition(ctx context.Context, cl *kgo.Client, member string, epoch int32, rd *round, tl *topicLog,
-	committed map[tp]committedOffset, part tp, blocked error) (at kgo.Offset, _ *topicLog, _ error) {
-	topic, p := part.topic, part.partition
-	// Where a partition Postgres has never seen starts: at the log's
-	// start, or at an offset another client committed for the group
-	// (a group moving to tenure from plain Kafka offsets). An offset
-	// tenure's mirror committed says the partition was processed
-	// here before: the database should have its fencing row, and if
-	// it has not (restored from before the partition's first
-	// claim), the divergence check below holds the partition rather
-	// than take the mirror's word for what the database lost.
-	co, hasCommit := committed[tp{topic, p}]
-	start := max(tl.start[p], 0)
-	if hasCommit && !co.tenure {
-		start = max(start, co.offset)
+// errSessionEnded: the group session whose partitions were being claimed
+// is being stopped (a graceful stop, a step-down).
+var errSessionEnded = errors.New("claiming partitions: the group session is ending")
+
+// assignment is what the claims of one assignment share: the topics' logs,
+// their layout errors, one round's registration and confirmation (claimOne
+// runs more rounds only for a partition that needs them), the group's
+// committed offsets, and whether any prepared transaction exists.
+type assignment struct {
+	logs      map[string]*topicLog
+	blocked   map[string]error
+	rd        *round
+	committed map[tp]committedOffset
+	prepared  bool
+}
+
+// readAssignment reads what the claims of an assignment share.
+func (c *Consumer) readAssignment(ctx context.Context, cl *kgo.Client, member string, epoch int32, topics []string) (*assignment, error) {
+	a := &assignment{}
+	var err error
+	if a.logs, err = c.topicLogsOf(ctx, cl, topics, true); err != nil {
+		return nil, err
 	}
+	if a.blocked, err = c.checkLayouts(ctx, topics, a.logs); err != nil {
+		return nil, err
+	}
+	if a.rd, err = c.prepare(ctx, cl, member, epoch, -1, topics); err != nil {
+		return nil, err
+	}
+	// The group's committed offsets with their metadata: which of them
+	// tenure's mirror wrote (mirror.go), in which log epoch.
+	if a.committed, err = c.committedOffsets(ctx, cl); err != nil {
+		return nil, err
+	}
+	if a.prepared, err = c.mayHavePrepared(ctx); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// mayHavePrepared reports whether a claim must look for prepared batches
+// first: always for a strict worker, else when the server holds any of
+// tenure's (a strict worker's, left by a rolling restart that turned
+// --strict off, or by a strict owner that died).
+func (c *Consumer) mayHavePrepared(ctx context.Context) (bool, error) {
+	if c.cfg.Strict {
+		return true, nil
+	}
+	var any bool
+	err := c.retry(ctx, "looking for prepared batches", c.log, func() (err error) {
+		any, err = c.store.AnyPrepared(ctx)
+		return err
+	})
+	return any, err
+}
+
+// assignedLane makes the lane of a partition this member was just assigned
+// and puts it in the lanes' map, after releasing a lane of an earlier
+// assignment of the same partition. partitions and topicID are the topic's
+// as read (0 and zero: not read), start the offset the claim will start a
+// partition Postgres has never seen at (-1: not known yet). ok is false
+// when cl's session is being stopped: no lane.
+func (c *Consumer) assignedLane(cl *kgo.Client, member string, epoch int32, part tp, partitions int32, topicID [16]byte, start int64) (_ *lane, ok bool) {
 	c.mu.Lock()
-	if old := c.lanes[tp{topic, p}]; old != nil {
+	defer c.mu.Unlock()
+	if c.ended == cl {
+		return nil, false
+	}
+	if old := c.lanes[part]; old != nil {
 		// Assigned again without a revoke in between (the session was
 		// abandoned): the old lane's token is stale. It is released
 		// before the new lane exists, so that it can no longer pause
 		// or resume the partition under the new lane.
-		delete(c.lanes, tp{topic, p})
+		delete(c.lanes, part)
 		old.release()
 		go old.stopHard()
 	}
-	c.mu.Unlock()
-	key := sink.Partition{Group: c.cfg.Group, Topic: topic, Partition: p}
-	log := c.log.With(zap.String("topic", topic), zap.Int32("partition", p), zap.String("member", member))
-	l := newLane(c, cl, key, member, epoch, tl.partitions, log)
-	l.topicID = tl.id
+	key := sink.Partition{Group: c.cfg.Group, Topic: part.topic, Partition: part.partition}
+	log := c.log.With(zap.String("topic", part.topic), zap.Int32("partition", part.partition), zap.String("member", member))
+	l := newLane(c, cl, key, member, epoch, partitions, log)
+	l.topicID = topicID
 	// The coordinator's side of the history: when this member was
 	// given the partition, and the lane (claim id) that claims it.
 	// internal/history's Assignment reads this line.
 	l.log.Info(MsgClaiming, zap.Int32("member_epoch", epoch), zap.Int64("start_offset", start))
-	claimed, err := c.claimOne(ctx, cl, l, start, rd)
+	c.lanes[part] = l
+	return l, true
+}
+
+// claimLater starts l paused and recovering: its claim could not be made
+// now (cause). It returns the fetch position to give kgo meanwhile (at,
+// or the log's start where at is no exact offset): nothing is fetched
+// until the lane has claimed and moved it to the stored offset.
+func (c *Consumer) claimLater(l *lane, at kgo.Offset, cause error) kgo.Offset {
+	c.stats.claimsFailed.Add(1)
+	l.log.Warn(MsgClaimFailed, zap.Error(cause), zap.Bool("stalled", true))
+	l.startRecovering(claimFailedError{cause})
+	if at.EpochOffset().Offset < 0 {
+		at = kgo.NewOffset().AtStart()
+	}
+	return at
+}
+
+// claimPartition claims one partition of the assignment and starts its
+// lane: running, held or blocked, or recovering by itself when the claim
+// was refused or could not be made. It returns the partition's fetch
+// position; false when the session is being stopped (no lane).
+func (c *Consumer) claimPartition(ctx context.Context, cl *kgo.Client, member string, epoch int32, a *assignment, part tp) (kgo.Offset, bool) {
+	tl := a.logs[part.topic]
+	start := c.startOffset(tl, a.committed, part)
+	l, ok := c.assignedLane(cl, member, epoch, part, tl.partitions, tl.id, start)
+	if !ok {
+		return kgo.Offset{}, false
+	}
+	// A lane stopped while it claims (the session ends) ends its claim:
+	// stopping it waits for its goroutine, which starts after the claim.
+	cctx, cancel := l.within(ctx)
+	res, err := c.firstClaim(cctx, cl, l, a, start)
+	cancel()
 	switch {
 	case errors.Is(err, sink.ErrFenced):
 		// Another claim holds the partition. Usually this member is
@@ -134,53 +205,88 @@ func (c *Consumer) claimPartition(ctx context.Context, cl *kgo.Client, member st
 		l.log.Error(MsgClaimFenced, append(rejectedFields(err), zap.Int64("start_offset", start), zap.Error(err), zap.Bool("fenced", true))...)
 		l.next = start
 		l.fetchPos = start
-		at = kgo.NewOffset().At(start).WithEpoch(-1)
 		l.startRecovering(err)
+		return kgo.NewOffset().At(start).WithEpoch(-1), true
 	case err != nil:
-		log.Warn(MsgClaimFailed, zap.Error(err))
-		return at, tl, fmt.Errorf("claiming %s: %w", key, err)
-	default:
-		// Epoch -1: the position comes from Postgres, not from a
-		// Kafka commit, so kgo must not run its data-loss check
-		// with a leader epoch that belongs to another offset.
-		at = kgo.NewOffset().At(claimed.NextOffset).WithEpoch(-1)
-		l.fetchPos = claimed.NextOffset // the lane is not in c.lanes yet: nothing reads it concurrently
-		l.setAcked(claimed.NextOffset)
-		if claimed.Created && hasCommit && !co.tenure && co.offset > tl.start[p] {
-			l.log.Info("partition starts at the offset the group had committed in Kafka (not by tenure): jobs before it are taken as processed",
-				zap.Int64("start_offset", claimed.NextOffset), zap.Int64("log_start", tl.start[p]))
-		}
-		h, fresh, err := claimedLogHold(ctx, key, member, claimed, tl, func(ctx context.Context) (*topicLog, error) {
-			logs, err := c.topicLogsOf(ctx, cl, []string{topic}, true)
-			if err != nil {
-				return nil, err
-			}
-			return logs[topic], nil
-		})
-		if err != nil {
-			return at, tl, fmt.Errorf("claiming %s: reading the log again: %w", key, err)
-		}
-		tl = fresh
-		if h == nil && hasCommit && co.tenure && (claimed.Created || co.logEpoch == claimed.LogEpoch) {
-			source := "mirrored to Kafka's committed offsets"
-			if claimed.Created {
-				source += " by tenure, although the database has no fencing row for the partition (restored from before its first claim?)"
-			}
-			h = c.divergenceHold(key, member, claimed.NextOffset, co.offset, tl.end[p], source)
-		}
-		switch {
-		case h != nil:
-			l.startHeld(h)
-		case blocked != nil:
-			l.block()
-		default:
-			l.start()
-		}
+		return c.claimLater(l, kgo.NewOffset().At(start).WithEpoch(-1), err), true
 	}
-	c.mu.Lock()
-	c.lanes[tp{topic, p}] = l
-	c.mu.Unlock()
-	return at, tl, nil
+	switch {
+	case res.hold != nil:
+		l.startHeld(res.hold)
+	case res.blocked:
+		l.block()
+	default:
+		l.start()
+	}
+	// Epoch -1: the position comes from Postgres, not from a Kafka
+	// commit, so kgo must not run its data-loss check with a leader
+	// epoch that belongs to another offset.
+	return kgo.NewOffset().At(res.claimed.NextOffset).WithEpoch(-1), true
+}
+
+// startOffset is where a partition Postgres has never seen starts: at the
+// log's start, or at an offset another client committed for the group (a
+// group moving to tenure from plain Kafka offsets). An offset tenure's
+// mirror committed says the partition was processed here before: the
+// database should have its fencing row, and if it has not (restored from
+// before the partition's first claim), the divergence check holds the
+// partition rather than take the mirror's word for what the database lost.
+func (c *Consumer) startOffset(tl *topicLog, committed map[tp]committedOffset, part tp) int64 {
+	start := max(tl.start[part.partition], 0)
+	if co, ok := committed[part]; ok && !co.tenure {
+		start = max(start, co.offset)
+	}
+	return start
+}
+
+// firstClaimed is what a lane's first accepted claim found: the claim, and
+// what it must wait for before it processes anything.
+type firstClaimed struct {
+	claimed sink.Claimed
+	hold    *sink.Hold // offsets that do not fit the log, or the database behind the mirror
+	blocked bool       // the topic's partition count changed
+}
+
+// firstClaim is a lane's first claim of its assignment: the claim, then
+// the stored offsets checked against the log and against the offsets the
+// group mirrored to Kafka. It sets the lane's fetch position and
+// acknowledged offset; a refused claim matches sink.ErrFenced.
+func (c *Consumer) firstClaim(ctx context.Context, cl *kgo.Client, l *lane, a *assignment, start int64) (firstClaimed, error) {
+	part := tp{l.key.Topic, l.key.Partition}
+	tl := a.logs[part.topic]
+	claimed, err := c.claimOne(ctx, cl, l, start, a.rd, a.prepared)
+	if err != nil {
+		return firstClaimed{}, err
+	}
+	l.mu.Lock()
+	l.fetchPos = claimed.NextOffset
+	l.mu.Unlock()
+	l.setAcked(claimed.NextOffset)
+	co, hasCommit := a.committed[part]
+	if claimed.Created && hasCommit && !co.tenure && co.offset > tl.start[part.partition] {
+		l.log.Info("partition starts at the offset the group had committed in Kafka (not by tenure): jobs before it are taken as processed",
+			zap.Int64("start_offset", claimed.NextOffset), zap.Int64("log_start", tl.start[part.partition]))
+	}
+	h, fresh, err := claimedLogHold(ctx, l.key, l.owner, claimed, tl, func(ctx context.Context) (*topicLog, error) {
+		logs, err := c.topicLogsOf(ctx, cl, []string{part.topic}, true)
+		if err != nil {
+			return nil, err
+		}
+		return logs[part.topic], nil
+	})
+	if err != nil {
+		return firstClaimed{}, fmt.Errorf("claiming %s: reading the log again: %w", l.key, err)
+	}
+	// The next partitions of the topic use the log as last read.
+	a.logs[part.topic] = fresh
+	if h == nil && hasCommit && co.tenure && (claimed.Created || co.logEpoch == claimed.LogEpoch) {
+		source := "mirrored to Kafka's committed offsets"
+		if claimed.Created {
+			source += " by tenure, although the database has no fencing row for the partition (restored from before its first claim?)"
+		}
+		h = c.divergenceHold(l.key, l.owner, claimed.NextOffset, co.offset, fresh.end[part.partition], source)
+	}
+	return firstClaimed{claimed: claimed, hold: h, blocked: a.blocked[part.topic] != nil}, nil
 }
 
 // checkLayouts checks each topic's partition count against the one
@@ -251,7 +357,10 @@ const maxClaimRounds = 8
 // cannot be settled by the epoch: once the coordinator confirms us again,
 // we bump too. A bump never lets anyone in (sink.Store.BumpIncarnation).
 // docs/fencing.md walks through it; the Promela model in docs/model checks it.
-func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start int64, rd *round) (sink.Claimed, error) {
+//
+// prepared says whether prepared batches may hold the partition's row
+// (mayHavePrepared): the claim resolves them first (claimRow).
+func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start int64, rd *round, prepared bool) (sink.Claimed, error) {
 	v := int32(-1) // KIP-848: learn the group epoch first
 	if c.cfg.Protocol != NextGen {
 		v = l.epoch
@@ -292,28 +401,18 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 		if c.cfg.Hooks.BeforeClaim != nil {
 			c.cfg.Hooks.BeforeClaim(ctx, l.key, token)
 		}
-		var claimed sink.Claimed
 		creq := sink.ClaimRequest{
 			Partition: l.key, Token: token, Owner: l.owner, ClaimID: l.claimID,
 			StartOffset: start, PartitionCount: l.partitions, TopicID: l.topicID,
 		}
-		var err error
-		if c.cfg.Strict {
-			// Resolve the partition's older prepared batches first: each
-			// holds the fencing row's lock (strict.go).
-			claimed, err = c.strictClaim(ctx, cl, l, creq)
-		} else {
-			err = c.retry(ctx, "claim", l.log, func() (err error) {
-				claimed, err = c.store.Claim(ctx, creq)
-				return err
-			})
-		}
+		claimed, err := c.claimRow(ctx, cl, l, creq, prepared)
 		if err == nil {
 			if n := claimed.StaleSessionsEnded; n > 0 {
 				c.stats.staleSessionsEnded.Add(int64(n))
 				l.log.Warn("ended the session of an older owner of this partition that held its fencing row (stopped between its fence and its COMMIT)",
 					zap.Int("sessions", n))
 			}
+			l.claimedOnce = true
 			l.token = token
 			l.logEpoch = claimed.LogEpoch
 			l.next = claimed.NextOffset
@@ -342,6 +441,90 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 	return sink.Claimed{}, fmt.Errorf("claiming %s: no accepted claim after %d rounds of registering and confirming; the last rejection: %v",
 		l.key, maxClaimRounds, last)
 }
+
+// Bounds of a claim statement's wait for the fencing row's lock. A commit
+// in flight holds it for a moment; an older claimant's session stopped in
+// its transaction is ended by the claim (sink.Store.Claim's watch); a
+// prepared batch holds it until it is decided, which the claim does first
+// (claimRow). What is left after claimLockTries waits is a lock this claim
+// cannot end: the partition is held as stalled with the reason, and its
+// lane tries again by itself, rather than the claim waiting out the claim
+// timeout.
+const (
+	claimLockWait  = time.Second
+	claimLockTries = 3
+)
+
+// claimRow runs the claim statement of l's claim round: it first decides
+// the partition's prepared batches of older claims (resolvePrepared), in
+// either mode: a plain worker meets one when a rolling restart turned
+// --strict off, or a strict owner died, and each holds the fencing row's
+// lock until it is decided. prepared says whether there may be any; a
+// lock wait that times out makes the next try look in any case (a batch
+// prepared after the listing).
+//
+// Errors that retrying within this claim cannot mend end it at once
+// (errStuck): a prepared batch this worker's role may not finish
+// (sink.PreparedOwnerError), a lock it cannot end, a privilege its role
+// lacks.
+func (c *Consumer) claimRow(ctx context.Context, cl *kgo.Client, l *lane, req sink.ClaimRequest, prepared bool) (sink.Claimed, error) {
+	req.LockTimeout = claimLockWait
+	var claimed sink.Claimed
+	waits := 0
+	err := c.retry(ctx, "claim", l.log, func() error {
+		if prepared || waits > 0 {
+			if err := c.resolvePrepared(ctx, cl, l, req.Token); err != nil {
+				var oe *sink.PreparedOwnerError
+				if errors.As(err, &oe) {
+					return stuck(err)
+				}
+				return err
+			}
+		}
+		var err error
+		claimed, err = c.store.Claim(ctx, req)
+		if sink.IsInsufficientPrivilege(err) {
+			return stuck(fmt.Errorf("the database role may not claim %s (grant it the schema's worker role: tenure migrate --print-roles): %w", l.key, err))
+		}
+		if sink.SQLState(err) == sink.CodeLockNotAvailable {
+			if waits++; waits >= claimLockTries {
+				return stuck(c.lockedRowError(ctx, l, err))
+			}
+		}
+		return err
+	})
+	return claimed, err
+}
+
+// lockedRowError says why a claim gave up waiting for the fencing row's
+// lock, naming the partition's prepared batches if there are any.
+func (c *Consumer) lockedRowError(ctx context.Context, l *lane, err error) error {
+	why := "by a session this claim may not end (not an older claimant's batch transaction, or the privilege to end it is missing)"
+	if _, gids, lerr := c.store.ListPrepared(ctx, l.key); lerr == nil && len(gids) > 0 {
+		why = fmt.Sprintf("by prepared batch(es) %s, which this claim may not decide (of a claim at or above its token)", strings.Join(gids, ", "))
+	}
+	return fmt.Errorf("the fencing row of %s stayed locked through %d waits of %s, %s: %w", l.key, claimLockTries, claimLockWait, why, err)
+}
+
+// claimFailedError is the cause a lane recovers from when its claim at
+// assignment could not be made (claimLater): its partition is recorded as
+// stalled at once, with the reason.
+type claimFailedError struct{ err error }
+
+func (e claimFailedError) Error() string { return e.err.Error() }
+func (e claimFailedError) Unwrap() error { return e.err }
+
+// errStuck is matched by errors that retrying does not mend: retry gives
+// up on them at once, and the lane holds its partition as stalled.
+var errStuck = errors.New("stuck")
+
+type stuckError struct{ err error }
+
+func (e stuckError) Error() string        { return e.err.Error() }
+func (e stuckError) Unwrap() error        { return e.err }
+func (e stuckError) Is(target error) bool { return target == errStuck }
+
+func stuck(err error) error { return stuckError{err} }
 
 // bump moves the group's incarnation on from the one registered in r, once
 // the coordinator has confirmed epoch v after that registration: either an
@@ -535,20 +718,33 @@ func (c *Consumer) topicLogsOf(ctx context.Context, cl *kgo.Client, topics []str
 	return out, err
 }
 
-// watchLayouts checks every layoutWatch that the topics' partition counts
-// are still the ones the group recorded. Assignments check it too, but a
-// worker whose assignment does not change would otherwise go on processing
-// a topic whose keys now map elsewhere. On a change, every lane of the topic
-// finishes its batch and waits for the operator's acknowledgement.
+// watchLayouts reads the topics' partition counts from Kafka every
+// layoutWatch (at once first) and acts on two things:
+//
+//   - a count that changed since the last read: kgo refreshes its metadata
+//     only every few minutes (MetadataMaxAge), and a classic group's leader
+//     assigns new partitions only once its metadata shows them, so the
+//     refresh is forced now. This must not depend on the recorded count: an
+//     operator who adds partitions and acknowledges them at once leaves
+//     nothing for the layout check below to see, and the new partitions
+//     stayed unowned, with jobs waiting, until kgo's next refresh;
+//   - a count that differs from the one the group recorded: assignments
+//     check it too, but a worker whose assignment does not change would
+//     otherwise go on processing a topic whose keys now map elsewhere. Every
+//     lane of the topic finishes its batch and waits for the operator's
+//     acknowledgement.
 func (c *Consumer) watchLayouts(ctx context.Context, cl *kgo.Client) {
 	t := time.NewTicker(layoutWatch)
 	defer t.Stop()
 	warned := map[string]int32{}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	seen := map[string]int32{} // Kafka's count at the last read
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 		}
 		logs, err := topicLogs(ctx, cl, c.cfg.Topics, false)
 		if err != nil {
@@ -557,6 +753,11 @@ func (c *Consumer) watchLayouts(ctx context.Context, cl *kgo.Client) {
 		}
 		for topic, tl := range logs {
 			n := tl.partitions
+			if old, ok := seen[topic]; ok && old != n {
+				c.log.Warn(MsgPartitionCountChanged, zap.String("topic", topic), zap.Int32("from", old), zap.Int32("to", n))
+				cl.ForceMetadataRefresh()
+			}
+			seen[topic] = n
 			err := c.store.CheckLayout(ctx, c.cfg.Group, topic, n)
 			if !errors.Is(err, sink.ErrPartitionsChanged) {
 				continue
@@ -564,9 +765,6 @@ func (c *Consumer) watchLayouts(ctx context.Context, cl *kgo.Client) {
 			if warned[topic] != n {
 				warned[topic] = n
 				c.log.Error("topic partitions changed: not processing it", zap.String("topic", topic), zap.Error(err))
-				// kgo refreshes metadata every few minutes; a classic
-				// group's leader assigns the new partitions only once it
-				// sees them.
 				cl.ForceMetadataRefresh()
 			}
 			c.holdTopic(topic, n)
@@ -586,12 +784,13 @@ func (c *Consumer) holdTopic(topic string, n int32) {
 	}
 }
 
-// retry runs fn until it succeeds, returns an error matching sink.ErrFenced,
-// or ctx ends; between attempts it backs off like a failing batch does.
+// retry runs fn until it succeeds, returns an error matching sink.ErrFenced
+// or errStuck, or ctx ends; between attempts it backs off like a failing
+// batch does.
 func (c *Consumer) retry(ctx context.Context, what string, log *zap.Logger, fn func() error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn()
-		if err == nil || errors.Is(err, sink.ErrFenced) {
+		if err == nil || errors.Is(err, sink.ErrFenced) || errors.Is(err, errStuck) {
 			return err
 		}
 		if ctx.Err() != nil {
@@ -626,11 +825,17 @@ func (c *Consumer) backoff(attempt int) time.Duration {
 // backoff (RetryBackoffMax), which spares it.
 const reconnectBackoffMax = time.Second
 
-// retryDelay is backoff for a failure with error err.
+// retryDelay is backoff for a failure with error err, jittered.
 func (c *Consumer) retryDelay(attempt int, err error) time.Duration {
 	d := c.backoff(attempt)
 	if databaseAway(err) {
 		d = min(d, reconnectBackoffMax)
 	}
-	return d
+	return jitter(d)
+}
+
+// jitter spreads d over [0.75d, 1.25d): waits that many lanes or workers
+// start together (a database back, a hand-off) do not stay in step.
+func jitter(d time.Duration) time.Duration {
+	return d*3/4 + time.Duration(mrand.Int64N(int64(d)/2+1))
 }

@@ -41,6 +41,10 @@ type Consumer struct {
 
 	mu    sync.Mutex
 	lanes map[tp]*lane
+	// ended is the client of a group session whose lanes were taken to
+	// stop (shutdown, stepDownSession): no lane is made for it any more,
+	// or a claim still running would leave one behind that nothing stops.
+	ended *kgo.Client
 
 	running chan struct{} // closed when Run starts
 
@@ -61,6 +65,8 @@ type Consumer struct {
 
 	// db is what the database watch knows (dbwatch.go).
 	db dbWatch
+	// watch is what the group watch found (groupwatch.go).
+	watch groupWatch
 	// txSlots bounds the lanes' transactions at once below the pool's
 	// size (laneConns); made at the first transaction, from the pool.
 	txSlots func() chan struct{}
@@ -347,6 +353,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if err := sink.CheckPreparedTransactions(ctx, c.store.Pool()); err != nil {
 			return err
 		}
+		if err := c.store.CheckStrictRole(ctx); err != nil {
+			return err
+		}
+	} else if _, err := c.store.PreparedRole(ctx); err != nil {
+		// Needed only to finish a strict worker's batch, should this
+		// worker's claim meet one; read again then.
+		c.log.Warn("cannot tell the role prepared batches are finished as; a strict worker's batch this worker meets may stay prepared", zap.Error(err))
 	}
 	wctx, stopProbe := context.WithCancel(ctx)
 	defer stopProbe()
@@ -378,6 +391,8 @@ func (c *Consumer) session(ctx context.Context) (stepped bool, err error) {
 		return false, fmt.Errorf("kafka client: %w", err)
 	}
 	c.cl.CompareAndSwap(nil, cl)
+	// Stopped after the shutdown below: the row lives while the lanes end.
+	defer c.startHeartbeat(cl)()
 	defer func() {
 		if stepped {
 			c.stepDownSession(cl)
@@ -392,6 +407,8 @@ func (c *Consumer) session(ctx context.Context) (stepped bool, err error) {
 		go c.mirrorOffsets(wctx, cl)
 	}
 	go c.pruneFenceLogs(wctx)
+	go c.watchRows(wctx)
+	go c.watchGroup(wctx, cl)
 	for {
 		pctx, wake := context.WithCancel(sctx)
 		c.pollMu.Lock()
@@ -639,6 +656,7 @@ const leaveTimeout = 3 * time.Second
 // leaves the group and closes the client.
 func (c *Consumer) shutdown(cl *kgo.Client) {
 	c.mu.Lock()
+	c.ended = cl
 	lanes := make([]*lane, 0, len(c.lanes))
 	for k, l := range c.lanes {
 		lanes = append(lanes, l)

@@ -2,11 +2,14 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
@@ -37,7 +40,9 @@ import (
 // that died.
 
 const (
-	probeEvery   = time.Second
+	probeEvery = time.Second
+	// probeTimeout bounds a probe's SELECT 1 on an open connection: its
+	// answer, not its dial (see probeOnce).
 	probeTimeout = 2 * time.Second
 	rejoinAfter  = 2
 )
@@ -66,41 +71,27 @@ func (c *Consumer) setStepDown(f context.CancelFunc) {
 	c.db.mu.Unlock()
 }
 
-// probeDatabase runs the probe until ctx ends.
+// probeDatabase runs the database watch until ctx ends: the probes on a
+// goroutine of their own, and the judgement (step down?) here, every
+// probeEvery. They are apart because a probe may take long to dial (below)
+// and the judgement must not wait for it: a database that has not answered
+// for DatabaseTimeout has not answered, whatever the probe is doing.
 func (c *Consumer) probeDatabase(ctx context.Context) {
 	c.noteDatabase() // a worker that starts gets a full DatabaseTimeout
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		c.runProbes(ctx)
+	}()
+	defer func() { <-probed }()
 	t := time.NewTicker(probeEvery)
 	defer t.Stop()
-	defer func() {
-		if c.db.conn != nil {
-			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = c.db.conn.Close(cctx)
-			cancel()
-		}
-	}()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		ok := c.probeOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if ok {
-			c.noteDatabase()
-			if n := c.db.okRun.Add(1); n >= rejoinAfter && c.db.down.Load() {
-				c.db.mu.Lock()
-				if c.db.answered != nil {
-					close(c.db.answered)
-					c.db.answered = nil
-				}
-				c.db.mu.Unlock()
-			}
-			continue
-		}
-		c.db.okRun.Store(0)
 		silent := time.Since(time.Unix(0, c.db.lastOK.Load()))
 		if c.cfg.DatabaseTimeout < 0 || silent < c.cfg.DatabaseTimeout || c.db.down.Load() {
 			continue
@@ -109,6 +100,7 @@ func (c *Consumer) probeDatabase(ctx context.Context) {
 		stepDown := c.db.stepDown
 		if stepDown != nil {
 			c.db.down.Store(true)
+			c.db.okRun.Store(0)
 			c.db.answered = make(chan struct{})
 		}
 		c.db.mu.Unlock()
@@ -122,29 +114,113 @@ func (c *Consumer) probeDatabase(ctx context.Context) {
 	}
 }
 
-// probeOnce runs SELECT 1 on the probe's own connection (opened as the
-// store's pool opens its connections), within probeTimeout, connection
-// included. A failed probe drops the connection: the next one dials again.
+// runProbes probes the database every probeEvery (one probe at a time)
+// until ctx ends, and notes each answer.
+func (c *Consumer) runProbes(ctx context.Context) {
+	defer func() {
+		if c.db.conn != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = c.db.conn.Close(cctx)
+			cancel()
+		}
+	}()
+	t := time.NewTicker(probeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ok := c.probeOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if !ok {
+			c.db.okRun.Store(0)
+			continue
+		}
+		c.noteDatabase()
+		if n := c.db.okRun.Add(1); n >= rejoinAfter && c.db.down.Load() {
+			c.db.mu.Lock()
+			if c.db.answered != nil {
+				close(c.db.answered)
+				c.db.answered = nil
+			}
+			c.db.mu.Unlock()
+		}
+	}
+}
+
+// probeOnce reports whether the database answered one round trip: SELECT 1
+// on the probe's own connection (opened as the store's pool opens its
+// connections) within probeTimeout.
+//
+// The dial is not part of that budget. A multi-host URL (db1,db2, what a
+// formation's clients use) tries its hosts in turn, each for up to
+// connect_timeout: after a failover whose old primary's host is gone
+// (packets dropped), every new connection spends connect_timeout on it
+// before it reaches the new primary, as the pool's own connections do.
+// A probe that counted the dial would never get past it, and a worker that
+// stepped down would never join again. So the dial gets the time the
+// pool's dial gets: connect_timeout for every host (dialBudget).
+//
+// Any completed round trip is an answer: a server that refuses the
+// connection (too many connections, a role's connection limit, a login it
+// rejects, a server starting up) or the statement has answered, which is
+// what the watch asks. The worker's own pool may well work meanwhile (its
+// connections are open), and stepping down would not help: the server
+// refuses everyone alike. A failed probe drops the connection (one whose
+// answer may be pending is not reused): the next one dials again.
 func (c *Consumer) probeOnce(ctx context.Context) bool {
-	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
 	if c.db.conn == nil || c.db.conn.IsClosed() {
-		conn, err := pgx.ConnectConfig(pctx, c.store.Pool().Config().ConnConfig)
+		cfg := c.store.Pool().Config().ConnConfig
+		dctx, cancel := context.WithTimeout(ctx, dialBudget(cfg, c.cfg.DatabaseTimeout))
+		conn, err := pgx.ConnectConfig(dctx, cfg)
+		cancel()
 		if err != nil {
 			c.log.Debug("database probe: connecting failed", zap.Error(err))
-			return false
+			return serverAnswered(err)
 		}
 		c.db.conn = conn
 	}
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
 	if _, err := c.db.conn.Exec(pctx, "SELECT 1"); err != nil {
 		c.log.Debug("database probe failed", zap.Error(err))
 		cctx, ccancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		_ = c.db.conn.Close(cctx) // a connection whose answer may be pending is not reused
+		_ = c.db.conn.Close(cctx)
 		ccancel()
 		c.db.conn = nil
-		return false
+		return serverAnswered(err)
 	}
 	return true
+}
+
+// dialBudget is how long the probe may take to open its connection: at
+// least as long as pgx takes to try every host of cfg with its
+// connect_timeout (a host that resolves to several addresses, or a
+// preferred host tried again last, costs one more), and never less than
+// the database timeout (the judgement does not wait for the dial anyway).
+func dialBudget(cfg *pgx.ConnConfig, databaseTimeout time.Duration) time.Duration {
+	d := max(databaseTimeout, probeTimeout)
+	if cfg.ConnectTimeout > 0 {
+		// Fallbacks also hold a host's other TLS modes, which pgx tries
+		// within the same host's timeout: count hosts, not fallbacks.
+		hosts := map[string]bool{cfg.Host + ":" + strconv.Itoa(int(cfg.Port)): true}
+		for _, f := range cfg.Fallbacks {
+			hosts[f.Host+":"+strconv.Itoa(int(f.Port))] = true
+		}
+		d = max(d, time.Duration(1+len(hosts))*cfg.ConnectTimeout+probeTimeout)
+	}
+	return d
+}
+
+// serverAnswered reports whether err came from the server itself (a
+// PostgreSQL error response): the network path works.
+func serverAnswered(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr)
 }
 
 // awaitDatabase waits, stepped down, until the database has answered
@@ -174,6 +250,7 @@ func (c *Consumer) awaitDatabase(ctx context.Context) bool {
 // commit stuck on a dead connection ends at its CommitTimeout).
 func (c *Consumer) stepDownSession(cl *kgo.Client) {
 	c.mu.Lock()
+	c.ended = cl
 	lanes := make([]*lane, 0, len(c.lanes))
 	for k, l := range c.lanes {
 		lanes = append(lanes, l)

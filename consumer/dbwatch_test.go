@@ -2,6 +2,8 @@ package consumer_test
 
 import (
 	"fmt"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,4 +130,73 @@ func TestDefaultDatabaseTimeout(t *testing.T) {
 			t.Errorf("DefaultDatabaseTimeout(%s) = %s, want %s", c.session, got, c.want)
 		}
 	}
+}
+
+// A multi-host URL (postgres://db1,db2/...?connect_timeout=2) whose first
+// host is gone without a reset, as an old primary's host after a failover:
+// every new connection spends connect_timeout on it before it reaches the
+// second. The database watch's probe once counted its dial in its 2s
+// answer budget, so it never got past the first host: a worker that had
+// stepped down never joined the group again, while its own pool reached
+// the second host. Here the worker is cut off (the second host stalls),
+// steps down, and must join again once the second host answers.
+func TestWorkerRejoinsThroughAMultiHostURL(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	key := func(i int) string { return fmt.Sprintf("k%d", i%40) }
+	b.produce(80, key)
+	proxy, store := proxiedStoreAfter(t, b, tarpit(t))
+	cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	cfg.Store = store
+	cfg.DatabaseTimeout = 5 * time.Second
+	cfg.CommitTimeout = 3 * time.Second
+	w, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, w)
+	b.waitDone(60 * time.Second)
+	proxy.Stall(true)
+	waitForCond(t, 30*time.Second, "the worker to step down", func() bool { return w.Stats().SteppedDown == 1 })
+	proxy.Stall(false)
+	waitForCond(t, 40*time.Second, "the worker to join the group again through the second host", func() bool {
+		st := w.Stats()
+		return st.SteppedDown == 0 && st.Lanes > 0
+	})
+	b.produce(80, key)
+	b.waitDone(60 * time.Second)
+	b.check()
+}
+
+// tarpit returns the address of a listener that accepts connections and
+// never answers on them: a host whose packets are dropped, as a client
+// past its TCP handshake sees it (waiting for the server's first message).
+func tarpit(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -38,7 +39,9 @@ const (
 	StateStaleOwner State = "stale-owner"
 	// StateUnowned: no member is assigned the partition (the group is empty
 	// or unknown to the coordinator, or no member consumes the topic). The
-	// fence columns show the last owner, if any.
+	// fence columns show the last owner, if any. With jobs waiting, Reason
+	// says so, how many, and which of those it is; Since is the later of
+	// the last claim or commit and the oldest waiting job's timestamp.
 	StateUnowned State = "unowned"
 	// StateRebalancing: a classic group is mid-rebalance
 	// (PreparingRebalance or CompletingRebalance); the coordinator does not
@@ -50,6 +53,24 @@ const (
 	// and process none of it until an operator acknowledges the count
 	// (tenure admin topic acknowledge-partitions).
 	StateHeldPartitions State = "held-partitions"
+	// StateOwnerSilent: the member the coordinator assigns the partition
+	// has stopped: its heartbeat row (sink.Store.Heartbeat, every 2 s) is
+	// older than 10 s, and its fencing row has not moved for as long; or it
+	// has no heartbeat row (a worker without heartbeats) while it holds the
+	// fencing row, jobs wait, and the row has not moved for 10 s. The
+	// coordinator keeps such a member until its session times out (45 s by
+	// default), and then moves the partition. Reason says who, since when,
+	// and how many jobs wait; Since is its last sign of life. Shown with or
+	// without jobs waiting when the heartbeat says so.
+	StateOwnerSilent State = "owner-silent"
+	// StateNotProgressing: the partition's owner is alive (heartbeat) but
+	// jobs wait, its fencing row shows no commit or claim for 20 s, and its
+	// oldest waiting job is older than 20 s too: a batch running long (a
+	// slow or blocked handler), a batch failing and retried, or a stuck
+	// lane. An owner that was idle and has just been given a job is not
+	// this. Since is the later of the last commit and the oldest waiting
+	// job's timestamp.
+	StateNotProgressing State = "not-progressing"
 	// StateStalled: the worker that holds the partition cannot claim or
 	// commit it and is recovering by itself (sink.HoldStalled); Reason says
 	// why. Persisting, it needs a look (the database, the coordinator).
@@ -109,7 +130,11 @@ type Assignment struct {
 	// Lag is HighWatermark - NextOffset: jobs not yet committed in Postgres.
 	// Lag tools that read Kafka's committed offsets cannot see it. A
 	// negative lag means Postgres is ahead of the log: the topic was
-	// deleted and recreated, or truncated.
+	// deleted and recreated, or truncated. A partition without a fencing
+	// row (never claimed: a new partition, a new group) counts from where
+	// its first claim would start: the log's start, or the group's
+	// committed offset in Kafka if that is higher. It counts transaction
+	// markers too: a transactional producer leaves a lag of at least 1.
 	Lag *int64 `json:"lag"`
 
 	// State compares the two views; first rule that applies:
@@ -126,14 +151,36 @@ type Assignment struct {
 	//   - claim-pending: otherwise (no fencing row yet, or its owner is
 	//     another current member);
 	//
+	// then, whether the partition makes progress (ok, stale-owner and
+	// claim-pending only):
+	//
+	//   - owner-silent: the assigned member has stopped (StateOwnerSilent);
+	//   - not-progressing: ok by the rules above, but jobs wait and nothing
+	//     is committed (StateNotProgressing);
+	//
 	// and then, unless rebalancing, an open hold of the partition
-	// (tenure admin holds) overrides it: stalled, handler-bug,
-	// topic-recreated, log-truncated or ahead-of-log.
+	// (tenure admin holds) overrides it: stalled (but not owner-silent: a
+	// stall its silent owner recorded clears at the next claim),
+	// handler-bug, topic-recreated, log-truncated, ahead-of-log or
+	// diverged.
+	//
+	// ok is exactly a partition that is owned and progressing, or has no
+	// jobs waiting.
 	State State `json:"state"`
 	// Reason says why a held partition is held, and what resolves it
 	// (held-partitions: PartitionsChangedReason; an open hold: its own
-	// reason); "" otherwise.
+	// reason), and why a partition with jobs waiting does not progress
+	// (owner-silent, not-progressing, unowned: who, how many jobs, for how
+	// long); "" otherwise.
 	Reason string `json:"reason"`
+	// Since is when the state began, as well as it can be known (the
+	// database's clock): a hold's since; a silent owner's last heartbeat or
+	// commit; for the other states other than ok with jobs waiting, the
+	// later of the last claim or commit and the oldest waiting job's
+	// timestamp. Null when it cannot be known, and for ok.
+	Since *time.Time `json:"since"`
+	// ForSeconds is how long before the read Since was, in whole seconds.
+	ForSeconds *int64 `json:"for_seconds"`
 }
 
 // PartitionsChangedReason says why the workers of group process none of
@@ -171,6 +218,16 @@ func PartitionsChangedReason(group, topic string, recorded, now int32) string {
 // topics' metadata, so members consuming several topics are described
 // correctly. Partitions of a topic ID the metadata does not know (the topic
 // was deleted since) are left out.
+//
+// Whether each partition makes progress (owner-silent, not-progressing,
+// and the reason and Since of the other states) comes from the group's
+// heartbeat rows (sink.Store.Workers) and the fencing rows' last claim or
+// commit, compared on the database's clock, and, for the partitions whose
+// jobs wait while nothing moves, from the timestamp of the oldest waiting
+// job: one Fetch request per partition leader, of at most 64 KiB per
+// partition, sent only when there are such partitions. A partition
+// without a fencing row gets its lag from the log's start offsets and the
+// group's committed offsets, read only when there is such a partition.
 //
 // The coordinator, Postgres and the log are read one after the other, not
 // atomically: a hand-off between the reads can show as claim-pending or
@@ -225,20 +282,67 @@ func Describe(ctx context.Context, cl *kgo.Client, store *sink.Store, group stri
 	if err != nil {
 		return nil, fmt.Errorf("reading the holds of group %q: %w", group, err)
 	}
+	workers, now, err := store.Workers(ctx, group)
+	if sink.IsMissingTables(err) {
+		// A schema before migration 016: no heartbeats to read.
+		err = store.Pool().QueryRow(ctx, `SELECT now()`).Scan(&now)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the heartbeats of group %q: %w", group, err)
+	}
 	rows := join(view, fences, ends, recorded, topics)
+	startLags(ctx, adm, group, topics, rows)
 	for i := range rows {
 		rows[i].Group = group
 		if t := rows[i].Topic; rows[i].State == StateHeldPartitions {
 			rows[i].Reason = PartitionsChangedReason(group, t, recorded[t], int32(len(ends[t])))
 		}
 	}
-	return applyHolds(rows, holds), nil
+	f := newFacts(now, view, workers, fences)
+	f.waiting = oldestWaiting(ctx, cl, adm, f.suspects(rows))
+	f.judge(rows)
+	return applyHolds(rows, holds, now), nil
+}
+
+// startLags gives the partitions without a fencing row a lag: from their
+// high watermark to where a first claim would start, the log's start or
+// the group's committed offset in Kafka if that is higher. Nothing is
+// read when every partition has a fencing row; what cannot be read leaves
+// the lag null.
+func startLags(ctx context.Context, adm *kadm.Client, group string, topics []string, rows []Assignment) {
+	var need []int
+	for i := range rows {
+		if rows[i].NextOffset == nil && rows[i].HighWatermark != nil {
+			need = append(need, i)
+		}
+	}
+	if len(need) == 0 {
+		return
+	}
+	starts, err := adm.ListStartOffsets(ctx, topics...)
+	if err != nil {
+		return
+	}
+	committed, _ := adm.FetchOffsets(ctx, group) // none: the log's start
+	for _, i := range need {
+		a := &rows[i]
+		s, ok := starts.Lookup(a.Topic, a.Partition)
+		if !ok || s.Err != nil {
+			continue
+		}
+		start := s.Offset
+		if c, ok := committed.Lookup(a.Topic, a.Partition); ok && c.Err == nil {
+			start = max(start, c.At)
+		}
+		a.Lag = ptr(*a.HighWatermark - start)
+	}
 }
 
 // applyHolds shows each partition's open hold on its row (see
 // Assignment.State): the oldest that waits for an operator (holds come in
-// id order), saying how many more wait behind it.
-func applyHolds(rows []Assignment, holds []sink.Hold) []Assignment {
+// id order), saying how many more wait behind it, since when (the
+// database's clock is now).
+func applyHolds(rows []Assignment, holds []sink.Hold, now time.Time) []Assignment {
 	type key struct {
 		topic string
 		p     int32
@@ -256,10 +360,11 @@ func applyHolds(rows []Assignment, holds []sink.Hold) []Assignment {
 	for i := range rows {
 		k := key{rows[i].Topic, rows[i].Partition}
 		h, ok := byPart[k]
-		if !ok || rows[i].State == StateRebalancing {
+		if !ok || rows[i].State == StateRebalancing || (rows[i].State == StateOwnerSilent && !h.Kind.NeedsAck()) {
 			continue
 		}
 		rows[i].State, rows[i].Reason = State(h.Kind), h.Reason
+		rows[i].setSince(h.Since, now)
 		if n := more[k]; n > 0 {
 			rows[i].Reason += fmt.Sprintf(" (and %d more open hold(s): tenure admin holds)", n)
 		}

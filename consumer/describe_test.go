@@ -233,12 +233,12 @@ func TestAssignmentJSONFields(t *testing.T) {
 		got = append(got, k)
 	}
 	sort.Strings(got)
-	want := []string{"client_id", "consumer_group", "epoch", "fence_epoch", "fence_owner", "high_watermark", "host", "lag",
-		"member_id", "next_offset", "partition", "reason", "state", "topic"}
+	want := []string{"client_id", "consumer_group", "epoch", "fence_epoch", "fence_owner", "for_seconds", "high_watermark", "host", "lag",
+		"member_id", "next_offset", "partition", "reason", "since", "state", "topic"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("JSON fields %v, want %v", got, want)
 	}
-	for _, k := range []string{"epoch", "next_offset", "high_watermark", "lag"} {
+	for _, k := range []string{"epoch", "next_offset", "high_watermark", "lag", "since", "for_seconds"} {
 		if m[k] != nil {
 			t.Errorf("%s of an empty assignment should be null, got %v", k, m[k])
 		}

@@ -17,10 +17,12 @@ const (
 	MsgClaimed = "partition claimed"
 	// MsgClaimFenced: the claim was rejected (claim_token, held_by).
 	MsgClaimFenced = "claim rejected: fenced"
-	// MsgClaimFailed: a claim failed for another reason (the database, the
-	// claim timeout): the member gives up the group session and joins
-	// again, claiming every partition it is then assigned.
-	MsgClaimFailed = "claim failed: abandoning the group session to rejoin"
+	// MsgClaimFailed: a claim could not be made for another reason (the
+	// database, a lock the claim cannot end, a prepared batch this worker
+	// may not finish, the claim timeout): the partition waits, paused and
+	// recorded as stalled with the reason, and its lane claims it again by
+	// itself (MsgStalled, MsgRecovered). The group session goes on.
+	MsgClaimFailed = "claim failed: the partition waits, held as stalled, and its lane claims it again by itself"
 	// MsgRecovered: a lane claimed its partition again after a rejection.
 	MsgRecovered = "partition claimed again: processing resumes"
 	// MsgBatchFenced: the fence rejected a batch (from, to).
@@ -40,6 +42,10 @@ const (
 	// IncarnationMovedOn: a claim of this worker moved the group's
 	// incarnation on (why: a reset of the group's epochs, or a tie).
 	IncarnationMovedOn = "incarnation moved on"
+	// MsgPartitionCountChanged: a topic's partition count in Kafka changed
+	// (topic, from, to); the worker refreshes its metadata at once, so that
+	// the group assigns the new partitions.
+	MsgPartitionCountChanged = "topic partition count changed in Kafka: refreshing metadata"
 	// MsgSteppedDown and MsgRejoining: the worker left the group because its
 	// database did not answer, and joins again now that it does.
 	MsgSteppedDown = "worker stepped down: it holds no partitions until its database answers"

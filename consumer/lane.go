@@ -62,22 +62,28 @@ type lane struct {
 	through atomic.Int32
 
 	// Set by the claim, then read by the lane goroutine only.
-	token    sink.Token
-	logEpoch int64 // the partition's log epoch at the claim (sink.Claimed.LogEpoch)
-	next     int64 // the stored next offset as this lane knows it
-	log      *zap.Logger
-	baseLog  *zap.Logger // log without the token
+	claimedOnce bool // a claim of this lane was accepted
+	token       sink.Token
+	logEpoch    int64 // the partition's log epoch at the claim (sink.Claimed.LogEpoch)
+	next        int64 // the stored next offset as this lane knows it
+	log         *zap.Logger
+	baseLog     *zap.Logger // log without the token
 
 	topicID    [16]byte     // the topic's id when the partition was assigned (zero: unknown)
 	blocked    bool         // claimed, then waiting for a partition count acknowledgement
 	held       *sink.Hold   // claimed, then waiting for an operator to acknowledge this hold
 	recovering error        // the claim was rejected: find out why and claim again (recover)
 	layoutHold atomic.Int32 // a new partition count to wait for, set by the layout watcher; 0: none
+	// rowMoved: the row watch saw the partition's fencing row changed by
+	// someone else (rowwatch.go); inRecovery: the lane is claiming again.
+	rowMoved   atomic.Bool
+	inRecovery atomic.Bool
 	// seekTo is the offset the poll loop must move the partition's fetch
 	// position to (kgo's SetOffsets), -1 for none: after a lane claims again
 	// (recover, an acknowledged hold) its next offset is Postgres's, not
 	// where kgo had fetched to.
-	seekTo atomic.Int64
+	seekTo    atomic.Int64
+	seekPause atomic.Bool // the seek keeps fetching paused (seekPaused)
 	// acked is the next offset after the lane's last acknowledged commit (or
 	// its claim), with the log epoch it belongs to; mirrored, the offset
 	// Kafka last accepted from the mirror for it (mirror.go).
@@ -251,6 +257,12 @@ func (l *lane) run() {
 		b := l.take()
 		if b == nil {
 			if l.layoutHold.Load() != 0 {
+				continue
+			}
+			if !l.stopping() && l.rowMoved.Load() {
+				if !l.recover(errRowMoved) {
+					return
+				}
 				continue
 			}
 			if !l.stopping() && l.logMovedPending() {

@@ -44,10 +44,27 @@ func (l *lane) recover(cause error) bool {
 	l.dropBuffer()
 	l.c.stats.stalled.Add(1)
 	defer l.c.stats.stalled.Add(-1)
+	l.inRecovery.Store(true)
+	defer func() {
+		// Whatever the row watch saw before this claim, the claim read
+		// it since.
+		l.rowMoved.Store(false)
+		l.inRecovery.Store(false)
+	}()
 	stalled := false // recorded in Postgres
 	var last error
+	var cf claimFailedError
+	if errors.As(cause, &cf) {
+		// A claim that could not be made: the partition is held as
+		// stalled from now on, with why, for operators to see.
+		l.log.Warn(MsgStalled, zap.Error(cause), zap.Int("attempt", 0), zap.Bool("stalled", true))
+		l.recordStall(cause)
+		stalled, last = true, cause
+	}
 	for attempt := 1; ; attempt++ {
-		d := min(recoverFirst<<min(attempt-1, 4), recoverMax)
+		// Jittered, so that the lanes of many partitions stuck alike do
+		// not try again in step.
+		d := jitter(min(recoverFirst<<min(attempt-1, 4), recoverMax))
 		if !l.sleep(d) {
 			return false
 		}
@@ -135,6 +152,9 @@ func (l *lane) reclaim(cl *kgo.Client, epoch int32) (ok bool, err error) {
 	// the member's current epoch (a classic generation moves on with every
 	// rebalance, even one that left the partition where it was).
 	l.epoch = max(epoch, l.epoch)
+	if !l.claimedOnce {
+		return l.firstReclaim(ctx, cl)
+	}
 	// Should the fencing row be gone (a database restored from before the
 	// partition's first claim), the claim records the log's start: the
 	// database knows of nothing processed, and the divergence check below
@@ -144,7 +164,11 @@ func (l *lane) reclaim(cl *kgo.Client, epoch int32) (ok bool, err error) {
 		return false, err
 	}
 	start := max(logs[l.key.Topic].start[l.key.Partition], 0)
-	claimed, err := l.c.claimOne(ctx, cl, l, start, nil)
+	prepared, err := l.c.mayHavePrepared(ctx)
+	if err != nil {
+		return false, err
+	}
+	claimed, err := l.c.claimOne(ctx, cl, l, start, nil, prepared)
 	if err != nil {
 		if errors.Is(err, sink.ErrFenced) {
 			l.c.stats.claimsRejected.Add(1)
@@ -160,6 +184,42 @@ func (l *lane) reclaim(cl *kgo.Client, epoch int32) (ok bool, err error) {
 	}
 	l.setAcked(claimed.NextOffset)
 	l.seek(claimed.NextOffset)
+	return true, nil
+}
+
+// firstReclaim is the claim of a lane whose claim at assignment could not
+// be made (Consumer.claimLater): the assignment's own first claim
+// (firstClaim), with what the assignment reads read again, so that a
+// partition Postgres has never seen starts where it would have (the
+// group's committed offset of another client), and the stored offsets are
+// checked against the log and the mirror. A hold or a changed partition
+// count found here is waited for by the lane (run) with fetching paused.
+func (l *lane) firstReclaim(ctx context.Context, cl *kgo.Client) (bool, error) {
+	part := tp{l.key.Topic, l.key.Partition}
+	a, err := l.c.readAssignment(ctx, cl, l.owner, l.epoch, []string{part.topic})
+	if err != nil {
+		return false, err
+	}
+	tl := a.logs[part.topic]
+	if l.partitions == 0 {
+		l.partitions = tl.partitions
+	}
+	if l.topicID == [16]byte{} {
+		l.topicID = tl.id
+	}
+	res, err := l.c.firstClaim(ctx, cl, l, a, l.c.startOffset(tl, a.committed, part))
+	if err != nil {
+		if errors.Is(err, sink.ErrFenced) {
+			l.c.stats.claimsRejected.Add(1)
+		}
+		return false, err
+	}
+	l.held, l.blocked = res.hold, res.blocked
+	if l.held != nil || l.blocked {
+		l.seekPaused(res.claimed.NextOffset)
+	} else {
+		l.seek(res.claimed.NextOffset)
+	}
 	return true, nil
 }
 
@@ -261,8 +321,16 @@ func (l *lane) checkLogMoved() bool {
 // quitContext returns a context that ends when the lane is stopped, soft or
 // hard: for waits that must not outlive the lane.
 func (l *lane) quitContext() (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(l.ctx)
+	return l.within(l.ctx)
+}
+
+// within returns a context under parent that also ends when the lane is
+// stopped, soft or hard.
+func (l *lane) within(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	stop := context.AfterFunc(l.ctx, cancel)
 	go func() {
+		defer stop()
 		select {
 		case <-l.quit:
 			cancel()
@@ -277,6 +345,18 @@ func (l *lane) quitContext() (context.Context, context.CancelFunc) {
 func (l *lane) seek(next int64) {
 	l.next = next
 	l.dropBuffer()
+	l.seekPause.Store(false)
+	l.seekTo.Store(next)
+	l.c.wakePoll()
+}
+
+// seekPaused is seek for a lane that must not fetch yet (held, or waiting
+// for a partition count's acknowledgement): the position moves, fetching
+// stays paused until the lane resumes it.
+func (l *lane) seekPaused(next int64) {
+	l.next = next
+	l.dropBuffer()
+	l.seekPause.Store(true)
 	l.seekTo.Store(next)
 	l.c.wakePoll()
 }
@@ -300,7 +380,7 @@ func (l *lane) applySeek(cl *kgo.Client) {
 	// from the old position): the log is judged afresh from there.
 	l.fetchPos = off
 	l.logMoved, l.logEvidence, l.logWhy = false, -1, ""
-	if l.paused {
+	if l.paused && !l.seekPause.Load() {
 		cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
 		l.paused = false
 	}

@@ -5,8 +5,13 @@ import "sync/atomic"
 // Stats are a worker's counters since it started, for metrics endpoints and
 // tests. All fields are totals except Lanes and LanesHalted.
 type Stats struct {
-	Claims          int64 // partitions claimed
-	ClaimsRejected  int64 // claims refused by the fence or the coordinator
+	Claims         int64 // partitions claimed
+	ClaimsRejected int64 // claims refused by the fence or the coordinator
+	// ClaimsFailed counts claims that could not be made (the database, a
+	// lock the claim cannot end, a prepared batch it may not finish, the
+	// claim timeout): each partition is held as stalled and its lane
+	// claims it again by itself.
+	ClaimsFailed    int64
 	Batches         int64 // batches committed
 	Records         int64 // records committed (dead letters included)
 	BatchesFenced   int64 // batches rejected by the fence
@@ -50,6 +55,8 @@ type Stats struct {
 	// (keys, values, headers and a record's own size; a gauge), bounded by
 	// Config.WorkerBufferBytes plus one fetch.
 	BufferedBytes int64
+	// GroupWatchErrors counts group watches (Stuck) that failed.
+	GroupWatchErrors int64
 }
 
 type counters struct {
@@ -58,14 +65,14 @@ type counters struct {
 	handlerTransient, handlerEnvironment, handlerBugs       atomic.Int64
 	lanesHalted, fenceLogPruned, strictResolved             atomic.Int64
 	recoveries, stalled, jobsLost, staleSessionsEnded       atomic.Int64
-	divergences, stepDowns                                  atomic.Int64
+	divergences, stepDowns, claimsFailed                    atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
 func (c *Consumer) Stats() Stats {
 	s := &c.stats
 	return Stats{
-		Claims: s.claims.Load(), ClaimsRejected: s.claimsRejected.Load(),
+		Claims: s.claims.Load(), ClaimsRejected: s.claimsRejected.Load(), ClaimsFailed: s.claimsFailed.Load(),
 		Batches: s.batches.Load(), Records: s.records.Load(), BatchesFenced: s.batchesFenced.Load(),
 		DeadLetters: s.deadLetters.Load(), HandlerFailures: s.handlerFailures.Load(),
 		HandlerTransient: s.handlerTransient.Load(), HandlerEnvironment: s.handlerEnvironment.Load(),
@@ -74,7 +81,7 @@ func (c *Consumer) Stats() Stats {
 		Recoveries: s.recoveries.Load(), Stalled: s.stalled.Load(), JobsLost: s.jobsLost.Load(),
 		StaleSessionsEnded: s.staleSessionsEnded.Load(), Divergences: s.divergences.Load(),
 		StepDowns: s.stepDowns.Load(), SteppedDown: b2i(c.db.down.Load()),
-		BufferedBytes: c.buffered.Load(),
+		BufferedBytes: c.buffered.Load(), GroupWatchErrors: c.watch.errors.Load(),
 	}
 }
 

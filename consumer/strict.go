@@ -63,7 +63,6 @@ func strictGIDOf(metadata string) string {
 const (
 	strictAnswerTimeout = 10 * time.Second // one OffsetCommit's answer
 	strictResendAfter   = 250 * time.Millisecond
-	strictClaimLockWait = time.Second // the claim statement's lock_timeout: a batch prepared meanwhile is resolved, then the claim tried again
 )
 
 // StrictRolledBackError is a strict batch that was rolled back: the
@@ -182,11 +181,53 @@ const (
 )
 
 // strictDecide commits the batch's offset to the coordinator and decides
-// the prepared batch gid on the answer: COMMIT PREPARED if accepted,
-// ROLLBACK PREPARED if rejected at the lane's own assignment with no newer
-// one known to keep it. One request at a time; an unknown answer (transport
-// error, timeout, retriable error) is asked again with the identical
-// request, and never rolled back on.
+// the prepared batch gid on the answer: COMMIT PREPARED if accepted; if
+// rejected at the lane's own assignment with no newer one known to keep
+// it, by the group's committed offset (decideByRecord). One request at a
+// time; an unknown answer (transport error, timeout, retriable error) is
+// asked again with the identical request, and never decided on.
+//
+// A rejection is not the answer to every copy of the request. kgo sends a
+// request again, inside RequestWith, when the connection broke after it
+// was written (EOF, ECONNRESET: isRetryableBrokerErr), and the lane sends
+// the identical request again on an unknown answer: a copy the lane never
+// heard of may have been accepted before the coordinator moved on and
+// refused the copy whose answer came back. So a rejection is decided by
+// the record, never by the answer alone: rolling back an accepted batch
+// leaves Kafka's committed offset a batch ahead of Postgres, which the next
+// claim reads as a database that lost commits (a diverged hold).
+// docs/model/strict.pml's lanes do both resends; the rule before this one
+// (roll back unless an answer was known lost) fails there (-DLOSTONLY).
+//
+// Why the record read after the rejection can be trusted:
+//   - no copy can be accepted after the rejection: every copy carries the
+//     same member id and generation / member epoch, which the coordinator
+//     refused, and it never accepts them again (member ids are not reused;
+//     generations and member epochs only grow; KIP-1251 accepts an older
+//     epoch only for a partition the member holds from that epoch on, and
+//     a partition given back is assigned at a newer one). A copy not yet
+//     processed when the refusal came (on a broken connection, in the
+//     broker's queue) is refused whenever it is. No new copy is sent:
+//     kgo's retries end with the call, and the lane sends nothing after a
+//     rejection but at a newer generation its own assignment was kept at,
+//     whose copies are decided here the same way;
+//   - a copy accepted before the rejection is in the record the read sees:
+//     the read asks for stable offsets (committedOffsetOf), which Kafka
+//     answers only once no offset commit of the partition is pending
+//     (UNSTABLE_OFFSET_COMMIT, retried; the KIP-848 coordinator serializes
+//     such a read after the writes in flight);
+//   - nothing else overwrites the record while the batch is prepared: the
+//     mirror is off, and a later claim of the partition must first resolve
+//     this batch (it holds the fencing row's lock), by the same record. An
+//     earlier batch's late copy can move the record back: this batch is
+//     then rolled back although accepted, and the record names a committed
+//     batch, behind Postgres, never ahead of it (the model counts it as a
+//     lost record). Someone else's commit on the group (an operator's
+//     reset) is the known limit (docs/fencing.md).
+//
+// kgo's own resend is left on: it has no per-request retry setting
+// (RequestRetries is the whole client's), and the lane's resend makes the
+// same copies anyway; the decision by record covers both.
 func (l *lane) strictDecide(b *Batch, gid string) error {
 	sb := l.strictBatch(b)
 	meta := strictMetadata(l.logEpoch, gid)
@@ -194,7 +235,6 @@ func (l *lane) strictDecide(b *Batch, gid string) error {
 		h(l.ctx, b, gid)
 	}
 	member, gen := l.strictTarget()
-	unknown := false // an earlier request's answer was never seen
 	var last error
 	for attempt := 1; ; attempt++ {
 		sentAt := time.Now()
@@ -221,16 +261,10 @@ func (l *lane) strictDecide(b *Batch, gid string) error {
 				member, gen = m, g
 				continue
 			}
-			if !unknown {
-				return l.decideStrict(sb, gid, false, fmt.Sprintf("offset commit rejected at member %s generation %d: %v", member, gen, err))
-			}
-			// An earlier request's answer was lost. The rejection says
-			// this member and generation can never be accepted again, so
-			// that request is not in flight any more: whether it was
-			// accepted is in the group's committed offset (the record).
-			return l.decideByRecord(sb, gid, fmt.Sprintf("rejected at member %s generation %d after an answer was lost", member, gen))
+			// Never accepted at this member and generation from now on:
+			// whether a copy was accepted before is in the record.
+			return l.decideByRecord(sb, gid, fmt.Sprintf("offset commit rejected at member %s generation %d (%v)", member, gen, err))
 		}
-		unknown = true
 		if !sameError(err, last) {
 			l.log.Warn("strict offset commit: no answer; sending the identical request again (a prepared batch is never rolled back while an answer is unknown)",
 				zap.String("gid", gid), zap.Int("attempt", attempt), zap.Error(err))
@@ -302,15 +336,19 @@ func (l *lane) sendStrictCommit(member string, gen int32, meta string, to int64)
 	return strictUnknown, errors.New("the offset commit response does not mention the partition")
 }
 
-// decideByRecord decides gid by the group's committed offset: commit iff it
-// names gid and is the batch's end.
+// decideByRecord decides gid by the group's committed offset, read after a
+// rejection of its offset commit (strictDecide): commit iff it names gid
+// and is the batch's end.
 func (l *lane) decideByRecord(sb sink.StrictBatch, gid, why string) error {
-	ctx, cancel := l.quitContext()
+	ctx, cancel := l.recordContext()
 	defer cancel()
 	var off int64
 	var meta string
 	err := l.c.retry(ctx, "reading the group's committed offset", l.log, func() (err error) {
 		off, meta, err = l.c.committedOffsetOf(ctx, l.cl, l.key)
+		if errors.Is(err, kgo.ErrClientClosed) {
+			cancel()
+		}
 		return err
 	})
 	if err != nil {
@@ -319,6 +357,30 @@ func (l *lane) decideByRecord(sb sink.StrictBatch, gid, why string) error {
 	}
 	commit := strictGIDOf(meta) == gid && off == sb.To
 	return l.decideStrict(sb, gid, commit, fmt.Sprintf("%s; the group's committed offset is %d (metadata %q)", why, off, meta))
+}
+
+// recordContext bounds the record's read: as long as the lane runs, and
+// strictAnswerTimeout more once it is stopped. A rejection usually comes
+// to a lane stopped by the revocation that caused it; deciding then
+// releases the batch's locks at once instead of at the next claim.
+func (l *lane) recordContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-l.quit:
+		case <-l.ctx.Done():
+		case <-ctx.Done():
+			return
+		}
+		t := time.NewTimer(strictAnswerTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // decideStrict runs COMMIT PREPARED or ROLLBACK PREPARED for the lane's
@@ -376,9 +438,13 @@ func (l *lane) decideStrict(sb sink.StrictBatch, gid string, commit bool, eviden
 
 // committedOffsetOf reads the group's committed offset of p now, with its
 // metadata; -1 and "" if there is none (none committed, or the group does
-// not exist: a deleted group's offsets are gone).
+// not exist: a deleted group's offsets are gone). It asks for stable
+// offsets: an offset commit the coordinator accepted but has not finished
+// writing is waited for (UNSTABLE_OFFSET_COMMIT is an error here, and the
+// callers retry), so a decision by the record never misses an acceptance
+// that came before the read.
 func (c *Consumer) committedOffsetOf(ctx context.Context, cl *kgo.Client, p sink.Partition) (int64, string, error) {
-	resps, err := kadm.NewClient(cl).FetchOffsets(ctx, p.Group)
+	resps, err := kadm.NewClient(cl).FetchOffsets(kadm.RequireStable(ctx), p.Group)
 	if errors.Is(err, kerr.GroupIDNotFound) {
 		return -1, "", nil
 	}
@@ -464,21 +530,4 @@ func (c *Consumer) resolvePrepared(ctx context.Context, cl *kgo.Client, l *lane,
 			zap.String("evidence", evidence))
 	}
 	return nil
-}
-
-// strictClaim is the claim statement of a strict lane: resolve, then claim,
-// with the claim's wait for the fencing row's lock bounded (a batch an
-// older claimant prepared after the listing is resolved in the next try).
-func (c *Consumer) strictClaim(ctx context.Context, cl *kgo.Client, l *lane, req sink.ClaimRequest) (sink.Claimed, error) {
-	req.LockTimeout = strictClaimLockWait
-	var claimed sink.Claimed
-	err := c.retry(ctx, "claim", l.log, func() error {
-		if err := c.resolvePrepared(ctx, cl, l, req.Token); err != nil {
-			return err
-		}
-		var err error
-		claimed, err = c.store.Claim(ctx, req)
-		return err
-	})
-	return claimed, err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -208,6 +209,14 @@ func TestCommitOutcomeUnknownForLongStillEndsInProgress(t *testing.T) {
 // through it.
 func proxiedStore(t *testing.T, b *bundle) (*pgproxy.Proxy, *sink.Store) {
 	t.Helper()
+	return proxiedStoreAfter(t, b)
+}
+
+// proxiedStoreAfter is proxiedStore whose URL lists the hosts before first,
+// the proxy last: a multi-host URL (postgres://h1,h2/...) that tries them
+// in turn, each for up to its connect_timeout (2s).
+func proxiedStoreAfter(t *testing.T, b *bundle, before ...string) (*pgproxy.Proxy, *sink.Store) {
+	t.Helper()
 	u, err := url.Parse(testdb.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +226,7 @@ func proxiedStore(t *testing.T, b *bundle) (*pgproxy.Proxy, *sink.Store) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
-	u.Host = proxy.Addr()
+	u.Host = strings.Join(append(before, proxy.Addr()), ",")
 	pcfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
 		t.Fatal(err)

@@ -117,8 +117,8 @@ func (e *env) totalHighWatermark(partitions int32) int64 {
 }
 
 // assignmentFields are the JSON fields of `tenure admin assignments`.
-var assignmentFields = []string{"client_id", "consumer_group", "epoch", "fence_epoch", "fence_owner", "high_watermark", "host",
-	"lag", "member_id", "next_offset", "partition", "reason", "state", "topic"}
+var assignmentFields = []string{"client_id", "consumer_group", "epoch", "fence_epoch", "fence_owner", "for_seconds", "high_watermark", "host",
+	"lag", "member_id", "next_offset", "partition", "reason", "since", "state", "topic"}
 
 // assignmentsJSON runs `tenure admin assignments --output json` and checks
 // that every object has exactly the documented fields.
@@ -272,7 +272,8 @@ func testCLIProduceAndAssignments(t *testing.T, proto string) {
 		t.Errorf("both workers should own partitions, got %v", members)
 	}
 
-	// The table form: a header and one row per partition, state last.
+	// The table form: a header and one row per partition, the state and
+	// how long it has held last ("-": ok has no since).
 	r = runCLI(t, 60*time.Second, "", "admin", "assignments", "--brokers", brokers, "--group", e.group,
 		"--database-url", e.dbURL, "--schema", e.schema, "--topic", e.topic)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
@@ -280,7 +281,7 @@ func testCLIProduceAndAssignments(t *testing.T, proto string) {
 		t.Fatalf("admin assignments (table): %s", r)
 	}
 	for _, l := range lines[1:] {
-		if !strings.HasSuffix(l, " ok") {
+		if f := strings.Fields(l); f[len(f)-2] != "ok" || f[len(f)-1] != "-" {
 			t.Errorf("table row not ok: %q", l)
 		}
 	}
@@ -824,7 +825,7 @@ func TestCLIAddAndAcknowledgePartitions(t *testing.T) {
 	}
 	tab := runCLI(t, 60*time.Second, "", append([]string{"admin", "assignments", "--brokers", brokers, "--group", e.group}, db...)...)
 	lines := strings.Split(strings.TrimSpace(tab.stdout), "\n")
-	if tab.code != 0 || len(lines) != 5 || strings.Join(strings.Fields(lines[0]), " ") != "GROUP TOPIC PARTITION MEMBER EPOCH TOKEN FENCE_OWNER NEXT_OFFSET HIGH_WATERMARK LAG STATE" ||
+	if tab.code != 0 || len(lines) != 5 || strings.Join(strings.Fields(lines[0]), " ") != "GROUP TOPIC PARTITION MEMBER EPOCH TOKEN FENCE_OWNER NEXT_OFFSET HIGH_WATERMARK LAG STATE FOR" ||
 		!strings.HasPrefix(lines[1], e.group+" ") || !regexp.MustCompile(`\btenure-A-[0-9a-f]{8}\s`).MatchString(lines[1]) ||
 		regexp.MustCompile(`[0-9a-f]{32}`).MatchString(tab.stdout) || !strings.Contains(lines[4], e.topic+"/0,1,2 held-partitions: "+reason) {
 		t.Errorf("admin assignments (table): %s", tab)

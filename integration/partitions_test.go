@@ -154,6 +154,73 @@ func testPartitionCountChange(t *testing.T, proto string) {
 	}
 }
 
+// An operator who adds partitions and acknowledges the new count at once,
+// before any worker has noticed the change: the workers' own check then
+// never sees a recorded count that differs from Kafka's, and nothing made
+// kgo refresh its metadata, which it does every five minutes by default. A
+// classic group's leader assigns new partitions only once its metadata
+// shows them: the new partitions stayed unowned for minutes, with jobs
+// waiting. The workers now act on Kafka's count changing, whatever the
+// recorded count says.
+func TestPartitionsAcknowledgedBeforeTheWorkersNotice(t *testing.T) {
+	t.Parallel()
+	for _, proto := range []string{"classic", "consumer"} {
+		t.Run(proto, func(t *testing.T) {
+			t.Parallel()
+			const before, after = 2, 4
+			e := newEnv(t, before)
+			if e.real {
+				t.Skip("needs kfake's short KIP-848 session timeouts")
+			}
+			brokers := strings.Join(e.brokers, ",")
+			ks := partitionKeys(40)
+			e.produce(jobsFor(ks, 0, 40)...)
+			a := e.startWorker("A", "--protocol", proto)
+			b := e.startWorker("B", "--protocol", proto)
+			for p := range int32(before) {
+				waitCommitted(t, e, p, e.highWatermark(p), "")
+			}
+			waitForMembers(t, e, 2)
+
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			resp, err := kadm.NewClient(e.cl).CreatePartitions(ctx, after-before, e.topic)
+			if err == nil {
+				err = resp.Error()
+			}
+			if err != nil {
+				t.Fatalf("adding partitions: %v", err)
+			}
+			r := runCLI(t, 60*time.Second, "", "admin", "topic", "acknowledge-partitions", "--brokers", brokers, "--partitions", fmt.Sprint(after),
+				"--database-url", e.dbURL, "--schema", e.schema, "--group", e.group, "--topic", e.topic, "--actor", "ops@test")
+			if r.code != 0 {
+				t.Fatalf("acknowledge-partitions: %s", r)
+			}
+			added := time.Now()
+			e.produceMurmur(after, jobsFor(ks, 40, 80)...)
+			for p := range int32(after) {
+				if e.highWatermark(p) == 0 {
+					t.Fatalf("partition %d got no job; pick other keys", p)
+				}
+			}
+			// Within the workers' partition count check (5s), a
+			// rebalance, and a claim.
+			waitFor(t, 30*time.Second, "every partition, the new ones too, to be processed", func() bool {
+				for p := range int32(after) {
+					if fenceRow(t, e, p).next < e.highWatermark(p) {
+						return false
+					}
+				}
+				return true
+			})
+			t.Logf("all %d partitions processed %s after the partitions were added and acknowledged", after, time.Since(added).Round(time.Millisecond))
+			a.stop(30 * time.Second)
+			b.stop(30 * time.Second)
+			checkRun(t, e, expect{partitions: allPartitions(after), atEnd: true})
+		})
+	}
+}
+
 // partitionKeys returns n distinct keys.
 func partitionKeys(n int) []string {
 	out := make([]string, n)

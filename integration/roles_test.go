@@ -62,6 +62,11 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	if m := b.findLog(map[string]any{"msg": "cannot end an older owner's session that holds locks this batch waits for: the database role needs to be the same as the other worker's, or a member of pg_signal_backend; waiting for idle_in_transaction_session_timeout instead"}); m != nil {
 		t.Errorf("B could not end A's session: %v", m)
 	}
+	// The worker role writes the workers' heartbeat rows.
+	var beats int
+	if err := owner.QueryRow(ctx, `SELECT count(*) FROM "`+e.schema+`".workers WHERE consumer_group = $1 AND client_id = 'tenure-B'`, e.group).Scan(&beats); err != nil || beats != 1 {
+		t.Errorf("B's heartbeat row as the worker role: %d rows, %v", beats, err)
+	}
 	a.resume()
 	a.waitLogAny(30*time.Second, rejected, abandoned, map[string]any{"msg": "partitions lost"})
 	b.stop(30 * time.Second)

@@ -3,11 +3,13 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -393,4 +395,96 @@ func TestStrictGroupDeletedWithPreparedBatch(t *testing.T) {
 	if len(strict) != 1 || strict[0].Rule != "strict-record" {
 		t.Errorf("without the deletion excused, the checker must report A's accepted batch rolled back (G3-record) and nothing else: %v", strict)
 	}
+}
+
+// A worker without --strict meets a strict worker's prepared batch (a
+// rolling restart that turns strict off, a strict owner that froze). The
+// batch holds the fencing row's lock until it is decided, and only strict
+// claims used to decide: the plain worker's claim waited on the lock until
+// its claim timeout, abandoned its whole group session, rejoined, and did
+// it again every few seconds, the partition never processed. Every claim
+// now decides the older prepared batches first, whatever its own mode.
+func TestPlainWorkerResolvesAStrictBatch(t *testing.T) {
+	t.Parallel()
+	e := newStrictEnv(t, 1)
+	e.produce(jobsFor(keys, 0, 20)...)
+	a := e.startWorker("A", strictArgs("--protocol", "classic", "--hold-once", "strict-before-offset-commit")...)
+	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "strict-before-offset-commit"})
+	gid := fmt.Sprint(held["gid"])
+	b := e.startWorker("B", "--protocol", "classic")
+	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+	waitForMembers(t, e, 2)
+	a.pause()
+	t.Logf("A (strict) frozen with batch [%v,%v) prepared as %s; B runs without --strict", held["from"], held["to"], gid)
+
+	res := b.waitLog(60*time.Second, map[string]any{"msg": consumer.MsgStrictResolved, "gid": gid})
+	if res["committed"] != false {
+		t.Errorf("B decided A's batch committed=%v, want rolled back: its offset commit was never sent (%v)", res["committed"], res["evidence"])
+	}
+	waitCommitted(t, e, 0, e.highWatermark(0), "B")
+	if m := b.findLog(map[string]any{"msg": consumer.MsgClaimFailed}); m != nil {
+		t.Errorf("B's claim failed on the way: %v", m)
+	}
+	a.resume()
+	a.waitLogAny(30*time.Second, map[string]any{"msg": consumer.MsgStrictDecided, "gid": gid}, map[string]any{"msg": "partitions lost"})
+	b.stop(30 * time.Second)
+	a.stop(30 * time.Second)
+	checkRun(t, e, expect{partitions: []int32{0}})
+}
+
+// Workers that log in as different roles, each granted the schema's worker
+// role (the setup `migrate --print-roles` documents). PostgreSQL lets only
+// the role that prepared a transaction, or a superuser, finish it: the
+// next owner's ROLLBACK PREPARED failed with 42501 and its claim then
+// waited on the fencing row's lock, the partition wedged. Batches are now
+// prepared and finished as the shared worker role.
+func TestStrictBatchOfAnotherLoginRole(t *testing.T) {
+	t.Parallel()
+	e := newStrictEnv(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code, script := runTenure(t, nil, "migrate", "--print-roles", "--schema", e.schema, "--worker-role", "tw", "--admin-role", "ta")
+	if code != 0 {
+		t.Fatalf("--print-roles: exit %d\n%s", code, script)
+	}
+	if _, err := e.pool.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatalf("running the printed script: %v", err)
+	}
+	if _, err := e.pool.Exec(ctx, `CREATE ROLE alice LOGIN; GRANT tw TO alice; CREATE ROLE bob LOGIN; GRANT tw TO bob`, pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	as := func(role string) string {
+		u, err := url.Parse(e.dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.User(role)
+		return u.String()
+	}
+	e.produce(jobsFor(keys, 0, 20)...)
+	a := e.startWorker("A", strictArgs("--protocol", "classic", "--hold-once", "strict-before-offset-commit", "--database-url", as("alice"))...)
+	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "strict-before-offset-commit"})
+	gid := fmt.Sprint(held["gid"])
+	var owner string
+	if err := e.pool.QueryRow(ctx, `SELECT owner::text FROM pg_prepared_xacts WHERE gid = $1`, gid).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if owner != "tw" {
+		t.Errorf("A (logged in as alice) prepared its batch as %q, want the shared worker role tw", owner)
+	}
+	b := e.startWorker("B", strictArgs("--protocol", "classic", "--database-url", as("bob"))...)
+	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+	waitForMembers(t, e, 2)
+	a.pause()
+
+	res := b.waitLog(60*time.Second, map[string]any{"msg": consumer.MsgStrictResolved, "gid": gid})
+	if res["committed"] != false {
+		t.Errorf("B decided A's batch committed=%v, want rolled back (%v)", res["committed"], res["evidence"])
+	}
+	waitCommitted(t, e, 0, e.highWatermark(0), "B")
+	a.resume()
+	a.waitLogAny(30*time.Second, map[string]any{"msg": consumer.MsgStrictDecided, "gid": gid}, map[string]any{"msg": "partitions lost"})
+	b.stop(30 * time.Second)
+	a.stop(30 * time.Second)
+	checkStrict(t, e, true, false, 0)
 }

@@ -24,6 +24,21 @@
 //	partition_lag             high watermark minus the next offset stored in Postgres, for the
 //	                          partitions this worker runs a lane for; read when scraped
 //
+// Per partition of the worker's group (labels consumer_group, topic,
+// partition, state), from the worker's group watch (consumer.Stuck: every
+// worker describes its whole group every 10 s), only for the partitions
+// that have jobs waiting and are in a state other than ok; none in normal
+// operation:
+//
+//	partition_stuck_seconds   how long the partition has been in that state
+//	                          (unowned, owner-silent, not-progressing, stalled,
+//	                          claim-pending, a hold...)
+//	partition_stuck_jobs      the jobs waiting (its lag)
+//
+// Every worker of a group exports the same series, so that a dead
+// worker's partitions are reported by the others: aggregate with max by
+// (consumer_group, topic, partition, state).
+//
 // Histograms:
 //
 //	handler_duration_seconds{outcome="ok|error|panic"}   one Handle call
@@ -37,7 +52,8 @@
 // handler_environment_errors_total, handler_bugs_total,
 // batch_retries_total, incarnation_bumps_total, lane_recoveries_total,
 // jobs_lost_total, divergences_total, stale_sessions_ended_total,
-// fence_log_pruned_total, worker_step_downs_total, worker_stepped_down; and handler_oldest_running_seconds, the age of
+// fence_log_pruned_total, worker_step_downs_total, worker_stepped_down,
+// group_watch_errors_total; and handler_oldest_running_seconds, the age of
 // the oldest Handle call still running (a handler that ignores its context
 // grows it past HandlerTimeout), partition_lag_read_errors_total.
 //
@@ -91,8 +107,9 @@ type Collector struct {
 	endToEnd                                              prometheus.Histogram
 	lagErrors                                             prometheus.Counter
 
-	lagDesc, oldestDesc *prometheus.Desc
-	stats               []statDesc
+	lagDesc, oldestDesc      *prometheus.Desc
+	stuckDesc, stuckJobsDesc *prometheus.Desc
+	stats                    []statDesc
 
 	mu       sync.Mutex
 	c        *consumer.Consumer
@@ -116,7 +133,10 @@ type statDesc struct {
 	value func(consumer.Stats) int64
 }
 
-var partitionLabels = []string{"topic", "partition"}
+var (
+	partitionLabels = []string{"topic", "partition"}
+	stuckLabels     = []string{"consumer_group", "topic", "partition", "state"}
+)
 
 // New makes a Collector. Instrument the consumer's Config with it, then
 // Attach the consumer.
@@ -155,8 +175,14 @@ func New(opts Options) *Collector {
 		lagDesc: prometheus.NewDesc("tenure_partition_lag", "High watermark minus the next offset stored in Postgres, for the partitions this worker runs a lane for.",
 			partitionLabels, cl),
 		oldestDesc: prometheus.NewDesc("tenure_handler_oldest_running_seconds", "Age of the oldest Handle call still running (0 when none runs).", nil, cl),
-		commits:    map[sink.Partition]pendingCommit{},
-		handling:   map[*handling]struct{}{},
+		stuckDesc: prometheus.NewDesc("tenure_partition_stuck_seconds",
+			"How long a partition of the worker's group with jobs waiting has been in a state other than ok (unowned, owner-silent, not-progressing, stalled, a hold...), "+
+				"from the worker's group watch (every 10s); only such partitions have a series. Every worker reports the whole group: use max by (consumer_group, topic, partition, state).",
+			stuckLabels, cl),
+		stuckJobsDesc: prometheus.NewDesc("tenure_partition_stuck_jobs",
+			"Jobs waiting on a partition of tenure_partition_stuck_seconds (its lag).", stuckLabels, cl),
+		commits:  map[sink.Partition]pendingCommit{},
+		handling: map[*handling]struct{}{},
 	}
 	stat := func(name, help string, typ prometheus.ValueType, v func(consumer.Stats) int64) {
 		m.stats = append(m.stats, statDesc{prometheus.NewDesc("tenure_"+name, help, nil, cl), typ, v})
@@ -168,6 +194,7 @@ func New(opts Options) *Collector {
 	gaugeStat("buffered_bytes", "Bytes of records the lanes hold ahead of their handlers (bounded by --worker-buffer-bytes plus one fetch).", func(s consumer.Stats) int64 { return s.BufferedBytes })
 	gaugeStat("lanes_stalled", "Partitions whose claim or commit was rejected although this member holds them; recovering by themselves.", func(s consumer.Stats) int64 { return s.Stalled })
 	counterStat("claims_rejected_total", "Claims given up: refused by the fence or not confirmed by the coordinator.", func(s consumer.Stats) int64 { return s.ClaimsRejected })
+	counterStat("claims_failed_total", "Claims that could not be made (the database, a lock the claim cannot end, a prepared batch it may not finish): the partition is held as stalled and its lane claims it again by itself.", func(s consumer.Stats) int64 { return s.ClaimsFailed })
 	counterStat("dead_letters_total", "Jobs parked in the dead-letter table.", func(s consumer.Stats) int64 { return s.DeadLetters })
 	counterStat("handler_failures_total", "Handler errors, panics and timeouts counted against jobs.", func(s consumer.Stats) int64 { return s.HandlerFailures })
 	counterStat("handler_transient_total", "Handler failures retried without counting against jobs (consumer.Transient, lock timeouts, deadlocks).", func(s consumer.Stats) int64 { return s.HandlerTransient })
@@ -182,6 +209,7 @@ func New(opts Options) *Collector {
 	counterStat("fence_log_pruned_total", "Fence log entries pruned by this worker.", func(s consumer.Stats) int64 { return s.FenceLogPruned })
 	counterStat("worker_step_downs_total", "Times this worker gave its partitions up (left the group) because its database did not answer for the database timeout.", func(s consumer.Stats) int64 { return s.StepDowns })
 	gaugeStat("worker_stepped_down", "1 while this worker is out of the group because its database does not answer; it joins again once it does.", func(s consumer.Stats) int64 { return s.SteppedDown })
+	counterStat("group_watch_errors_total", "Group watches (the worker's description of its whole group every 10s, behind partition_stuck_seconds) that failed.", func(s consumer.Stats) int64 { return s.GroupWatchErrors })
 	return m
 }
 
@@ -340,6 +368,8 @@ func (m *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- m.lagDesc
 	ch <- m.oldestDesc
+	ch <- m.stuckDesc
+	ch <- m.stuckJobsDesc
 	for _, s := range m.stats {
 		ch <- s.desc
 	}
@@ -365,6 +395,11 @@ func (m *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if store != nil {
 			m.collectLag(ch, c, store, group)
+		}
+		for _, p := range c.Stuck() {
+			l := []string{p.Group, p.Topic, strconv.FormatInt(int64(p.Partition), 10), string(p.State)}
+			ch <- prometheus.MustNewConstMetric(m.stuckDesc, prometheus.GaugeValue, p.For.Seconds(), l...)
+			ch <- prometheus.MustNewConstMetric(m.stuckJobsDesc, prometheus.GaugeValue, float64(*p.Lag), l...)
 		}
 	}
 	for _, col := range m.collectors() {

@@ -391,3 +391,63 @@ func TestClaimEndsAnOlderClaimantHoldingTheRow(t *testing.T) {
 		t.Fatalf("the new owner's transaction was ended by a zombie's claim: %v", err)
 	}
 }
+
+// A claim that the claim statement will refuse must not end the session
+// that blocks it. The case: a member's older lane (claim id 10), recovering
+// at a higher epoch than its newer lane (claim id 11) claimed with, waits
+// on the row while the newer lane commits. The claim is refused as
+// superseded once the lock is free; ending the newer lane's session first
+// would only have cost it its commit.
+func TestClaimRefusedLaterEndsNoSession(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	newer := sink.ClaimRequest{Partition: p, Token: sink.Token{Epoch: 6}, Owner: "M", ClaimID: 11, PartitionCount: 1}
+	if _, err := e.store.Claim(e.ctx, newer); err != nil {
+		t.Fatal(err)
+	}
+	// The newer lane's batch: its fence statement ran, its COMMIT follows.
+	tx, err := e.pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(e.ctx, "SET LOCAL application_name = '"+sink.ApplicationName(11)+"'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Commit(e.ctx, tx, sink.CommitRequest{Partition: p, Token: newer.Token, Owner: "M", ClaimID: 11, From: 0, To: 5}); err != nil {
+		t.Fatal(err)
+	}
+	older := sink.ClaimRequest{Partition: p, Token: sink.Token{Epoch: 7}, Owner: "M", ClaimID: 10, PartitionCount: 1}
+	type result struct {
+		c   sink.Claimed
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+		defer cancel()
+		c, err := e.store.Claim(ctx, older)
+		done <- result{c, err}
+	}()
+	// Several rounds of the claim's watch (every 250ms).
+	time.Sleep(1500 * time.Millisecond)
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatalf("the newer lane's commit failed: its session was ended by a claim that is refused anyway: %v", err)
+	}
+	r := <-done
+	var fe *sink.FencedError
+	if !errors.As(r.err, &fe) || !fe.Superseded() {
+		t.Fatalf("the older lane's claim: %+v, %v; want it refused as superseded", r.c, r.err)
+	}
+	if r.c.StaleSessionsEnded != 0 {
+		t.Errorf("sessions ended: %d", r.c.StaleSessionsEnded)
+	}
+	f, err := e.store.Get(e.ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.ClaimID != 11 || f.NextOffset != 5 {
+		t.Errorf("row %+v: want the newer lane's claim 11 at next offset 5", f)
+	}
+}

@@ -25,8 +25,8 @@
 // Besides Claim and Commit, a Store has the methods that package consumer
 // calls from a worker's lanes: Register, BumpIncarnation, CommitBatch,
 // ResolveSession, EndStaleBlockers, HoldPartition, ClearStall,
-// OpenHoldNeedingAck, CheckLayout, AddDeadLetter, PruneFenceLog and
-// FenceLogCuts. They are exported only because consumer is another package.
+// OpenHoldNeedingAck, CheckLayout, AddDeadLetter, PruneFenceLog,
+// FenceLogCuts, Heartbeat, ForgetWorker and PruneWorkers. They are exported only because consumer is another package.
 // Their order, arguments and meaning follow the protocol that
 // docs/fencing.md describes and the model checks, and they change with it in
 // any release: call them through package consumer, not directly. Each says
@@ -36,5 +36,6 @@
 // and act on the fencing state: Get, List, OpenHold, OpenHolds,
 // AcknowledgeHold, AcknowledgePartitions, ResetOffset, FenceLogAt,
 // DeadLetters, DeadLetterByID, DeadLetterAt, DeadLettersIn, Replay,
-// Discard, PruneFenceLogs, Incarnation, and Migrate with its companions.
+// Discard, PruneFenceLogs, Incarnation, Workers, and Migrate with its
+// companions.
 package sink

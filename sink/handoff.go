@@ -69,7 +69,7 @@ const claimWatchAfter = 250 * time.Millisecond
 // watchClaim looks, while the claim of backend pid waits, for sessions of
 // older claimants of p that block it, and ends them (endOlderClaimants).
 // stop ends the watch and returns how many sessions it ended.
-func (s *Store) watchClaim(p Partition, t Token, pid uint32) (stop func() int) {
+func (s *Store) watchClaim(req ClaimRequest, pid uint32) (stop func() int) {
 	done := make(chan struct{})
 	var ended atomic.Int64
 	var wg sync.WaitGroup
@@ -85,7 +85,7 @@ func (s *Store) watchClaim(p Partition, t Token, pid uint32) (stop func() int) {
 			case <-timer.C:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			n, err := s.endOlderClaimants(ctx, p, t, pid)
+			n, err := s.endOlderClaimants(ctx, req, pid)
 			cancel()
 			ended.Add(int64(len(n)))
 			if err != nil && isPrivilege(err) {
@@ -111,7 +111,15 @@ func (s *Store) watchClaim(p Partition, t Token, pid uint32) (stop func() int) {
 // the highest never ends the current owner's session: a zombie's claim
 // waits, then is rejected. It returns the PIDs it ended; see
 // EndStaleBlockers for the privilege it needs.
-func (s *Store) endOlderClaimants(ctx context.Context, p Partition, t Token, pid uint32) ([]int32, error) {
+//
+// It ends nothing for a claim that the claim statement would refuse once
+// the lock is free: the same test as the claim's, against the committed
+// row (which is what the claim meets: a commit moves only the next
+// offset). Without it, an older lane of the same member recovering at a
+// higher epoch ended its newer lane's session in the middle of a commit,
+// and was then refused as superseded: a commit lost for nothing.
+func (s *Store) endOlderClaimants(ctx context.Context, req ClaimRequest, pid uint32) ([]int32, error) {
+	p, t := req.Partition, req.Token
 	q := quote(s.schema)
 	rows, err := s.pool.Query(ctx, `SELECT a.pid, pg_terminate_backend(a.pid)
 	FROM pg_stat_activity a
@@ -121,8 +129,16 @@ func (s *Store) endOlderClaimants(ctx context.Context, p Partition, t Token, pid
 	                AND l.claim_id = CASE WHEN a.application_name ~ '^tenure:[0-9]{1,18}$'
 	                                      THEN substr(a.application_name, 8)::bigint END
 	                AND l.consumer_group = $2 AND l.topic = $3 AND l.partition = $4
-	                AND (l.incarnation, l.epoch) < ($5::bigint, $6::integer))`,
-		int32(pid), p.Group, p.Topic, p.Partition, t.Incarnation, t.Epoch)
+	                AND (l.incarnation, l.epoch) < ($5::bigint, $6::integer))
+	  -- The claim would be accepted: its incarnation is the group's, and
+	  -- the row's claimant is older and not a newer lane of this member.
+	  AND $5::bigint = coalesce((SELECT g.incarnation FROM `+q+`.group_incarnations g WHERE g.consumer_group = $2), 0)
+	  AND EXISTS (SELECT 1 FROM `+q+`.fences f
+	              WHERE f.consumer_group = $2 AND f.topic = $3 AND f.partition = $4
+	                AND ((f.incarnation, f.epoch) < ($5::bigint, $6::integer)
+	                     OR ((f.incarnation, f.epoch) = ($5::bigint, $6::integer) AND f.owner = $7 AND f.claim_id = $8))
+	                AND NOT (f.owner = $7 AND f.claim_id > $8))`,
+		int32(pid), p.Group, p.Topic, p.Partition, t.Incarnation, t.Epoch, req.Owner, req.ClaimID)
 	if err != nil {
 		return nil, fmt.Errorf("ending the sessions of older claimants of %s: %w", p, err)
 	}

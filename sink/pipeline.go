@@ -41,27 +41,35 @@ type Session struct {
 // Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) CommitBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, marker string) error {
 	p := req.Partition
-	return s.fenceAndEnd(ctx, tx, req, "commit", "COMMIT", s.pipelinedSQL, p.Group, p.Topic, p.Partition,
+	return s.fenceAndEnd(ctx, tx, req, "commit", []string{"COMMIT"}, s.pipelinedSQL, p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID, marker, req.LogEpoch)
 }
 
 // fenceAndEnd sends the fence statement (fenceSQL with args) and the
-// statement that ends the transaction (COMMIT, or PREPARE TRANSACTION for a
-// strict lane) in one round trip, and sorts the outcome as CommitBatch's
-// comment says; verb names the step in errors. One body for both, so that
-// the two paths cannot come to read the same outcome differently.
-func (s *Store) fenceAndEnd(ctx context.Context, tx pgx.Tx, req CommitRequest, verb, endSQL, fenceSQL string, args ...any) error {
+// statements that end the transaction (COMMIT, or a strict lane's SET LOCAL
+// ROLE and PREPARE TRANSACTION) in one round trip, and sorts the outcome as
+// CommitBatch's comment says; verb names the step in errors. One body for
+// both, so that the two paths cannot come to read the same outcome
+// differently.
+func (s *Store) fenceAndEnd(ctx context.Context, tx pgx.Tx, req CommitRequest, verb string, endSQL []string, fenceSQL string, args ...any) error {
 	p := req.Partition
 	if req.To <= req.From {
 		return fmt.Errorf("sink: commit of %s must advance: from %d to %d", p, req.From, req.To)
 	}
 	b := &pgx.Batch{}
 	b.Queue(fenceSQL, args...)
-	b.Queue(endSQL)
+	for _, q := range endSQL {
+		b.Queue(q)
+	}
 	br := tx.SendBatch(ctx, b)
 	var n int64
 	ferr := br.QueryRow().Scan(&n)
-	_, eerr := br.Exec()
+	var eerr error
+	for range endSQL {
+		if _, err := br.Exec(); err != nil && eerr == nil {
+			eerr = err
+		}
+	}
 	closeErr := br.Close()
 	var pgErr *pgconn.PgError
 	switch {

@@ -21,6 +21,7 @@ type Store struct {
 	claimSQL, commitSQL, pipelinedSQL, getSQL, listSQL string
 
 	pooled bool // SetPooled
+	roles  roleState
 }
 
 // SetPooled declares that the pool leads through a transaction pooler
@@ -281,7 +282,7 @@ func (s *Store) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
 			}
 		}()
 	}
-	stop := s.watchClaim(p, req.Token, pid)
+	stop := s.watchClaim(req, pid)
 	row := conn.QueryRow(ctx, s.claimSQL, p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.StartOffset, req.PartitionCount, req.ClaimID, uuidOf(req.TopicID))
 	var topicID pgtype.UUID
@@ -510,6 +511,37 @@ func (s *Store) List(ctx context.Context, group string) ([]Fence, error) {
 			return nil, err
 		}
 		out = append(out, f)
+	}
+	return out, rows.Err()
+}
+
+// FenceRows reads the fencing rows of parts (of one group), keyed by
+// partition; a partition with no row is missing from the map. One
+// statement whatever the number: a worker reads the rows of all its lanes
+// with it, every few seconds.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
+func (s *Store) FenceRows(ctx context.Context, group string, parts []Partition) (map[Partition]Fence, error) {
+	topics := make([]string, len(parts))
+	nums := make([]int32, len(parts))
+	for i, p := range parts {
+		topics[i], nums[i] = p.Topic, p.Partition
+	}
+	rows, err := s.pool.Query(ctx, `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
+	partition_count, created_at, claimed_at, committed_at, claim_id, log_epoch
+FROM `+quote(s.schema)+`.fences f
+WHERE f.consumer_group = $1 AND (f.topic, f.partition) IN (SELECT * FROM unnest($2::text[], $3::int[]))`, group, topics, nums)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[Partition]Fence, len(parts))
+	for rows.Next() {
+		f, err := scanFence(rows)
+		if err != nil {
+			return nil, err
+		}
+		out[f.Partition] = f
 	}
 	return out, rows.Err()
 }

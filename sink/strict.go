@@ -15,9 +15,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -122,7 +124,18 @@ func (s *Store) strictFenceSQL() string {
 // Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) PrepareBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, marker, gid string) error {
 	p := req.Partition
-	return s.fenceAndEnd(ctx, tx, req, "prepare", "PREPARE TRANSACTION "+quoteLiteral(gid), s.strictFenceSQL(), p.Group, p.Topic, p.Partition,
+	roles, err := s.preparedRoles(ctx)
+	if err != nil {
+		return fmt.Errorf("prepare of %s: %w", p, err)
+	}
+	end := []string{"PREPARE TRANSACTION " + quoteLiteral(gid)}
+	if roles.setRole() {
+		// Right before PREPARE, so that the handler's statements ran as
+		// the login role; the prepared transaction belongs to the role
+		// current at PREPARE.
+		end = append([]string{"SET LOCAL ROLE " + quote(roles.name)}, end...)
+	}
+	return s.fenceAndEnd(ctx, tx, req, "prepare", end, s.strictFenceSQL(), p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID, marker, req.LogEpoch, gid)
 }
 
@@ -197,14 +210,30 @@ func (s *Store) ListPrepared(ctx context.Context, p Partition) ([]StrictBatch, [
 	return out, ordered, nil
 }
 
+// AnyPrepared reports whether the server holds any prepared transaction
+// with tenure's GID format in this database: whether a claim must look
+// for its partition's.
+//
+// Worker protocol: package consumer calls it; not API (see the package doc).
+func (s *Store) AnyPrepared(ctx context.Context) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_prepared_xacts
+		WHERE database = current_database() AND starts_with(gid, $1))`, gidVersion+".").Scan(&ok)
+	return ok, err
+}
+
 // ErrNotPrepared is matched by FinishPrepared's error when gid is not
 // prepared (any more): someone else decided it.
 var ErrNotPrepared = errors.New("no such prepared transaction")
 
-// FinishPrepared runs COMMIT PREPARED gid (commit) or ROLLBACK PREPARED gid.
-// Neither may run in a transaction block or a pipeline: one statement, in
-// autocommit. ErrNotPrepared: the GID is not prepared (someone decided it
-// first; StrictCommitted tells which way).
+// FinishPrepared runs COMMIT PREPARED gid (commit) or ROLLBACK PREPARED gid,
+// as the prepared-batch role (PreparedRole: SET ROLE on the connection that
+// runs it, reset afterwards). Neither may run in a transaction block or a
+// pipeline: one statement, in autocommit. ErrNotPrepared: the GID is not
+// prepared (someone decided it first; StrictCommitted tells which way). A
+// *PreparedOwnerError: the batch belongs to a role this one cannot act for
+// (it was prepared under another login role, by a worker that did not
+// share the prepared-batch role).
 //
 // Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) FinishPrepared(ctx context.Context, gid string, commit bool) error {
@@ -212,12 +241,204 @@ func (s *Store) FinishPrepared(ctx context.Context, gid string, commit bool) err
 	if commit {
 		stmt = "COMMIT PREPARED "
 	}
-	_, err := s.pool.Exec(ctx, stmt+quoteLiteral(gid))
-	if SQLState(err) == CodeUndefinedObject {
-		return fmt.Errorf("%s%s: %w", stmt, gid, ErrNotPrepared)
-	}
+	roles, err := s.preparedRoles(ctx)
 	if err != nil {
 		return fmt.Errorf("%s%s: %w", stmt, gid, err)
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("%s%s: %w", stmt, gid, err)
+	}
+	defer conn.Release()
+	// Through a transaction pooler a session's SET ROLE would not reach
+	// the COMMIT PREPARED (and would stay behind for another client), so
+	// none is sent there: CheckStrictRole refuses a strict worker that
+	// would need one.
+	setRole := roles.setRole() && !s.pooled
+	if setRole {
+		if _, err := conn.Exec(ctx, "SET ROLE "+quote(roles.name)); err != nil {
+			return fmt.Errorf("%s%s: SET ROLE %s: %w", stmt, gid, roles.name, err)
+		}
+		defer func() {
+			if _, err := conn.Exec(context.WithoutCancel(ctx), "RESET ROLE"); err != nil {
+				_ = conn.Conn().Close(context.Background()) // never pooled with the role set
+			}
+		}()
+	}
+	_, err = conn.Exec(ctx, stmt+quoteLiteral(gid))
+	switch {
+	case err == nil:
+		return nil
+	case SQLState(err) == CodeUndefinedObject:
+		return fmt.Errorf("%s%s: %w", stmt, gid, ErrNotPrepared)
+	case IsInsufficientPrivilege(err):
+		oe := &PreparedOwnerError{GID: gid, Commit: commit, As: roles.login, Err: err}
+		if setRole {
+			oe.As = roles.name
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = s.pool.QueryRow(rctx, `SELECT owner::text FROM pg_prepared_xacts WHERE gid = $1`, gid).Scan(&oe.Owner)
+		return oe
+	}
+	return fmt.Errorf("%s%s: %w", stmt, gid, err)
+}
+
+// PreparedOwnerError says that a prepared batch belongs to a role that the
+// finishing role cannot act for: PostgreSQL lets only the role that ran
+// PREPARE TRANSACTION, or a superuser, finish it (membership in a shared
+// role is not enough). The batch keeps its locks, the fencing row's among
+// them, until someone who may finishes it: Error says who, and the exact
+// statement.
+type PreparedOwnerError struct {
+	GID    string
+	Owner  string // the role that prepared it ("" if it could not be read)
+	As     string // the role that tried to finish it
+	Commit bool   // what the caller decided, by the group's committed offset
+	Err    error
+}
+
+func (e *PreparedOwnerError) Error() string {
+	stmt := "ROLLBACK PREPARED"
+	if e.Commit {
+		stmt = "COMMIT PREPARED"
+	}
+	owner := e.Owner
+	if owner == "" {
+		owner = "another role"
+	}
+	return fmt.Sprintf("prepared batch %s belongs to role %s, and role %s may not finish it (PostgreSQL lets only the role that prepared a transaction, "+
+		"or a superuser, commit or roll it back); it holds the partition's fencing row until then: as %s or a superuser, run %s %s "+
+		"(the decision the group's committed offset gives), and give every worker the same prepared-batch role (--prepared-role)",
+		e.GID, owner, e.As, owner, stmt, quoteLiteral(e.GID))
+}
+
+func (e *PreparedOwnerError) Unwrap() error { return e.Err }
+
+// The role prepared batches belong to.
+//
+// PostgreSQL lets only the role current at PREPARE TRANSACTION, or a
+// superuser, run COMMIT PREPARED or ROLLBACK PREPARED for it: membership in
+// a shared role is not enough. Workers that log in as different roles,
+// each granted the schema's worker role (what `tenure migrate
+// --print-roles` documents), could not finish each other's batches: the
+// next owner's claim failed with 42501, then waited on the fencing row's
+// lock, and the partition wedged. So every worker prepares its batches as
+// one shared role (SET LOCAL ROLE right before PREPARE TRANSACTION, so
+// that the handler's statements still run as the login role) and finishes
+// them as it (SET ROLE on the connection that runs COMMIT PREPARED).
+type roleState struct {
+	mu    sync.Mutex
+	done  bool   // read from the database (once it answered)
+	set   bool   // SetPreparedRole was called
+	name  string // the prepared-batch role; "": the login role
+	login string // current_user of the pool's connections
+	super bool   // the login role is a superuser
+}
+
+// preparedRoles is what PreparedRole read: the prepared-batch role, and
+// the login role and whether it is a superuser.
+type preparedRoles struct {
+	name, login string
+	super       bool
+}
+
+// setRole reports whether preparing or finishing as r.name needs SET ROLE.
+func (r preparedRoles) setRole() bool { return r.name != "" && r.name != r.login }
+
+// SetPreparedRole names the role strict batches are prepared and finished
+// as (the schema's worker role that every worker's login role is a member
+// of); "" prepares and finishes them as the login role. Without it the
+// store finds the role at first use (PreparedRole). Call it before the
+// store is used.
+func (s *Store) SetPreparedRole(role string) {
+	s.roles.mu.Lock()
+	defer s.roles.mu.Unlock()
+	s.roles.set, s.roles.name = true, role
+}
+
+// ErrPreparedRoleAmbiguous is matched by PreparedRole's error when the
+// login role belongs to several roles that could be the shared one.
+var ErrPreparedRoleAmbiguous = errors.New("more than one role could be the prepared-batch role")
+
+// PreparedRole returns the role strict batches are prepared and finished
+// as ("" for the login role). Unless SetPreparedRole named it, it is the
+// role that holds a direct UPDATE grant on the schema's fences table (the
+// worker role of `tenure migrate --print-roles`), is neither a superuser
+// nor the table's owner, and has the login role as a member (or is the
+// login role): every worker set up that way finds the same role, whatever
+// it logs in as. None: the login role (workers that log in as the
+// schema's owner, or as a superuser where no worker role was made). It is
+// read once, when the database first answers.
+func (s *Store) PreparedRole(ctx context.Context) (string, error) {
+	r, err := s.preparedRoles(ctx)
+	return r.name, err
+}
+
+func (s *Store) preparedRoles(ctx context.Context) (preparedRoles, error) {
+	r := &s.roles
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done {
+		return preparedRoles{r.name, r.login, r.super}, nil
+	}
+	var login string
+	var super bool
+	if err := s.pool.QueryRow(ctx, `SELECT current_user::text, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)`).Scan(&login, &super); err != nil {
+		return preparedRoles{}, fmt.Errorf("reading the login role: %w", err)
+	}
+	name := r.name
+	if r.set && name != "" {
+		var member bool
+		err := s.pool.QueryRow(ctx, `SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1) THEN pg_has_role(current_user, $1::text, 'MEMBER') ELSE false END`, name).Scan(&member)
+		if err != nil {
+			return preparedRoles{}, fmt.Errorf("checking the prepared-batch role %s: %w", name, err)
+		}
+		if !member {
+			return preparedRoles{}, fmt.Errorf("the prepared-batch role %s does not exist or the login role %s is not a member of it (GRANT %s TO %s)", name, login, name, login)
+		}
+	}
+	if !r.set {
+		rows, err := s.pool.Query(ctx, `SELECT DISTINCT r.rolname::text
+			FROM pg_class c, aclexplode(c.relacl) a, pg_roles r
+			WHERE c.oid = to_regclass($1) AND a.privilege_type = 'UPDATE' AND r.oid = a.grantee
+			  AND r.oid <> c.relowner AND NOT r.rolsuper AND pg_has_role(current_user, r.oid, 'MEMBER')
+			ORDER BY 1`, quote(s.schema)+".fences")
+		if err != nil {
+			return preparedRoles{}, fmt.Errorf("finding the prepared-batch role: %w", err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		switch {
+		case err != nil:
+			return preparedRoles{}, fmt.Errorf("finding the prepared-batch role: %w", err)
+		case len(names) == 1:
+			name = names[0]
+		case len(names) > 1 && slices.Contains(names, login):
+			name = login
+		case len(names) > 1:
+			return preparedRoles{}, fmt.Errorf("%w: the login role %s is a member of %s, each granted UPDATE on %s.fences; name the one every worker shares (--prepared-role)",
+				ErrPreparedRoleAmbiguous, login, strings.Join(names, ", "), s.schema)
+		}
+	}
+	r.done, r.name, r.login, r.super = true, name, login, super
+	return preparedRoles{name, login, super}, nil
+}
+
+// CheckStrictRole refuses, in one sentence, a strict worker whose batches
+// other workers could not finish: one that would prepare them as a shared
+// role through a transaction pooler (SetPooled), where the SET ROLE that
+// finishing them needs cannot reach COMMIT PREPARED; and a login role
+// whose prepared-batch role cannot be told (ErrPreparedRoleAmbiguous).
+func (s *Store) CheckStrictRole(ctx context.Context) error {
+	r, err := s.preparedRoles(ctx)
+	if err != nil {
+		return err
+	}
+	if s.pooled && r.setRole() && !r.super {
+		return fmt.Errorf("strict hand-off through a transaction pooler needs every worker to log in as one role: this worker logs in as %s "+
+			"and prepares its batches as %s, but a pooler cannot carry the SET ROLE %s that finishing another worker's batch needs "+
+			"(PostgreSQL lets only the preparing role or a superuser finish it); log the workers in as %s",
+			r.login, r.name, r.name, r.name)
 	}
 	return nil
 }

@@ -6,17 +6,22 @@
  * group coordinator with a raw OffsetCommit carrying the member id and the
  * generation (classic) or member epoch (KIP-848) of the lane's OWN
  * assignment, and only if the coordinator accepts does it COMMIT PREPARED.
- * A rejection means ROLLBACK PREPARED, or, where the lane's own assignment
- * is known (to its client) to be kept at a newer generation / epoch
- * (cooperative rebalances keep partitions; KIP-848 bumps a member's epoch
- * for changes elsewhere), a retry at that one. The lane sends one request
- * at a time and never rolls back while one is unanswered. A prepared batch
- * holds the fencing row's lock: the next claim of p waits on it, lists p's
- * prepared transactions and resolves each batch of an OLDER assignment than
- * its own by the group's committed offset, read after its own assignment
- * (the default decides by "offset at or past the batch's end", -DEXACT by
- * "the offset's metadata names the batch"); a batch of a newer assignment
- * it leaves alone (its claim is a zombie's). The offset mirror is off.
+ * On a rejection, where the lane's own assignment is known (to its client)
+ * to be kept at a newer generation / epoch (cooperative rebalances keep
+ * partitions; KIP-848 bumps a member's epoch for changes elsewhere), it
+ * retries at that one; otherwise it decides by the record: it reads the
+ * group's committed offset and commits iff it names the batch, else ROLLBACK
+ * PREPARED (the answer it sees may be a resent copy's, refused after an
+ * earlier copy was accepted). The lane sends one request at a time, sends
+ * it again while its answer is unknown, and never decides on an unknown
+ * answer. A prepared batch holds the fencing row's lock: the next claim of
+ * p waits on it, lists p's prepared transactions and resolves each batch of
+ * an OLDER assignment than its own by the group's committed offset, read
+ * after its own assignment; a batch of a newer assignment it leaves alone
+ * (its claim is a zombie's). A decision by the record is "offset at or past
+ * the batch's end" by default, "the offset's metadata names the batch and
+ * the offset is its end" with -DEXACT (what consumer/strict.go does). The
+ * offset mirror is off.
  *
  * Processes: the Coordinator (the group coordinator, its committed offset
  * of p, and the network: a request sent is processed at any later moment,
@@ -34,9 +39,20 @@
  *   protocol (P1), and more (no confirmation is needed here). Tokens are
  *   assignment numbers, in coordinator order, across group lifetimes;
  * - a batch is one offset; "offset o" means "the job at o";
- * - a lost answer to an OffsetCommit is a crash of the lane's worker (the
- *   lane sends one request at a time and never rolls back on an unknown
- *   outcome);
+ * - lost answers (MAXLOSS in all): (a) an offset commit's connection breaks
+ *   after the request was sent, and the client library sends the identical
+ *   request again: the lane waits for the new copy's answer and does not
+ *   know of the first; (b) no answer in time, and the lane sends the
+ *   identical request again; (c) PREPARE TRANSACTION's answer is lost, and
+ *   the batch is prepared or not: the lane looks (sink.Store.ResolvePrepare,
+ *   once the session is gone, so the PREPARE cannot happen later) and goes
+ *   on with the offset commit if prepared, runs the batch again where the
+ *   fence allows if not. A copy nobody waits for any more (a, b, or a
+ *   crashed sender's) is processed at any later moment, in any order with
+ *   the others, its answer going nowhere; a crash also loses the answer;
+ * - an accepted offset commit is in the record at once (the reads ask for
+ *   stable offsets: Kafka answers them once no commit of the partition is
+ *   pending);
  * - a crashed worker restarts at once; the coordinator replaces its member
  *   (a new member id) at its next rebalance (classic) or at the member's
  *   session timeout (KIP-848);
@@ -65,8 +81,9 @@
  *                              the member at assignment epoch <= it
  *                  -DKFAKE     kfake: equal, or older unless the member now
  *                              holds p at an assignment epoch above it
- *   -DEXACT      a resolver commits a batch only if the committed offset's
- *                metadata names it (default: offset at or past its end)
+ *   -DEXACT      a resolver, or a lane deciding by the record, commits a
+ *                batch only if the committed offset's metadata names it
+ *                (default: offset at or past its end)
  *   -DFOREIGN    someone else commits p's offset on an empty group (an
  *                operator's offset reset, a plain consumer)
  *   -DEXPIRE     p's committed offset expires while nobody holds p
@@ -75,6 +92,7 @@
  *   -DPRESUME    resolvers roll back every prepared batch (presumed abort;
  *                the committed offsets are no decision record)
  *   -DNOR        no assertions of G3-record (below)
+ *   -DMAXLOSS=n  lost answers in all (default 1; 0: a crash is the only loss)
  * Variants that must FAIL (a load-bearing step taken out):
  *   -DCURGEN     the lane commits at its client's CURRENT member id and
  *                generation / member epoch, not its own assignment's
@@ -92,6 +110,11 @@
  *                lifetime
  *   -DTIMEOUTROLLBACK  a lane whose answer is late rolls back (its request
  *                still in flight)
+ *   -DLOSTONLY   the rule before: a rejection rolls back unless an earlier
+ *                answer of the batch was lost (and known lost: the client's
+ *                own resend hides its loss)
+ *   -DPREPGUESS  a lane whose PREPARE's answer was lost takes the batch as
+ *                prepared
  *   -DNORESOLVE  a new owner only waits for the prepared batch's lock
  *
  * Properties:
@@ -101,7 +124,12 @@
  *   G3-record  the committed offsets are the decision record: a batch is
  *              never rolled back after its offset commit was accepted,
  *              unless the record was lost since (group deleted, offset
- *              expired), and never accepted after it was rolled back;
+ *              expired, or moved back by a late copy of an earlier batch's
+ *              commit, which leaves the record behind Postgres), and the
+ *              record never names a batch rolled back or never prepared
+ *              (an offset commit of such a batch is never accepted): the
+ *              record is never ahead of Postgres, which the divergence
+ *              check would read as lost commits;
  *   G1         batches commit contiguously (next offset == batch start);
  *   END        in every end state (nothing can move: the coordinator has
  *              replaced crashed members and assigned p to a live one), no
@@ -136,12 +164,25 @@
 #ifndef MAXRETRY
 #define MAXRETRY 1      /* retries at a newer generation per batch */
 #endif
+#ifndef MAXLOSS
+#define MAXLOSS 1       /* answers lost in all: an offset commit's connection
+                           broken (the client resends), an offset commit
+                           with no answer in time (the lane resends), a
+                           PREPARE TRANSACTION's answer lost */
+#endif
+#if MAXLOSS > 1
+#define NOS MAXLOSS     /* room per batch for copies nobody waits for */
+#else
+#define NOS 1
+#endif
 #define NA 12           /* room for assignments */
 #define NOV 255         /* no committed offset */
 
 #define PREP 1
 #define COMMITTED 2
 #define ROLLEDBACK 3
+#define NOTPREP 4       /* PREPARE TRANSACTION's answer was lost: it did not
+                           happen */
 #define ACC 1
 #define REJ 2
 
@@ -164,7 +205,8 @@ byte thr[NA];           /*   newest generation / epoch at which its client
 bool revoked[NA];       /*   its client revoked it (KIP-848) */
 byte oval = NOV;        /* p's committed offset ... */
 byte ometa;             /* ... and its metadata (the batch it names; 0: none) */
-byte wipes;             /* times the committed offsets were lost */
+byte wipes;             /* times the record was lost (deleted, expired,
+                           moved back by a late copy) */
 
 /* ---- worker processes ---- */
 byte pinc[NW];          /* process incarnation: lanes of an older one are dead */
@@ -187,10 +229,14 @@ byte rqInc[MAXB + 1];   /* ... process incarnation ... */
 byte rqMid[MAXB + 1];   /* ... member id ... */
 byte rqGen[MAXB + 1];   /* ... at generation / member epoch */
 byte ans[MAXB + 1];     /* the answer waiting for its lane */
+bool oq[(MAXB + 1) * NOS];   /* copies in flight nobody waits for (slot i is */
+byte oMid[(MAXB + 1) * NOS]; /* batch i / NOS's): member id ... */
+byte oGen[(MAXB + 1) * NOS]; /* ... and generation / member epoch */
+byte losses;            /* answers lost so far */
 /* ghosts */
 bool acc[MAXB + 1];     /* its offset commit was accepted ... */
-bool okAcc[MAXB + 1];   /* ... while its assignment was current */
-byte accWipe[MAXB + 1]; /* wipes at the acceptance */
+bool okAcc[MAXB + 1];   /* ... once while its assignment was current */
+byte accWipe[MAXB + 1]; /* wipes at the (last) acceptance */
 
 #ifdef EARLYREAD
 bool wrd[NW];           /* the worker read p's committed offset before its
@@ -212,33 +258,36 @@ bool expired;
 
 /* ---- the offset commit: the coordinator's acceptance rules ---- */
 
+/* A copy of an offset commit from worker slot w, member id m, generation /
+   member epoch g. */
+
 /* classic (Kafka and kfake alike): the member must be in the group
    (UNKNOWN_MEMBER_ID), the generation the current one (ILLEGAL_GENERATION),
    the group not in CompletingRebalance (REBALANCE_IN_PROGRESS); no
    per-partition check. */
-#define CLASSIC_OK(b) (rqMid[b] == cmid[rqW[b]] && rqGen[b] == gen && !completing)
+#define CLASSIC_OK(w, m, g) (m == cmid[w] && g == gen && !completing)
 
 /* KIP-848: the member must be in the group; an epoch above the member's is
    STALE_MEMBER_EPOCH; the member's own epoch commits any partition; an
    older one: */
-#define HOLDS(m, id) (curAsg != 0 && asgW[curAsg] == m && asgMid[curAsg] == id)
+#define HOLDS(x, id) (curAsg != 0 && asgW[curAsg] == x && asgMid[curAsg] == id)
 #if defined(KIP1251)
 /* Kafka 4.3 (KIP-1251): assignmentEpoch(p) <= clientEpoch <= brokerEpoch */
-#define OLDER_OK(b) (HOLDS(rqW[b], rqMid[b]) && asgGen[curAsg] <= rqGen[b])
+#define OLDER_OK(w, m, g) (HOLDS(w, m) && asgGen[curAsg] <= g)
 #elif defined(KFAKE)
 /* kfake: STALE only if the member holds p at an assignment epoch above the
    request's; a partition it does not hold is accepted */
-#define OLDER_OK(b) (!(HOLDS(rqW[b], rqMid[b]) && asgGen[curAsg] > rqGen[b]))
+#define OLDER_OK(w, m, g) (!(HOLDS(w, m) && asgGen[curAsg] > g))
 #else
 /* Kafka <= 4.2: the epoch must equal the member's */
-#define OLDER_OK(b) false
+#define OLDER_OK(w, m, g) false
 #endif
-#define KIP_OK(b) (rqMid[b] == cmid[rqW[b]] && (rqGen[b] == mep[rqW[b]] || (rqGen[b] < mep[rqW[b]] && OLDER_OK(b))))
+#define KIP_OK(w, m, g) (m == cmid[w] && (g == mep[w] || (g < mep[w] && OLDER_OK(w, m, g))))
 
 #ifdef KIP
-#define COMMIT_OK(b) KIP_OK(b)
+#define COMMIT_OK(w, m, g) KIP_OK(w, m, g)
 #else
-#define COMMIT_OK(b) CLASSIC_OK(b)
+#define COMMIT_OK(w, m, g) CLASSIC_OK(w, m, g)
 #endif
 
 #ifdef NOR
@@ -247,16 +296,32 @@ bool expired;
 #define RECORD_ASSERT(x) assert(x)
 #endif
 
-/* The coordinator processes batch b's offset commit. */
+/* The coordinator accepts a copy of batch b's offset commit: the record
+   names b. */
+inline accept(b) {
+	/* G3-record: never a batch rolled back, or never prepared */
+	RECORD_ASSERT(bst[b] == PREP || bst[b] == COMMITTED);
+	if
+	:: ometa > b ->
+		/* a late copy of an earlier batch's commit moves the record back:
+		   the later batch's record is lost (that batch is decided, or
+		   its lane decides it by the record) */
+		wipes++
+	:: else -> skip
+	fi;
+	oval = bto[b]; ometa = b;
+	acc[b] = true; okAcc[b] = okAcc[b] || curAsg == basg[b]; accWipe[b] = wipes
+}
+
+/* The coordinator processes the copy of batch b's offset commit whose
+   answer its lane waits for. */
 inline deliver(b) {
 	atomic {
 		if
-		:: COMMIT_OK(b) ->
+		:: COMMIT_OK(rqW[b], rqMid[b], rqGen[b]) ->
 			printf("coordinator: offset commit of batch %d (p -> %d) at worker %d member %d epoch %d: accepted (its assignment %d, current %d)\n",
 				b, bto[b], rqW[b], rqMid[b], rqGen[b], basg[b], curAsg);
-			RECORD_ASSERT(bst[b] != ROLLEDBACK);   /* G3-record */
-			oval = bto[b]; ometa = b;
-			acc[b] = true; okAcc[b] = (curAsg == basg[b]); accWipe[b] = wipes;
+			accept(b);
 			if :: pinc[rqW[b]] == rqInc[b] -> ans[b] = ACC :: else -> skip fi  /* a dead sender gets nothing */
 		:: else ->
 			printf("coordinator: offset commit of batch %d at worker %d member %d epoch %d: rejected\n", b, rqW[b], rqMid[b], rqGen[b]);
@@ -264,6 +329,40 @@ inline deliver(b) {
 		fi;
 		rq[b] = false; rqW[b] = 0; rqInc[b] = 0; rqMid[b] = 0; rqGen[b] = 0
 	}
+}
+
+/* The coordinator processes copy i (a slot of batch i / NOS) that nobody
+   waits for any more: its answer goes nowhere. */
+inline deliver_orphan(i) {
+	atomic {
+		if
+		:: COMMIT_OK(asgW[basg[(i) / NOS]], oMid[(i)], oGen[(i)]) ->
+			printf("coordinator: a late copy of batch %d's offset commit (p -> %d) at member %d epoch %d: accepted (its assignment %d, current %d)\n",
+				(i) / NOS, bto[(i) / NOS], oMid[(i)], oGen[(i)], basg[(i) / NOS], curAsg);
+			accept((i) / NOS)
+		:: else ->
+			printf("coordinator: a late copy of batch %d's offset commit at member %d epoch %d: rejected\n", (i) / NOS, oMid[(i)], oGen[(i)])
+		fi;
+		oq[(i)] = false; oMid[(i)] = 0; oGen[(i)] = 0
+	}
+}
+
+/* Batch b's copy in flight, or its answer, is no longer waited for: the
+   copy goes on as an orphan (processed at any later moment), the answer is
+   lost. */
+inline orphan(b) {
+	if
+	:: rq[b] ->
+		if
+		:: !oq[b * NOS] -> oq[b * NOS] = true; oMid[b * NOS] = rqMid[b]; oGen[b * NOS] = rqGen[b]
+#if NOS > 1
+		:: oq[b * NOS] -> assert(!oq[b * NOS + 1]);
+			oq[b * NOS + 1] = true; oMid[b * NOS + 1] = rqMid[b]; oGen[b * NOS + 1] = rqGen[b]
+#endif
+		fi;
+		rq[b] = false; rqW[b] = 0; rqInc[b] = 0; rqMid[b] = 0; rqGen[b] = 0
+	:: else -> ans[b] = 0
+	fi
 }
 
 /* ---- Postgres: COMMIT PREPARED and ROLLBACK PREPARED ---- */
@@ -319,6 +418,7 @@ inline rollback_prepared(b) {
 /* the lane's own assignment, known kept at a newer generation / epoch */
 #define RETRYGEN thr[a]
 #endif
+#define CANRETRY (tries < MAXRETRY && RETRYGEN > g)
 
 /* What a resolver decides by. */
 #ifdef EARLYREAD
@@ -344,6 +444,10 @@ inline rollback_prepared(b) {
 proctype Lane(byte a; byte inc) {
 	byte w = asgW[a];
 	byte b, from, g, k, dv, dm, tries;
+	bool plost;             /* PREPARE's answer was lost */
+#ifdef LOSTONLY
+	bool unk;               /* an earlier answer of the batch was lost */
+#endif
 
 claim:
 	/* the claim statement: it waits on a prepared batch's lock; meanwhile
@@ -388,19 +492,60 @@ claim:
 	k = 0;
 	do
 	:: k < MAXBL && nb < MAXB ->
-		/* the handler's transaction, the fence, PREPARE TRANSACTION */
+		/* the handler's transaction, the fence, PREPARE TRANSACTION (its
+		   answer may be lost: the lane then does not know whether the
+		   batch is prepared) */
 		if
 		CRASH
 		DEAD
 		:: atomic { ALIVE ->
 			if
 			:: rAsg == a && lockB == 0 && next == from ->
-				nb++; b = nb; bst[b] = PREP; basg[b] = a; bto[b] = from + 1; lockB = b;
-				printf("postgres: batch %d [%d,%d) of assignment %d prepared\n", b, from, bto[b], a)
+				nb++; b = nb; basg[b] = a; bto[b] = from + 1;
+				if
+				:: bst[b] = PREP; lockB = b;
+					printf("postgres: batch %d [%d,%d) of assignment %d prepared\n", b, from, bto[b], a)
+				:: losses < MAXLOSS -> losses++; plost = true;
+					if
+					:: bst[b] = PREP; lockB = b
+					:: bst[b] = NOTPREP
+					fi;
+					printf("postgres: batch %d [%d,%d) of assignment %d: PREPARE's answer lost (prepared: %d)\n", b, from, bto[b], a, bst[b] == PREP)
+				fi
 			:: else ->
 				printf("postgres: fence rejects worker %d (assignment %d)\n", w, a); goto done
 			fi;
-			k++; tries = 0; g = FIRSTGEN }
+			k++; tries = 0; g = FIRSTGEN;
+#ifdef LOSTONLY
+			unk = false;
+#endif
+			skip }
+		fi;
+		if
+		:: plost ->
+			/* once the session is gone, the lane looks the batch up
+			   (sink.Store.ResolvePrepare) */
+			if
+			CRASH
+			DEAD
+			:: atomic { ALIVE -> plost = false;
+				if
+				:: bst[b] == PREP -> printf("worker %d (assignment %d): batch %d is prepared\n", w, a, b)
+#ifdef PREPGUESS
+				:: else -> printf("worker %d (assignment %d): takes batch %d as prepared\n", w, a, b)
+#else
+				:: bst[b] == COMMITTED ->
+					/* committed by a claim: the next batch */
+					from = next; b = 0; g = 0; goto nextb
+				:: bst[b] == NOTPREP || bst[b] == ROLLEDBACK ->
+					/* not prepared (or rolled back by a claim since):
+					   the batch again, where the fence allows it */
+					printf("worker %d (assignment %d): batch %d is not prepared\n", w, a, b);
+					b = 0; g = 0; k--; goto nextb
+#endif
+				fi }
+			fi
+		:: else -> skip
 		fi;
 send:
 		/* the raw OffsetCommit */
@@ -410,6 +555,7 @@ send:
 		:: atomic { ALIVE -> rq[b] = true; rqW[b] = w; rqInc[b] = inc; rqMid[b] = REQMID; rqGen[b] = g;
 			printf("worker %d (assignment %d): sends offset commit of batch %d at member %d epoch %d\n", w, a, b, REQMID, g) }
 		fi;
+wait:
 		/* its answer, and what the lane does on it (a crash before: the
 		   answer is lost, the request may still be processed) */
 		if
@@ -421,6 +567,25 @@ send:
 		:: atomic { ALIVE && rq[b] -> printf("postgres: ROLLBACK PREPARED batch %d (its lane timed out)\n", b);
 			rollback_prepared(b); goto done }
 #endif
+		/* the connection breaks after the request was sent: the client
+		   library sends the identical request again, and the answer the
+		   lane gets is the new copy's; the first copy may still be
+		   processed (or was, and its answer is lost) */
+		:: atomic { ALIVE && losses < MAXLOSS && (rq[b] || ans[b] != 0) -> losses++;
+			orphan(b);
+			rq[b] = true; rqW[b] = w; rqInc[b] = inc; rqMid[b] = REQMID; rqGen[b] = g;
+			printf("worker %d (assignment %d): connection broken; the client sends batch %d's offset commit again\n", w, a, b) }
+			goto wait
+		/* no answer in time: the lane sends the identical request again
+		   (it never rolls back while an answer is unknown); the copy it
+		   gave up on may still be processed, late */
+		:: atomic { ALIVE && losses < MAXLOSS && (rq[b] || ans[b] != 0) -> losses++;
+			orphan(b);
+#ifdef LOSTONLY
+			unk = true;
+#endif
+			printf("worker %d (assignment %d): no answer for batch %d's offset commit\n", w, a, b) }
+			goto send
 		:: atomic { ALIVE && ans[b] == ACC -> ans[b] = 0;
 #ifdef POSTCHECK
 			if
@@ -445,25 +610,60 @@ send:
 			b = 0; g = 0; tries = 0 }
 		:: atomic { ALIVE && ans[b] == REJ -> ans[b] = 0;
 			if
-			:: tries < MAXRETRY && RETRYGEN > g ->
+			:: CANRETRY ->
 				/* the lane's assignment was kept at a newer generation */
 				tries++; g = RETRYGEN;
-				printf("worker %d (assignment %d): retries at epoch %d\n", w, a, g)
-			:: else ->
+				printf("worker %d (assignment %d): retries at epoch %d\n", w, a, g);
+				goto send
+#ifdef LOSTONLY
+			/* the rule before: roll back, unless an earlier answer was
+			   lost */
+			:: !CANRETRY && !unk ->
 				if
 				:: bst[b] == PREP -> printf("postgres: ROLLBACK PREPARED batch %d (by its lane)\n", b); rollback_prepared(b)
 				:: else -> skip
 				fi;
 				goto done
-			fi };
-			goto send
-		fi
+			:: !CANRETRY && unk ->
+#else
+			:: else ->
+#endif
+				/* refused, and never accepted at that member and
+				   generation again: whether a copy was accepted is in the
+				   record, read now (a later read could only find the
+				   record overwritten, as the decision below may) */
+				dv = oval; dm = ometa;
+				printf("worker %d (assignment %d): rejected; reads committed offset %d (batch %d)\n", w, a, dv, dm)
+			fi }
+			/* decide by the record */
+			if
+			CRASH
+			DEAD
+			:: atomic { ALIVE ->
+				if
+				:: bst[b] == PREP && DECIDE_COMMIT(b) ->
+					printf("postgres: COMMIT PREPARED batch %d (by its lane, by the record)\n", b);
+					commit_prepared(b); from = next
+				:: bst[b] == PREP && !DECIDE_COMMIT(b) ->
+					printf("postgres: ROLLBACK PREPARED batch %d (by its lane, by the record)\n", b);
+					rollback_prepared(b); goto done
+				:: else -> goto done
+				fi;
+				b = 0; g = 0; tries = 0; dv = 0; dm = 0 }
+			fi
+		fi;
+nextb:
+		skip
 	:: else -> break
 	od;
 done:
 	/* forget everything, so that the ended lane's states merge */
 	skip;
-	d_step { a = 0; inc = 0; w = 0; b = 0; from = 0; g = 0; k = 0; dv = 0; dm = 0; tries = 0 }
+	d_step { a = 0; inc = 0; w = 0; b = 0; from = 0; g = 0; k = 0; dv = 0; dm = 0; tries = 0; plost = false;
+#ifdef LOSTONLY
+		unk = false
+#endif
+	}
 }
 
 /* ---- the group coordinator ---- */
@@ -523,6 +723,14 @@ inline delete_group() {
 		:: else -> skip \
 		fi; \
 		replace(x); gen++; mep[x] = gen }
+
+/* the copies of batch b nobody waits for */
+#if NOS > 1
+#define ORPHANS(b) :: atomic { oq[b * NOS] -> deliver_orphan((b * NOS)) } \
+	:: atomic { oq[b * NOS + 1] -> deliver_orphan((b * NOS + 1)) }
+#else
+#define ORPHANS(b) :: atomic { oq[b] -> deliver_orphan(b) }
+#endif
 
 /* p's holder is gone: p must go to a live member (fair progress) */
 #define GENMAX (life == 1 -> MAXGEN : MAXGEN2)
@@ -616,13 +824,22 @@ end_coord:
 		printf("worker %d: reads committed offset %d (batch %d)\n", NW - 1, oval, ometa) }
 #endif
 	/* the network: an offset commit in flight arrives */
-	:: rq[1] -> deliver(1)
-	:: rq[2] -> deliver(2)
+	:: atomic { rq[1] -> deliver(1) }
+	:: atomic { rq[2] -> deliver(2) }
 #if MAXB > 2
-	:: rq[3] -> deliver(3)
+	:: atomic { rq[3] -> deliver(3) }
 #endif
 #if MAXB > 3
-	:: rq[4] -> deliver(4)
+	:: atomic { rq[4] -> deliver(4) }
+#endif
+	/* ... or a copy nobody waits for, in any order */
+	ORPHANS(1)
+	ORPHANS(2)
+#if MAXB > 2
+	ORPHANS(3)
+#endif
+#if MAXB > 3
+	ORPHANS(4)
 #endif
 	od
 }

@@ -42,7 +42,7 @@ func (t *tree) adminCommand() *cobra.Command {
 			a(spec{name: "delete", short: "delete an empty consumer group, moving its incarnation on first"}, &groupDelete{}),
 		),
 		a(spec{name: "groups", short: "list consumer groups: type, state, protocol, member count"}, &groupsList{}),
-		a(spec{name: "assignments", short: "per partition, the coordinator's assignment beside Postgres's fencing row, and the lag"}, &assignments{}),
+		a(spec{name: "assignments", short: "per partition, the coordinator's assignment beside Postgres's fencing row, the lag, and whether it progresses (and for how long not)"}, &assignments{}),
 		withSubs(a(spec{name: "fences", short: "the fencing rows in Postgres"}, &fences{}),
 			a(spec{name: "prune", short: "bound the fence log: remove old entries, keeping each partition's claim and the newest"}, &fencesPrune{}),
 		),

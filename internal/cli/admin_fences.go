@@ -69,17 +69,18 @@ func (c *assignments) run(ctx context.Context) error {
 		return c.json(rows)
 	}
 	// The table: one line per partition, the member id once and
-	// abbreviated (--output json has every field in full).
+	// abbreviated (--output json has every field in full). FOR is how long
+	// the state has held, where that can be known.
 	tw := c.table()
-	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tMEMBER\tEPOCH\tTOKEN\tFENCE_OWNER\tNEXT_OFFSET\tHIGH_WATERMARK\tLAG\tSTATE")
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tMEMBER\tEPOCH\tTOKEN\tFENCE_OWNER\tNEXT_OFFSET\tHIGH_WATERMARK\tLAG\tSTATE\tFOR")
 	for _, r := range rows {
 		owner := dash(printableString(shortMember(r.FenceOwner)))
 		if r.FenceOwner != "" && r.FenceOwner == r.MemberID {
 			owner = "(member)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printableString(r.Group), printableString(r.Topic), r.Partition,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printableString(r.Group), printableString(r.Topic), r.Partition,
 			dash(printableString(shortMember(r.MemberID))), dashInt(r.Epoch), dash(r.FenceEpoch), owner, dashInt(r.NextOffset),
-			dashInt(r.HighWatermark), dashInt(r.Lag), r.State)
+			dashInt(r.HighWatermark), dashInt(r.Lag), r.State, forText(r.ForSeconds))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -107,6 +108,24 @@ func (c *assignments) run(ctx context.Context) error {
 		fmt.Fprintf(c.stdout, "%s/%s %s: %s\n", printableString(k.topic), strings.Join(parts[k], ","), k.state, printableString(k.reason))
 	}
 	return nil
+}
+
+// forText renders how long a state has held: "42s", "3m10s", "2h05m",
+// "3d"; "-" when unknown.
+func forText(sec *int64) string {
+	if sec == nil {
+		return "-"
+	}
+	s := *sec
+	switch {
+	case s < 60:
+		return fmt.Sprintf("%ds", s)
+	case s < 3600:
+		return fmt.Sprintf("%dm%02ds", s/60, s%60)
+	case s < 48*3600:
+		return fmt.Sprintf("%dh%02dm", s/3600, s%3600/60)
+	}
+	return fmt.Sprintf("%dd", s/86400)
 }
 
 // shortMember abbreviates a member id for a table: kgo's classic member

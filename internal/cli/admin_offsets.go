@@ -577,8 +577,7 @@ func (c *offsetsReset) report(rows []resetRow, dry bool) error {
 		fmt.Fprintf(c.stdout, "%s; run again with --execute to move the offsets (recorded as reset by %s)\n", summary, printableString(c.actor))
 		return nil
 	}
-	fmt.Fprintf(c.stdout, "%s; workers that hold these partitions have their batches in flight rejected and go on from the new offsets within seconds "+
-		"(a worker with nothing new to fetch for a partition notices at its next job there, or its next assignment)\n", summary)
+	fmt.Fprintf(c.stdout, "%s; workers that hold these partitions, busy or idle, have their batches in flight rejected and go on from the new offsets within seconds\n", summary)
 	return nil
 }
 

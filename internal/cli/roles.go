@@ -59,6 +59,11 @@ const rolesTemplate = `-- Least-privilege roles for tenure's schema {{schema}}
 -- either, a frozen owner's locks last until idle_in_transaction_session_timeout
 -- (the worker says so once).
 --
+-- Strict hand-off (--strict): batches are prepared and finished as {{worker}}
+-- (SET ROLE), since PostgreSQL lets only the role that prepared a
+-- transaction, or a superuser, finish it. Login roles granted {{worker}}
+-- find it by themselves (or name it: --prepared-role {{worker}}).
+--
 -- --require-sync-standby reads pg_stat_replication, whose rows other roles
 -- cannot see in full without:
 --   GRANT pg_read_all_stats TO {{worker}};
@@ -76,15 +81,15 @@ $$;
 
 GRANT USAGE ON SCHEMA {{schema}} TO {{worker}}, {{admin}};
 
--- The worker: rows only. The built-in handlers' tables (exports, ledger)
--- live in this schema too; a handler's own tables in other schemas need
--- their own grants.
+-- The worker: rows only (its heartbeat row in workers among them). The
+-- built-in handlers' tables (exports, ledger) live in this schema too; a
+-- handler's own tables in other schemas need their own grants.
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {{schema}} TO {{worker}};
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {{schema}} TO {{worker}};
 -- The list of applied migrations is the owner's to write.
 REVOKE INSERT, UPDATE, DELETE ON {{schema}}.schema_migrations FROM {{worker}};
 
--- The admin role reads: tenure admin assignments, fences, holds, dlq list
+-- The admin role reads: tenure admin assignments (the heartbeats too), fences, holds, dlq list
 -- and dlq show. The admin commands that change state (holds acknowledge,
 -- dlq replay and discard, group delete, topic acknowledge-partitions,
 -- fences prune) need the worker role (or the owner).

@@ -50,6 +50,7 @@ type workerCmd struct {
 	// strict hand-off (G3-strict)
 	strict, strictCurGen bool
 	strictCoordinator    string
+	preparedRole         string
 
 	// addr is where /healthz, /readyz and /metrics are served ("": not).
 	addr string
@@ -80,6 +81,7 @@ func (w *workerCmd) define(f *flagSet) {
 	f.Bool(&w.createSchema, "create-schema", false, "create --schema (and migrate it) if the database does not have it; without it a worker whose schema does not exist refuses to start, naming the schemas that hold tenure tables (a mistyped --schema must not start a new, empty one)")
 	f.Bool(&w.strict, "strict", false, "strict hand-off (G3-strict, docs/fencing.md): a batch becomes visible only if the group coordinator accepted its offset commit while its assignment was the partition's current one (PREPARE TRANSACTION, offset commit, COMMIT PREPARED); needs max_prepared_transactions above 0, costs an offset commit and a round trip per batch")
 	f.String(&w.strictCoordinator, "strict-coordinator", "", "with --strict and --protocol consumer (KIP-848): declare the group coordinator's offset commit rule; only \"kafka\" (Apache Kafka 4.0 or later) is sound (kfake's is not, and the protocol cannot tell them apart)", arg("kafka"))
+	f.String(&w.preparedRole, "prepared-role", "", "the role every worker's login role shares (the schema's worker role, migrate --print-roles) that strict batches are prepared and finished as, so that any worker may finish another's; default: the role granted on the schema's tables that this login role is a member of, if exactly one, else the login role", arg("ROLE"))
 	f.Bool(&w.strictCurGen, "unsafe-strict-current-generation", false, "tests only: strict lanes commit offsets at the client's current generation instead of their own assignment's (unsafe: shows that the tests catch it)", testOnly)
 	f.Bool(&w.requireSync, "require-sync-standby", false, "refuse to start unless the database acknowledges commits only once a synchronous standby has them (see docs/fencing.md, \"Running on highly available Postgres\")")
 	f.Int(&w.dbMaxConns, "db-max-conns", 32, "the most database connections this worker opens: one per partition whose batch runs, plus a few; 1 in 8 (1 to 4) is kept from the batches for claims")
@@ -434,8 +436,14 @@ func (w *workerCmd) database(ctx context.Context, log *zap.Logger, tracer pgx.Qu
 			log.Info("the database URL leads through a connection pooler: transaction pooling mode (docs/pgbouncer.md)")
 		}
 	}
+	if err == nil && w.preparedRole != "" {
+		store.SetPreparedRole(w.preparedRole)
+	}
 	if err == nil && w.strict {
 		err = sink.CheckPreparedTransactions(ctx, pool)
+	}
+	if err == nil && w.strict {
+		err = store.CheckStrictRole(ctx)
 	}
 	if err == nil {
 		err = w.checkReplication(ctx, pool, log)

@@ -1,7 +1,9 @@
 // Package ownership is the live ownership page of `tenure admin serve`:
 // per consumer group and partition, the group coordinator's owner and epoch
 // beside Postgres's fencing token and owner, the next offset, the lag, the
-// state and any hold (with the exact command that resolves it); the recent
+// state with its reason and how long it has held (a partition with jobs
+// waiting that makes no progress stands out), and any hold (with the exact
+// command that resolves it); the recent
 // claims of the fence log, each naming the owner it fenced; and the dead
 // letters. Collect reads it all into a Snapshot; Handler serves it as a page
 // that refreshes itself and as JSON (/api/ownership).
@@ -14,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -111,11 +114,16 @@ type Group struct {
 
 // Summary counts what needs a look.
 type Summary struct {
-	Partitions int   `json:"partitions"`
-	Handoffs   int   `json:"handoffs"`
-	Held       int   `json:"held"`
-	Stalled    int   `json:"stalled"`
-	Lag        int64 `json:"lag"`
+	Partitions int `json:"partitions"`
+	Handoffs   int `json:"handoffs"`
+	Held       int `json:"held"`
+	Stalled    int `json:"stalled"`
+	// Stuck counts the partitions with jobs waiting whose state is not ok
+	// (unowned, owner-silent, not-progressing, a hold...).
+	Stuck int `json:"stuck"`
+	// Lag is the jobs waiting on every partition, those no worker holds
+	// included.
+	Lag int64 `json:"lag"`
 }
 
 // Partition is one partition seen from both sides.
@@ -140,6 +148,14 @@ type Partition struct {
 	Lag           *int64 `json:"lag"`
 	State         string `json:"state"`
 	Reason        string `json:"reason"`
+	// Since is when the state began, where that can be known, and For how
+	// long before the read that was (consumer.Assignment).
+	Since *time.Time `json:"since"`
+	For   *int64     `json:"for_seconds"`
+	// Stuck: jobs wait and the state is not ok.
+	Stuck bool `json:"stuck"`
+	// ShowReason: Reason is not a hold's, shown on a line of its own.
+	ShowReason bool `json:"-"`
 
 	// Handoff is set when the owner changed within the hand-off window.
 	Handoff *Handoff `json:"handoff"`
@@ -355,7 +371,11 @@ func collectGroup(ctx context.Context, cfg Config, name string, now time.Time) G
 		case consumer.StateStaleOwner, consumer.StateClaimPending, consumer.StateRebalancing:
 			p.Transition = true
 		}
+		p.ShowReason = p.Reason != "" && !slices.ContainsFunc(p.Holds, func(h Hold) bool { return h.Reason == p.Reason })
 		g.Summary.Partitions++
+		if p.Stuck {
+			g.Summary.Stuck++
+		}
 		if p.Handoff != nil {
 			g.Summary.Handoffs++
 		}
@@ -402,7 +422,9 @@ func partitionOf(cfg Config, a consumer.Assignment, claimed map[partKey]time.Tim
 	p := Partition{Topic: text(cfg, a.Topic), Partition: a.Partition,
 		Member: text(cfg, a.MemberID), ClientID: text(cfg, a.ClientID), Host: text(cfg, a.Host), Epoch: a.Epoch,
 		Token: a.FenceEpoch, Owner: text(cfg, a.FenceOwner), NextOffset: a.NextOffset,
-		HighWatermark: a.HighWatermark, Lag: a.Lag, State: string(a.State), Reason: text(cfg, a.Reason)}
+		HighWatermark: a.HighWatermark, Lag: a.Lag, State: string(a.State), Reason: text(cfg, a.Reason),
+		Since: a.Since, For: a.ForSeconds}
+	p.Stuck = a.State != consumer.StateOK && a.State != "unknown" && a.Lag != nil && *a.Lag > 0
 	if at, ok := claimed[partKey{a.Topic, a.Partition}]; ok && a.FenceOwner != "" {
 		at = at.UTC()
 		ago := secondsAgo(now, at)

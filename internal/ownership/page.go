@@ -167,21 +167,25 @@ type view struct {
 	RefreshMS int64
 }
 
+// duration renders whole seconds: "42s", "3m10s", "2h05m", "3d".
+func duration(sec int64) string {
+	d := time.Duration(sec) * time.Second
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", sec)
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", sec/60, sec%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", sec/3600, sec%3600/60)
+	}
+	return fmt.Sprintf("%dd", sec/86400)
+}
+
 var funcs = template.FuncMap{
-	"ago": func(sec int64) string {
-		d := time.Duration(sec) * time.Second
-		switch {
-		case d < time.Minute:
-			return fmt.Sprintf("%ds ago", sec)
-		case d < time.Hour:
-			return fmt.Sprintf("%dm%02ds ago", sec/60, sec%60)
-		case d < 48*time.Hour:
-			return fmt.Sprintf("%dh%02dm ago", sec/3600, sec%3600/60)
-		}
-		return fmt.Sprintf("%dd ago", sec/86400)
-	},
-	"clock": func(t time.Time) string { return t.UTC().Format("15:04:05") },
-	"stamp": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") },
+	"ago":      func(sec int64) string { return duration(sec) + " ago" },
+	"duration": duration,
+	"clock":    func(t time.Time) string { return t.UTC().Format("15:04:05") },
+	"stamp":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") },
 	"i32": func(p *int32) string {
 		if p == nil {
 			return "–"
@@ -218,20 +222,27 @@ var funcs = template.FuncMap{
 		if p.Handoff != nil {
 			c = append(c, "handoff")
 		}
-		if p.Transition {
+		if p.Stuck {
+			c = append(c, "stuck")
+		} else if p.Transition {
 			c = append(c, "transition")
 		}
 		return strings.Join(c, " ")
 	},
-	"stateClass": func(state string) string {
-		switch state {
+	"stateClass": func(p Partition) string {
+		switch p.State {
 		case "ok":
 			return "s-ok"
 		case "stalled":
 			return "s-stalled"
+		case "owner-silent", "not-progressing":
+			return "s-stuck"
 		case "stale-owner", "claim-pending", "rebalancing":
 			return "s-transition"
 		case "unowned", "unknown":
+			if p.Stuck {
+				return "s-stuck"
+			}
 			return "s-idle"
 		}
 		return "s-held"
@@ -260,7 +271,8 @@ const pageHTML = `<!DOCTYPE html>
 <p class="legend"><span class="key handoff">hand-off: owner changed in the last {{.HandoffWindowSeconds}}s</span>
 <span class="key held">held: waits for an operator</span>
 <span class="key stalled">stalled: the worker recovers by itself</span>
-<span class="key transition">the coordinator and Postgres do not agree yet</span></p>
+<span class="key transition">the coordinator and Postgres do not agree yet</span>
+<span class="key stuck">jobs waiting, no progress: no owner, a silent owner, or no commit</span></p>
 </header>
 <main id="live">{{template "live" .}}</main>
 <footer>Read-only. The coordinator is Kafka's group coordinator (who is assigned the partition, at which epoch);
@@ -280,6 +292,7 @@ Postgres is the fencing row (the token a commit must carry, the owner that claim
 <span class="{{if .Summary.Handoffs}}count handoff{{end}}">{{plural .Summary.Handoffs "hand-off"}}</span> ·
 <span class="{{if .Summary.Held}}count held{{end}}">{{.Summary.Held}} held</span> ·
 <span class="{{if .Summary.Stalled}}count stalled{{end}}">{{.Summary.Stalled}} stalled</span> ·
+<span class="{{if .Summary.Stuck}}count stuck{{end}}">{{.Summary.Stuck}} with jobs waiting not progressing</span> ·
 lag {{.Summary.Lag}} · <span class="{{if .DeadLetters.Dead}}count held{{end}}">{{plural .DeadLetters.Dead "dead letter"}}</span></p>
 {{if .Error}}<p class="error">{{.Error}}</p>{{end}}
 {{if .CoordinatorError}}<p class="error">{{.CoordinatorError}}</p>{{end}}
@@ -296,12 +309,12 @@ lag {{.Summary.Lag}} · <span class="{{if .DeadLetters.Dead}}count held{{end}}">
 <td class="tok">{{dash .Token}}</td>
 <td class="num">{{i64 .NextOffset}}</td>
 <td class="num">{{i64 .Lag}}</td>
-<td><span class="state {{stateClass .State}}">{{.State}}</span></td>
+<td><span class="state {{stateClass .}}">{{.State}}</span>{{if .For}}<div class="small">for {{duration (deref .For)}}</div>{{end}}</td>
 </tr>
 {{if .Handoff}}<tr class="detail handoff"><td></td><td colspan="7"><b>hand-off {{ago .Handoff.Ago}}</b> ({{clock .Handoff.At}}): from <span class="id">{{.Handoff.From}}</span> (token {{.Handoff.FromToken}}) to <span class="id">{{.Handoff.To}}</span> (token {{.Handoff.Token}}); Postgres rejects the old owner's commits from the claim on</td></tr>{{end}}
 {{range .Holds}}<tr class="detail {{if .NeedsAck}}held{{else}}stalled{{end}}"><td></td><td colspan="7"><b>{{.Kind}}</b> since {{clock .Since}} ({{ago .Ago}}): <span class="reason">{{.Reason}}</span>
 {{if .Command}}<div class="cmd"><span class="small">resolve with</span> <code>{{.Command}}</code></div>{{end}}<div class="small">{{.Resolution}}</div></td></tr>{{end}}
-{{if and .Reason (not .Holds)}}<tr class="detail {{rowClass .}}"><td></td><td colspan="7"><span class="reason">{{.Reason}}</span></td></tr>{{end}}
+{{if .ShowReason}}<tr class="detail {{rowClass .}}"><td></td><td colspan="7"><b>{{.State}}</b>{{if .Since}} since {{clock .Since}}{{end}}{{if .For}} ({{duration (deref .For)}}){{end}}: <span class="reason">{{.Reason}}</span></td></tr>{{end}}
 {{else}}<tr><td colspan="8" class="empty">no partitions: the coordinator assigns none and Postgres has no fencing rows</td></tr>
 {{end}}</tbody></table>
 <div class="columns">

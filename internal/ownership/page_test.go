@@ -175,3 +175,34 @@ func TestText(t *testing.T) {
 		t.Errorf("text = %q, want %q", got, want)
 	}
 }
+
+// A partition with jobs waiting that makes no progress stands out: its
+// state with how long, its reason on a line of its own, and the group's
+// count; a hold's reason is not said twice.
+func TestPageShowsStuckPartitions(t *testing.T) {
+	since := time.Date(2026, 1, 2, 3, 3, 23, 0, time.UTC)
+	lag, zero, forSec := int64(12), int64(0), int64(42)
+	reason := "owner m1 silent for 42 s (no heartbeat for 42 s); 12 jobs waiting"
+	snap := Snapshot{GeneratedAt: since.Add(42 * time.Second), Schema: "tenure", CommandNote: "note",
+		Groups: []Group{{Name: "g", Summary: Summary{Partitions: 2, Stuck: 1, Lag: 12},
+			Partitions: []Partition{
+				{Topic: "t", Partition: 0, Member: "m1", Owner: "m1", Lag: &lag, State: "owner-silent", Reason: reason,
+					Since: &since, For: &forSec, Stuck: true, ShowReason: true},
+				{Topic: "t", Partition: 1, Member: "m2", Owner: "m2", Lag: &zero, State: "ok"},
+			}}}}
+	s, _ := testServer(t, "tenure", snap, true)
+	_, body := get(t, s, http.MethodGet, "/fragment", "")
+	for _, want := range []string{
+		`<span class="state s-stuck">owner-silent</span><div class="small">for 42s</div>`,
+		`<b>owner-silent</b> since 03:03:23 (42s): <span class="reason">` + reason,
+		`<span class="count stuck">1 with jobs waiting not progressing</span>`,
+		`class="part stuck"`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the page lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Count(body, "s-stuck") != 1 || !strings.Contains(body, `<span class="state s-ok">ok</span></td>`) {
+		t.Errorf("only partition 0 is stuck:\n%s", body)
+	}
+}
