@@ -565,9 +565,13 @@ func (w *world) describePartition(ctx context.Context, p int32) (state, worker s
 		if worker == "" && r.FenceOwner != "" {
 			worker = w.book.workerOf(r.FenceOwner, p)
 		}
-		return fmt.Sprintf("member %s (client %s) epoch %s; fencing row token %s owner %s next %s; high watermark %s, lag %s; state %s%s",
+		since := ""
+		if r.Since != nil {
+			since = fmt.Sprintf(" since %s", r.Since.Local().Format("15:04:05.000"))
+		}
+		return fmt.Sprintf("member %s (client %s) epoch %s; fencing row token %s owner %s next %s; high watermark %s, lag %s; state %s%s%s",
 			orDash(r.MemberID), orDash(r.ClientID), ptrString(r.Epoch), orDash(r.FenceEpoch), orDash(r.FenceOwner), ptrString(r.NextOffset),
-			ptrString(r.HighWatermark), ptrString(r.Lag), r.State, reasonSuffix(r.Reason)), worker
+			ptrString(r.HighWatermark), ptrString(r.Lag), r.State, since, reasonSuffix(r.Reason)), worker
 	}
 	return "consumer.Describe has no row for it", ""
 }
