@@ -42,7 +42,7 @@ type addition struct {
 	was, now      int32
 	acked         time.Duration // from the change to the acknowledgement
 	moving        time.Duration // from the acknowledgement to every new partition moving; -1: not within B
-	noticedBefore bool          // a worker had logged msgLayoutChanged before the acknowledgement
+	noticedBefore bool          // a worker had logged that it noticed (msgLayoutChanged, msgCountChanged) before the acknowledgement
 }
 
 // addPartitions is the add-partitions fault.
@@ -50,7 +50,16 @@ func (w *world) addPartitions() {
 	mode := addModes[w.rng.IntN(len(addModes))]
 	was := w.nparts()
 	n := was + int32(1+w.rng.IntN(2))
-	noticed := w.book.awaitLine("", msgLayoutChanged)
+	held, counted := w.book.awaitLine("", msgLayoutChanged), w.book.awaitLine("", msgCountChanged)
+	noticed := make(chan struct{}) // closed at the first worker line that says it noticed
+	go func() {
+		select {
+		case <-held:
+		case <-counted:
+		case <-time.After(10 * time.Minute): // the run is over by then
+		}
+		close(noticed)
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	f := w.begin(kindAddParts, mode, fmt.Sprintf("%d to %d partitions", was, n))
@@ -76,7 +85,7 @@ func (w *world) addPartitions() {
 		case <-noticed:
 			w.sleep(w.between(0, time.Second))
 		case <-time.After(w.live.bound.total()):
-			w.note("add-partitions: no worker logged %q within B = %s of the change to %d partitions: acknowledged anyway", msgLayoutChanged, w.live.bound.total(), n)
+			w.note("add-partitions: no worker logged %q or %q within B = %s of the change to %d partitions: acknowledged anyway", msgLayoutChanged, msgCountChanged, w.live.bound.total(), n)
 		}
 	}
 	select {

@@ -33,9 +33,11 @@ const (
 	msgHolding     = "holding" // --hold-once (cmd/tenure/worker.go holdHooks)
 	msgSteppedDown = consumer.MsgSteppedDown
 	msgRejoining   = consumer.MsgRejoining
-	// A claim found the topic's partition count changed (consumer's
-	// checkLayouts): the worker noticed an add-partitions.
+	// A worker noticed an add-partitions: a claim found the topic's
+	// partition count changed (consumer's checkLayouts), or its watch read
+	// the new count from Kafka.
 	msgLayoutChanged = "topic partitions changed: not processing it"
+	msgCountChanged  = consumer.MsgPartitionCountChanged
 	msgAssigned      = consumer.MsgPartitionsAssigned
 )
 
@@ -99,7 +101,7 @@ type logbook struct {
 	strict      []history.StrictEvent // strict lanes' offset commits sent and answered, assignments ended
 
 	// For the liveness check and the faults that wait for a line.
-	layoutChanged  []batchEvent         // msgLayoutChanged: a worker noticed the topic grew
+	layoutChanged  []batchEvent         // msgLayoutChanged, msgCountChanged: a worker noticed the topic grew
 	strictResolved int                  // consumer.MsgStrictResolved: a claim decided an older lane's prepared batch
 	partLines      map[int32][]string   // the last lines that name each partition, "worker: line"
 	topicLines     []string             // the last info-or-above lines that name the topic but no partition
@@ -237,7 +239,7 @@ func (lb *logbook) record(worker, line string) {
 		lb.rejoins = append(lb.rejoins, ev())
 	case msgClaimed:
 		lb.claims++
-	case msgLayoutChanged:
+	case msgLayoutChanged, msgCountChanged:
 		lb.layoutChanged = append(lb.layoutChanged, ev())
 	case msgAssigned:
 		lb.lastAssigned[worker] = worker + ": " + line
