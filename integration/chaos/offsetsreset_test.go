@@ -369,3 +369,35 @@ func TestCheckResetLog(t *testing.T) {
 		}
 	}
 }
+
+// A batch rejected because an offsets reset moved its partition back may
+// be cut again and committed, with the same claim and token, after the
+// reset; that commit is no contradiction of the rejection. One that came
+// before the rejection, or with no reset back over it, is.
+func TestRerunAfterReset(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 12, 52, 1, 455e6, time.UTC)
+	part := sink.Partition{Group: groupName, Topic: topicName, Partition: 1}
+	tok := sink.Token{Epoch: 3}
+	reset := history.Entry{ID: 10, Kind: "reset", Partition: part, Owner: resetActor, From: 939, To: 926}
+	again := history.Entry{ID: 20, Kind: "commit", Partition: part, Token: tok, Owner: "m", From: 939, To: 940}
+	c := &runCheck{h: &history.History{Log: []history.Entry{reset, again}}}
+	rej := batchEvent{Partition: 1, Token: tok.String(), Member: "m", From: 939, To: 940, At: t0}
+	at := map[int64]time.Time{10: t0.Add(-5 * time.Millisecond), 20: t0.Add(300 * time.Millisecond)}
+	if !c.rerun(again, rej, at) {
+		t.Error("the range committed again after the reset counts against the rejection")
+	}
+	at[20] = t0.Add(time.Millisecond) // committed as the rejection was logged: the rejected batch itself
+	if c.rerun(again, rej, at) {
+		t.Error("a commit at the rejection's time is excused")
+	}
+	at[20] = t0.Add(300 * time.Millisecond)
+	c.h.Log = []history.Entry{again} // no reset back over it
+	if c.rerun(again, rej, at) {
+		t.Error("a commit with no reset before it is excused")
+	}
+	fwd := history.Entry{ID: 10, Kind: "reset", Partition: part, Owner: resetActor, From: 930, To: 950}
+	c.h.Log = []history.Entry{fwd, again} // a reset forward does not run anything again
+	if c.rerun(again, rej, at) {
+		t.Error("a reset forward excuses a commit")
+	}
+}
