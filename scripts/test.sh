@@ -118,8 +118,8 @@ go test -count=1 -short ./integration/chaos
 # add-partitions, rolling-restart, partition-multi-host), with --strict
 # workers so that its rolling restarts mix strict and plain ones: a 60s
 # run of every kind draws each of them only now and then, this one draws
-# them all (about 2 minutes; each of those faults waits, quietly, for what
-# it broke to move again, B = 48s at most). Every run also checks liveness
+# them all (70s to 2 minutes here; each of those faults waits, quietly,
+# for what it broke to move again, at most B = 48s of quiet time). Every run also checks liveness
 # (no partition with jobs waiting stalls for longer than B of quiet time,
 # no worker stays out of the group: integration/chaos/liveness_test.go). The seed is in each summary and in the replay line;
 # TENURE_CHAOS_SEED=N fixes it for every run. -v so that the summary

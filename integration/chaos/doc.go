@@ -107,7 +107,11 @@
 //     awaited) and started again, the next one once the restarted one has
 //     claimed a partition (B at most); with -chaos.strict each comes back
 //     with --strict toggled, so that the group mixes strict and plain
-//     workers for the length of the roll (rolling_test.go);
+//     workers for the length of the roll, and a strict worker that is to
+//     come back plain leaves a batch prepared on its way out (restarted
+//     holding its first prepared batch before the offset commit, then
+//     killed instead of stopped, as when a grace period runs out), which
+//     whoever claims the partition next must decide (rolling_test.go);
 //   - fault jobs, all along: about 1% of the jobs carry
 //     "tenure-fault":"error" or "panic" and must end in the dead-letter table.
 //
