@@ -20,7 +20,7 @@ test: ## the README's test command: set-up (Postgres, gcc), vet, gofmt, all test
 race: ## all tests with the race detector
 	$(GO) test -race -count=1 -timeout 30m ./...
 
-bench: ## tenure bench: tenure beside an at-least-once program, a naive one and the COPY ceiling (README, "Throughput")
+bench: ## tenure bench: tenure beside an at-least-once program, a naive one and the COPY ceiling (docs/throughput.md)
 	$(GO) run ./cmd/tenure bench
 
 microbench: ## the go test benchmarks only (no tests), with allocations

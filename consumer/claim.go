@@ -204,7 +204,9 @@ func (c *Consumer) claimPartition(ctx context.Context, cl *kgo.Client, member st
 		c.stats.claimsRejected.Add(1)
 		l.log.Error(MsgClaimFenced, append(rejectedFields(err), zap.Int64("start_offset", start), zap.Error(err), zap.Bool("fenced", true))...)
 		l.next = start
+		l.mu.Lock()
 		l.fetchPos = start
+		l.mu.Unlock()
 		l.startRecovering(err)
 		return kgo.NewOffset().At(start).WithEpoch(-1), true
 	case err != nil:

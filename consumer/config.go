@@ -169,19 +169,21 @@ type Config struct {
 	ClientID string
 	// Logger receives structured logs (default: none).
 	Logger *zap.Logger
-	// KgoOpts are extra client options (TLS, SASL, tuning, ...). They are
-	// applied after tenure's own, so New refuses, with an error naming the
-	// option (ErrReservedKgoOpt), any that would change what tenure sets or
-	// relies on: the group and topics (kgo.ConsumerGroup, ConsumeTopics,
-	// ConsumeRegex, ConsumeExcludeTopics, ConsumePartitions, ShareGroup),
-	// the partition callbacks and AdjustFetchOffsetsFn (where partitions are
-	// claimed), OnOffsetsFetched, ConsumeResetOffset, ConsumeStartOffset,
-	// the autocommit options, BlockRebalanceOnPoll, Balancers,
-	// ServerSideBalancer, GroupProtocol, FetchIsolationLevel,
-	// KeepControlRecords, RebalanceTimeout, SessionTimeout, ClientID and
-	// SeedBrokers (use the Config fields). An option set to the value tenure
-	// sets anyway is accepted. Static membership (kgo.InstanceID) is refused
-	// with ErrStaticMembership.
+	// KgoOpts are extra client options (TLS, SASL, a dialer, fetch and
+	// metadata tuning, ...). They are applied after tenure's own, so New
+	// refuses, with an error naming the option (ErrReservedKgoOpt), any that
+	// would change what tenure sets or relies on: the topics
+	// (kgo.ConsumeTopics, ConsumeRegex, ConsumeExcludeTopics,
+	// ConsumePartitions), ConsumeResetOffset, ConsumeStartOffset,
+	// FetchIsolationLevel, KeepControlRecords, ClientID and SeedBrokers (use
+	// the Config fields); one set to the value tenure sets anyway is
+	// accepted. Every group option (a kgo.GroupOpt: kgo.ConsumerGroup,
+	// the partition callbacks, AdjustFetchOffsetsFn, the autocommit options,
+	// Balancers, SessionTimeout, RebalanceTimeout, ...) is refused: tenure
+	// runs the group itself (Group, SessionTimeout, RebalanceTimeout,
+	// Protocol, Hooks). Static membership (kgo.InstanceID) is refused with
+	// ErrStaticMembership. The options are read with kgo's own OptValues
+	// and option types, never by reflecting on kgo's internals.
 	KgoOpts []kgo.Opt
 	// Hooks observe a batch's life; nil hooks are skipped.
 	Hooks Hooks

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"reflect"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/sink"
@@ -190,83 +190,114 @@ func New(cfg Config) (*Consumer, error) {
 var ErrReservedKgoOpt = errors.New("Config.KgoOpts sets a kgo option that tenure owns")
 
 // reservedOpts are the kgo options tenure sets, or relies on the default of,
-// with what to use instead. KgoOpts come after tenure's own options, so any
-// of these would silently replace tenure's setting.
+// with what to use instead (refuseOverrides). group marks kgo.GroupOpts;
+// set, for a group callback kgo does not wrap, says whether a client has
+// it set.
 var reservedOpts = []struct {
-	opt  any
-	name string
-	why  string
+	opt   any
+	name  string
+	why   string
+	group bool
+	set   func(*kgo.Client) bool
 }{
-	{kgo.ConsumerGroup, "kgo.ConsumerGroup", "set Config.Group"},
-	{kgo.ConsumeTopics, "kgo.ConsumeTopics", "set Config.Topics"},
-	{kgo.ConsumeRegex, "kgo.ConsumeRegex", "set Config.Topics"},
-	{kgo.ConsumeExcludeTopics, "kgo.ConsumeExcludeTopics", "set Config.Topics"},
-	{kgo.ConsumePartitions, "kgo.ConsumePartitions", "partitions are assigned by the group"},
-	{kgo.ShareGroup, "kgo.ShareGroup", "a share group has no partition owners to fence"},
-	{kgo.OnPartitionsAssigned, "kgo.OnPartitionsAssigned", "tenure's callbacks start and stop the partitions' lanes (use Hooks)"},
-	{kgo.OnPartitionsRevoked, "kgo.OnPartitionsRevoked", "tenure's callbacks start and stop the partitions' lanes (use Hooks)"},
-	{kgo.OnPartitionsLost, "kgo.OnPartitionsLost", "tenure's callbacks start and stop the partitions' lanes (use Hooks)"},
-	{kgo.AdjustFetchOffsetsFn, "kgo.AdjustFetchOffsetsFn", "it is where tenure claims each partition and sets the fetch offset from Postgres"},
-	{kgo.OnOffsetsFetched, "kgo.OnOffsetsFetched", "offsets come from Postgres"},
-	{kgo.ConsumeResetOffset, "kgo.ConsumeResetOffset", "a partition Postgres has never seen starts at the log's start, so that no job is skipped"},
-	{kgo.ConsumeStartOffset, "kgo.ConsumeStartOffset", "where a partition starts is the fencing row's next offset"},
-	{kgo.DisableAutoCommit, "kgo.DisableAutoCommit", "offsets are committed in Postgres, never by kgo"},
-	{kgo.AutoCommitMarks, "kgo.AutoCommitMarks", "offsets are committed in Postgres, never by kgo"},
-	{kgo.AutoCommitInterval, "kgo.AutoCommitInterval", "offsets are committed in Postgres, never by kgo"},
-	{kgo.AutoCommitCallback, "kgo.AutoCommitCallback", "offsets are committed in Postgres, never by kgo"},
-	{kgo.GreedyAutoCommit, "kgo.GreedyAutoCommit", "offsets are committed in Postgres, never by kgo"},
-	{kgo.BlockRebalanceOnPoll, "kgo.BlockRebalanceOnPoll", "tenure relies on it so that no record reaches a revoked lane"},
-	{kgo.Balancers, "kgo.Balancers", "set Config.Protocol"},
-	{kgo.ServerSideBalancer, "kgo.ServerSideBalancer", "set Config.Protocol"},
-	{kgo.GroupProtocol, "kgo.GroupProtocol", "tenure speaks the consumer protocol"},
-	{kgo.FetchIsolationLevel, "kgo.FetchIsolationLevel", "only records of committed Kafka transactions are jobs"},
-	{kgo.KeepControlRecords, "kgo.KeepControlRecords", "transaction markers are not jobs"},
-	{kgo.RebalanceTimeout, "kgo.RebalanceTimeout", "set Config.RebalanceTimeout (revoked lanes get half of it)"},
-	{kgo.SessionTimeout, "kgo.SessionTimeout", "set Config.SessionTimeout"},
-	{kgo.ClientID, "kgo.ClientID", "set Config.ClientID (member ids, recorded as owners, are built from it)"},
-	{kgo.SeedBrokers, "kgo.SeedBrokers", "set Config.Brokers"},
+	{opt: kgo.ConsumerGroup, name: "kgo.ConsumerGroup", why: "set Config.Group", group: true},
+	{opt: kgo.ConsumeTopics, name: "kgo.ConsumeTopics", why: "set Config.Topics"},
+	{opt: kgo.ConsumeRegex, name: "kgo.ConsumeRegex", why: "set Config.Topics"},
+	{opt: kgo.ConsumeExcludeTopics, name: "kgo.ConsumeExcludeTopics", why: "set Config.Topics"},
+	{opt: kgo.ConsumePartitions, name: "kgo.ConsumePartitions", why: "partitions are assigned by the group"},
+	{opt: kgo.ShareGroup, name: "kgo.ShareGroup", why: "a share group has no partition owners to fence", group: true},
+	{opt: kgo.AdjustFetchOffsetsFn, name: "kgo.AdjustFetchOffsetsFn", why: "it is where tenure claims each partition and sets the fetch offset from Postgres", group: true,
+		set: func(cl *kgo.Client) bool {
+			f, _ := cl.OptValue(kgo.AdjustFetchOffsetsFn).(func(context.Context, map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error))
+			return f != nil
+		}},
+	{opt: kgo.OnOffsetsFetched, name: "kgo.OnOffsetsFetched", why: "offsets come from Postgres", group: true,
+		set: func(cl *kgo.Client) bool {
+			f, _ := cl.OptValue(kgo.OnOffsetsFetched).(func(context.Context, *kgo.Client, *kmsg.OffsetFetchResponse) error)
+			return f != nil
+		}},
+	{opt: kgo.ConsumeResetOffset, name: "kgo.ConsumeResetOffset", why: "a partition Postgres has never seen starts at the log's start, so that no job is skipped"},
+	{opt: kgo.ConsumeStartOffset, name: "kgo.ConsumeStartOffset", why: "where a partition starts is the fencing row's next offset"},
+	{opt: kgo.DisableAutoCommit, name: "kgo.DisableAutoCommit", why: "offsets are committed in Postgres, never by kgo: tenure sets it", group: true},
+	{opt: kgo.AutoCommitMarks, name: "kgo.AutoCommitMarks", why: "offsets are committed in Postgres, never by kgo", group: true},
+	{opt: kgo.AutoCommitInterval, name: "kgo.AutoCommitInterval", why: "offsets are committed in Postgres, never by kgo", group: true},
+	{opt: kgo.GreedyAutoCommit, name: "kgo.GreedyAutoCommit", why: "offsets are committed in Postgres, never by kgo", group: true},
+	{opt: kgo.BlockRebalanceOnPoll, name: "kgo.BlockRebalanceOnPoll", why: "tenure relies on it so that no record reaches a revoked lane, and sets it", group: true},
+	{opt: kgo.Balancers, name: "kgo.Balancers", why: "set Config.Protocol", group: true},
+	{opt: kgo.GroupProtocol, name: "kgo.GroupProtocol", why: "tenure speaks the consumer protocol", group: true},
+	{opt: kgo.FetchIsolationLevel, name: "kgo.FetchIsolationLevel", why: "only records of committed Kafka transactions are jobs"},
+	{opt: kgo.KeepControlRecords, name: "kgo.KeepControlRecords", why: "transaction markers are not jobs"},
+	{opt: kgo.RebalanceTimeout, name: "kgo.RebalanceTimeout", why: "set Config.RebalanceTimeout (revoked lanes get half of it)", group: true},
+	{opt: kgo.SessionTimeout, name: "kgo.SessionTimeout", why: "set Config.SessionTimeout", group: true},
+	{opt: kgo.HeartbeatInterval, name: "kgo.HeartbeatInterval", why: "derived from Config.SessionTimeout", group: true},
+	{opt: kgo.ClientID, name: "kgo.ClientID", why: "set Config.ClientID (member ids, recorded as owners, are built from it)"},
+	{opt: kgo.SeedBrokers, name: "kgo.SeedBrokers", why: "set Config.Brokers"},
 }
 
 // refuseOverrides inspects cfg.KgoOpts without connecting anywhere (the
-// clients it builds have a dialer that refuses every connection): it
-// compares each reserved option in the client the worker would run (ours,
-// then KgoOpts) with the client of tenure's options alone. Any difference
-// is an override, named in the error. Static membership gets its own
-// error, ErrStaticMembership.
+// clients it builds have a dialer that refuses every connection), with
+// kgo's own ValidateOpts and OptValues, and kgo's public option types:
+//
+//   - a kgo.GroupOpt is refused: tenure runs the consumer group itself, and
+//     its settings are Config fields (Group, SessionTimeout,
+//     RebalanceTimeout, Protocol; Hooks instead of the partition
+//     callbacks). kgo wraps a group client's partition callbacks in code
+//     of its own, so a user's callback cannot be told from tenure's by
+//     comparing; the error names the option where its value tells
+//     (static membership gets ErrStaticMembership);
+//   - any other option is compared, for each reserved one, in a client of
+//     tenure's options then KgoOpts against a client of tenure's alone:
+//     one that changes what tenure sets or relies on is refused, named; one
+//     that repeats it is accepted.
 func refuseOverrides(cfg Config, ours []kgo.Opt) error {
+	if err := kgo.ValidateOpts(append(slices.Clone(ours), cfg.KgoOpts...)...); err != nil {
+		return fmt.Errorf("kafka client options: %w", err)
+	}
 	// A group client starts joining inside NewClient: it must neither
 	// connect nor log its failure to (the worker's log would say a broker
 	// was unreachable).
 	noDial := []kgo.Opt{kgo.DialTLSConfig(nil), kgo.Dialer(func(context.Context, string, string) (net.Conn, error) {
 		return nil, errors.New("consumer: inspecting options, not connecting")
 	}), kgo.WithLogger(kgo.BasicLogger(io.Discard, kgo.LogLevelNone, nil))}
-	build := func(opts ...[]kgo.Opt) (*kgo.Client, error) {
-		var all []kgo.Opt
-		for _, o := range opts {
-			all = append(all, o...)
-		}
-		cl, err := kgo.NewClient(append(all, noDial...)...)
+	build := func(opts ...kgo.Opt) (*kgo.Client, error) {
+		cl, err := kgo.NewClient(append(opts, noDial...)...)
 		if err != nil {
 			return nil, fmt.Errorf("kafka client options: %w", err)
 		}
 		return cl, nil
 	}
-	run, err := build(ours, cfg.KgoOpts)
+	var bad []string
+	var other []kgo.Opt
+	for _, o := range cfg.KgoOpts {
+		g, ok := o.(kgo.GroupOpt)
+		if !ok {
+			other = append(other, o)
+			continue
+		}
+		names, err := groupOptNames(build, g)
+		if err != nil {
+			return err
+		}
+		bad = append(bad, names...)
+	}
+	if slices.Contains(bad, errStaticMembershipName) {
+		return ErrStaticMembership
+	}
+	merged, err := build(append(slices.Clone(ours), other...)...)
 	if err != nil {
 		return err
 	}
-	defer run.Close()
-	if id, _ := run.OptValue(kgo.InstanceID).(string); id != "" {
-		return ErrStaticMembership
-	}
-	own, err := build(ours)
+	defer merged.Close()
+	own, err := build(ours...)
 	if err != nil {
 		return err
 	}
 	defer own.Close()
-	var bad []string
 	for _, r := range reservedOpts {
-		if !sameOptValues(run.OptValues(r.opt), own.OptValues(r.opt)) || passes(cfg.KgoOpts, r.name) {
+		if r.group {
+			continue
+		}
+		if !reflect.DeepEqual(merged.OptValues(r.opt), own.OptValues(r.opt)) {
 			bad = append(bad, r.name+" ("+r.why+")")
 		}
 	}
@@ -276,58 +307,54 @@ func refuseOverrides(cfg Config, ours []kgo.Opt) error {
 	return nil
 }
 
-// wrappedCallbacks are the options whose values kgo wraps in code of its own
-// in a group client (to log their entry), so that OptValues cannot tell a
-// user's callback from tenure's: passes looks for them in KgoOpts instead.
-var wrappedCallbacks = map[string]bool{
-	"kgo.OnPartitionsAssigned": true,
-	"kgo.OnPartitionsRevoked":  true,
-	"kgo.OnPartitionsLost":     true,
-}
+// errStaticMembershipName marks static membership among groupOptNames.
+const errStaticMembershipName = "kgo.InstanceID"
 
-// passes reports whether opts hold an option made by the kgo constructor
-// called name (one of wrappedCallbacks). A kgo option is a struct holding
-// the closure its constructor made, and the closure's function name says
-// which constructor that was ("kgo.OnPartitionsLost.func1", or
-// "caller.OnPartitionsLost.func2" where the constructor was inlined): the
-// way kgo's own OptValue recognises options by name.
-func passes(opts []kgo.Opt, name string) bool {
-	if !wrappedCallbacks[name] {
-		return false
+// groupOptNames names what the group option g sets, by comparing a group
+// client of g with one without it: the reserved group options whose
+// values differ, or whose callbacks (other than the three kgo wraps) are
+// set. A partition callback, which kgo wraps whether set or not, or a
+// group option tenure does not list, gets a general name.
+func groupOptNames(build func(...kgo.Opt) (*kgo.Client, error), g kgo.GroupOpt) ([]string, error) {
+	// Durations no one sets, so that g setting any of them (kgo's default
+	// included) shows.
+	base := []kgo.Opt{kgo.ConsumerGroup("tenure-inspecting-options"), kgo.RebalanceTimeout(61729 * time.Millisecond),
+		kgo.SessionTimeout(45331 * time.Millisecond), kgo.HeartbeatInterval(3137 * time.Millisecond), kgo.AutoCommitInterval(5113 * time.Millisecond)}
+	with, err := build(append(slices.Clone(base), g)...)
+	if err != nil {
+		return nil, err
 	}
-	want := "." + strings.TrimPrefix(name, "kgo.") + ".func"
-	for _, o := range opts {
-		v := reflect.ValueOf(o)
-		if v.Kind() != reflect.Struct || v.NumField() != 1 || v.Field(0).Kind() != reflect.Func || v.Field(0).IsNil() {
-			continue // not shaped so in this kgo version: TestKgoOptsThatReplaceTenuresAreRefused fails
+	defer with.Close()
+	without, err := build(base...)
+	if err != nil {
+		return nil, err
+	}
+	defer without.Close()
+	if id, _ := with.OptValue(kgo.InstanceID).(string); id != "" {
+		return []string{errStaticMembershipName}, nil
+	}
+	var names []string
+	for _, r := range reservedOpts {
+		if !r.group {
+			continue
 		}
-		if f := runtime.FuncForPC(v.Field(0).Pointer()); f != nil && strings.Contains(f.Name(), want) {
-			return true
-		}
-	}
-	return false
-}
-
-// sameOptValues compares two OptValues results: functions by their code
-// (kgo's default callbacks are the same code in every client), the rest
-// deeply.
-func sameOptValues(a, b []any) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		va, vb := reflect.ValueOf(a[i]), reflect.ValueOf(b[i])
-		if va.IsValid() && vb.IsValid() && va.Kind() == reflect.Func && vb.Kind() == reflect.Func {
-			if va.IsNil() != vb.IsNil() || (!va.IsNil() && va.Pointer() != vb.Pointer()) {
-				return false
+		if r.set != nil {
+			if r.set(with) {
+				names = append(names, r.name+" ("+r.why+")")
 			}
 			continue
 		}
-		if !reflect.DeepEqual(a[i], b[i]) {
-			return false
+		if !reflect.DeepEqual(with.OptValues(r.opt), without.OptValues(r.opt)) {
+			names = append(names, r.name+" ("+r.why+")")
 		}
 	}
-	return true
+	// kgo.AutoCommitCallback and the partition callbacks have a value of
+	// kgo's own in every group client: they are not compared.
+	if len(names) == 0 {
+		names = append(names, "a kgo group option (kgo.OnPartitionsAssigned, OnPartitionsRevoked or OnPartitionsLost: use Config.Hooks; "+
+			"kgo.AutoCommitCallback: offsets are committed in Postgres; or another group setting: tenure runs the group, its settings are Config fields)")
+	}
+	return names, nil
 }
 
 // Client is the underlying kgo client once Run has started (nil before).

@@ -65,6 +65,12 @@ func (c *Consumer) noteDatabase() {
 	c.db.lastOK.Store(time.Now().UnixNano())
 }
 
+// databaseAnsweredSince reports whether the database answered (a probe, a
+// commit) at or after t.
+func (c *Consumer) databaseAnsweredSince(t time.Time) bool {
+	return c.db.lastOK.Load() >= t.UnixNano()
+}
+
 func (c *Consumer) setStepDown(f context.CancelFunc) {
 	c.db.mu.Lock()
 	c.db.stepDown = f

@@ -71,6 +71,12 @@ func (l *lane) recover(cause error) bool {
 		if !l.current() {
 			return false // a newer lane has the partition, or it was taken away: kgo ends this one
 		}
+		if databaseAway(last) && !l.c.databaseAnsweredSince(time.Now().Add(-d-probeEvery)) {
+			// The database was away at the last attempt and the probe has
+			// not reached it since: asking the coordinator again would
+			// only load it (every stalled lane of the worker does this).
+			continue
+		}
 		cl := l.cl
 		member, epoch := cl.GroupMetadata()
 		if member != l.owner {

@@ -89,6 +89,8 @@ func TestDemo(t *testing.T) {
 	if strings.Contains(stdout, `"level":`) {
 		t.Errorf("worker logs leaked into stdout\n%s", stdout)
 	}
+	// The lines the README shows are the demo's.
+	checkREADMEDemoExcerpt(t, stdout)
 	t.Logf("demo output:\n%s", stdout)
 }
 

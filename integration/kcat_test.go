@@ -48,11 +48,12 @@ func kcat(t *testing.T, bin string, stdin string, args ...string) string {
 	return string(out)
 }
 
-// Jobs produced by librdkafka: with partitioner=murmur2_random (what the
-// README tells librdkafka users to set) every key lands on the partition
-// partition.For names, the one tenure produce and franz-go choose, and a
-// tenure worker processes them exactly once; with librdkafka's default
-// partitioner keys land elsewhere, which is why the README says to set it.
+// Jobs produced by librdkafka: with partitioner=murmur2_random (what
+// docs/handlers.md tells librdkafka users to set) every key lands on the
+// partition partition.For names, the one tenure produce and franz-go
+// choose, and a tenure worker processes them exactly once; with
+// librdkafka's default partitioner keys land elsewhere, which is why
+// docs/handlers.md says to set it.
 // The other way round, kcat reads what `tenure produce` wrote, each key on
 // the partition partition.For names.
 func TestKcatInterop(t *testing.T) {
@@ -93,8 +94,8 @@ func TestKcatInterop(t *testing.T) {
 	}
 	checkRun(t, e, expect{partitions: partsList})
 
-	// 3. librdkafka's default partitioner does not agree: the README's
-	// warning is needed.
+	// 3. librdkafka's default partitioner does not agree: the warning in
+	// docs/handlers.md is needed.
 	other := e.topic + "-default"
 	createTopic(t, e, other, parts)
 	kcat(t, bin, in.String(), "-P", "-b", broker, "-t", other, "-K", "\t", "-X", "acks=all")
@@ -105,7 +106,7 @@ func TestKcatInterop(t *testing.T) {
 		}
 	}
 	if moved == 0 {
-		t.Errorf("librdkafka's default partitioner put all %d keys where murmur2 does: the README's warning would be wrong", n)
+		t.Errorf("librdkafka's default partitioner put all %d keys where murmur2 does: docs/handlers.md's warning would be wrong", n)
 	}
 	t.Logf("librdkafka's default partitioner put %d of %d keys on another partition than murmur2", moved, n)
 

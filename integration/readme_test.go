@@ -24,22 +24,52 @@ type tourStep struct {
 	want []string // the lines shown after it
 }
 
-// readmeTour reads the commands of README.md's tour, in order.
-func readmeTour(t *testing.T) []tourStep {
+// readmeSection returns the README.md section under the level-2 heading
+// title, up to the next level-2 heading.
+func readmeSection(t *testing.T, title string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("..", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
-	start := strings.Index(s, "### A tour with a development broker")
+	start := strings.Index(s, "\n## "+title+"\n")
 	if start < 0 {
-		t.Fatal("README.md has no tour")
+		t.Fatalf("README.md has no section %q", title)
 	}
-	s = s[start:]
+	s = s[start+1:]
 	if end := strings.Index(s, "\n## "); end >= 0 {
 		s = s[:end]
 	}
+	return s
+}
+
+// codeBlocks returns the lines of each fenced code block of s whose
+// opening fence is exactly fence (e.g. "```sh").
+func codeBlocks(s, fence string) [][]string {
+	var blocks [][]string
+	var cur []string
+	in, keep := false, false
+	for _, line := range strings.Split(s, "\n") {
+		switch {
+		case !in && strings.HasPrefix(line, "```"):
+			in, keep, cur = true, line == fence, nil
+		case in && line == "```":
+			in = false
+			if keep {
+				blocks = append(blocks, cur)
+			}
+		case in:
+			cur = append(cur, line)
+		}
+	}
+	return blocks
+}
+
+// readmeTour reads the commands of README.md's tour, in order.
+func readmeTour(t *testing.T) []tourStep {
+	t.Helper()
+	s := readmeSection(t, "A tour with a development broker")
 	var steps []tourStep
 	inBlock, heredoc := false, ""
 	for _, line := range strings.Split(s, "\n") {
@@ -241,5 +271,87 @@ func runTourStep(t *testing.T, i int, st tourStep, cmd, dir string, env []string
 				i, st.cmd, code, wantCode, out.String(), strings.Join(st.want, "\n"))
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// The README's two commands are the ones `make demo` and `make test` run
+// (the README says `make help` lists them), and the scripts they name
+// exist.
+func TestREADMETwoCommands(t *testing.T) {
+	t.Parallel()
+	sec := readmeSection(t, "Two commands")
+	blocks := codeBlocks(sec, "```sh")
+	if len(blocks) != 2 {
+		t.Fatalf("README's \"Two commands\" shows %d sh blocks, want 2: run it, run the tests", len(blocks))
+	}
+	run, test := strings.Join(blocks[0], "\n"), strings.Join(blocks[1], "\n")
+	if run != "bash scripts/ensure-postgres.sh && go run ./cmd/tenure demo" {
+		t.Errorf("the run command is %q", run)
+	}
+	if test != "bash scripts/test.sh" {
+		t.Errorf("the test command is %q", test)
+	}
+	mk, err := os.ReadFile(filepath.Join("..", "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := func(name string) []string {
+		m := regexp.MustCompile(`(?ms)^` + name + `:[^\n]*\n((?:\t[^\n]*\n)+)`).FindSubmatch(mk)
+		if m == nil {
+			t.Fatalf("Makefile has no %s target", name)
+		}
+		var cmds []string
+		for _, l := range strings.Split(strings.TrimSpace(string(m[1])), "\n") {
+			cmds = append(cmds, strings.ReplaceAll(strings.TrimSpace(l), "$(GO)", "go"))
+		}
+		return cmds
+	}
+	if got := strings.Join(target("demo"), " && "); got != run {
+		t.Errorf("make demo runs %q, the README %q", got, run)
+	}
+	if got := strings.Join(target("test"), " && "); got != test {
+		t.Errorf("make test runs %q, the README %q", got, test)
+	}
+	for _, script := range regexp.MustCompile(`scripts/[\w.-]+`).FindAllString(run+" "+test, -1) {
+		if _, err := os.Stat(filepath.Join("..", script)); err != nil {
+			t.Errorf("the README's command names %s: %v", script, err)
+		}
+	}
+}
+
+// readmeDemoExcerpt returns the lines of the demo's output the README
+// shows under "Two commands" ("..." marks lines left out).
+func readmeDemoExcerpt(t *testing.T) []string {
+	t.Helper()
+	blocks := codeBlocks(readmeSection(t, "Two commands"), "```")
+	if len(blocks) != 1 {
+		t.Fatalf("README's \"Two commands\" shows %d plain blocks, want 1: the demo's output", len(blocks))
+	}
+	return blocks[0]
+}
+
+// checkREADMEDemoExcerpt fails t unless every line of the README's demo
+// excerpt is a line of out, in the same order, up to the numbers that
+// differ between runs (normalize).
+func checkREADMEDemoExcerpt(t *testing.T, out string) {
+	t.Helper()
+	got := normalize(strings.Split(out, "\n"))
+	i := 0
+	for _, line := range readmeDemoExcerpt(t) {
+		if strings.TrimSpace(line) == "..." {
+			continue
+		}
+		want := normalize([]string{line})
+		if len(want) == 0 {
+			continue
+		}
+		for i < len(got) && got[i] != want[0] {
+			i++
+		}
+		if i == len(got) {
+			t.Errorf("the README's demo excerpt shows a line the demo did not print (in that order):\n%s", line)
+			return
+		}
+		i++
 	}
 }

@@ -261,7 +261,7 @@ var noTracing = []string{"OTEL_SDK_DISABLED=true"}
 // by side on whatever machine it runs on (ratios, not absolute numbers,
 // are the point on a shared machine). Every throughput and latency run is
 // repeated; the report gives the median and spread of each figure and
-// judges each target by the whole spread. See README, "Throughput". The
+// judges each target by the whole spread. See docs/throughput.md. The
 // programs it compares run as processes of their own (their CPU time and
 // peak memory are measured): `tenure worker` and `tenure bench-child` of
 // the running binary.
