@@ -54,6 +54,6 @@ model: ## model-check the ownership protocol and strict hand-off with spin (docs
 CHAOS_DURATION ?= 30m
 CHAOS_PROTOCOL ?= classic
 
-chaos-soak: ## a long chaos run: CHAOS_DURATION (30m) of faults, CHAOS_PROTOCOL classic or consumer (CI runs two short ones)
+chaos-soak: ## a long chaos run: CHAOS_DURATION (30m) of faults, CHAOS_PROTOCOL classic or consumer (CI runs five short ones)
 	$(GO) test -count=1 -timeout 0 -v -run TestChaos ./integration/chaos -chaos.soak \
 		-chaos.duration $(CHAOS_DURATION) -chaos.protocol $(CHAOS_PROTOCOL)

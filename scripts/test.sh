@@ -15,9 +15,10 @@
 #   5. SeaweedFS's `weed` for the S3 export test: built once per machine
 #      (scripts/build-weed.sh, 10-15 minutes the first time, cached in
 #      ~/.cache/tenure) and passed to the tests as TENURE_TEST_WEED
-#   6. all tests (integration included), four short chaos runs (classic,
-#      KIP-848 consumer protocol, on a pg_auto_failover formation, and strict
-#      hand-off; seeds from the clock), then -race on the core packages
+#   6. all tests (integration included), five short chaos runs (classic,
+#      KIP-848 consumer protocol, on a pg_auto_failover formation, strict
+#      hand-off, and the newest fault kinds alone; seeds from the clock), then
+#      -race on the core packages
 #
 # Kafka needs nothing: tests start franz-go's kfake on loopback ports, or use
 # the cluster named by TENURE_TEST_BROKERS.
@@ -106,13 +107,21 @@ fi
 echo "== go test (every package; the chaos package's own unit tests only: its runs follow)"
 go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)
 go test -count=1 -short ./integration/chaos
-# Four short chaos runs, each with a seed from the clock, so that every CI
+# Five short chaos runs, each with a seed from the clock, so that every CI
 # run tries another fault schedule: one per group protocol (classic, and
 # KIP-848's consumer protocol), one on a pg_auto_failover formation
 # (installed above) whose primary is killed and its synchronous standby
 # promoted among the other faults (pg-failover; about 1m40s for 60s of
-# faults, two failovers), and one with --strict workers, checked for
-# G3-strict (classic: kfake's KIP-848 offset commit rule cannot carry it). The seed is in each summary and in the replay line;
+# faults, two failovers), one with --strict workers, checked for
+# G3-strict (classic: kfake's KIP-848 offset commit rule cannot carry it),
+# and one that deals only the newest kinds (-chaos.kinds: offsets-reset,
+# add-partitions, rolling-restart, partition-multi-host), with --strict
+# workers so that its rolling restarts mix strict and plain ones: a 60s
+# run of every kind draws each of them only now and then, this one draws
+# them all (70s to 2 minutes here; each of those faults waits, quietly,
+# for what it broke to move again, at most B = 48s of quiet time). Every run also checks liveness
+# (no partition with jobs waiting stalls for longer than B of quiet time,
+# no worker stays out of the group: integration/chaos/liveness_test.go). The seed is in each summary and in the replay line;
 # TENURE_CHAOS_SEED=N fixes it for every run. -v so that the summary
 # (faults, rejections, violations, recovery and hand-off times) is in the
 # output even when a run passes. The long runs: make chaos-soak, make
@@ -138,5 +147,7 @@ chaos_run "classic protocol" -chaos.protocol classic
 chaos_run "consumer protocol (KIP-848)" -chaos.protocol consumer
 chaos_run "on a pg_auto_failover formation" -chaos.postgres formation
 chaos_run "strict hand-off (classic)" -chaos.protocol classic -chaos.strict
+chaos_run "the newest kinds alone (strict, classic)" -chaos.protocol classic -chaos.strict \
+	-chaos.kinds offsets-reset,add-partitions,rolling-restart,partition-multi-host
 echo "== go test -race (core packages)"
 go test -race -count=1 -timeout 15m ./partition/ ./sink/ ./consumer/

@@ -27,12 +27,12 @@ import (
 )
 
 const (
-	partitions     = 6
-	nkeys          = 36
-	sessionTimeout = 3 * time.Second
-	schemaName     = "tenure_chaos"
-	groupName      = "chaos-workers"
-	topicName      = "chaos-jobs"
+	initialPartitions = 6 // the topic's count at the start; add-partitions grows it
+	nkeys             = 36
+	sessionTimeout    = 3 * time.Second
+	schemaName        = "tenure_chaos"
+	groupName         = "chaos-workers"
+	topicName         = "chaos-jobs"
 
 	// Setup, drain and checks around the faults, for the deadline check.
 	overhead = 150 * time.Second
@@ -51,12 +51,14 @@ const (
 )
 
 var kinds = []string{kindPause, kindPauseInTx, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs, kindPGFailover,
-	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull} // the last four: network_test.go
+	kindOffsetsReset, kindAddParts, kindRolling, // offsetsreset_test.go, addpartitions_test.go, rolling_test.go
+	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull, kindPartMulti} // the last five: network_test.go
 
 // deck is one round of faults; each round is shuffled, so that every kind
 // comes up in every round.
 var deck = []string{kindPause, kindPause, kindPauseInTx, kindKill, kindKill, kindPGRestart, kindBrokerRst, kindGroupDelete, kindDeleteRecs,
-	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull}
+	kindOffsetsReset, kindAddParts, kindRolling,
+	kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull, kindPartMulti}
 
 // Group reset modes, the group-delete fault's Mode: how the
 // group's lifetime ends, and what else is going on meanwhile.
@@ -115,6 +117,10 @@ type slot struct {
 	gen int
 	p   *proc
 	ns  *netfault.Namespace // the slot's network namespace: every worker of the slot runs in it
+
+	// How the slot's next worker is started (the harness's goroutine):
+	strict bool   // with --strict (-chaos.strict; rolling-restart toggles it)
+	dbURL  string // its --database-url, if not the run's (partition-multi-host)
 }
 
 // world is one chaos run.
@@ -153,6 +159,11 @@ type world struct {
 
 	svc  netfault.Services // the ports the workers' namespaces forward (network_test.go)
 	sess sessionStats      // the workers' Postgres sessions and the live processes, sampled
+
+	live      liveness       // the liveness check (liveness_test.go)
+	offResets []*offsetReset // the offsets resets the harness made (offsetsreset_test.go)
+	added     []*addition    // the topic's growths (addpartitions_test.go)
+	rolls     []*roll        // the rolling restarts (rolling_test.go)
 }
 
 func TestChaos(tt *testing.T) {
@@ -180,7 +191,7 @@ func TestChaos(tt *testing.T) {
 	w := &world{t: t, cfg: cfg, rng: rand.New(rand.NewPCG(uint64(cfg.seed), 1)), book: newLogbook(),
 		next: map[int32]int64{}, start: time.Now()}
 	t.Logf("chaos run: seed %d, %d workers, %s protocol, %s of faults, %d jobs/s over %d partitions (replay: -chaos.seed %d)",
-		cfg.seed, cfg.workers, cfg.protocol, cfg.duration, cfg.rate, partitions, cfg.seed)
+		cfg.seed, cfg.workers, cfg.protocol, cfg.duration, cfg.rate, initialPartitions, cfg.seed)
 	w.setup()
 	w.inject()
 	w.acknowledgeLeftovers()
@@ -254,7 +265,7 @@ func (w *world) setup() {
 	}
 	w.brokerAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	w.brokerArgs = []string{"broker", "--listen", w.brokerAddr, "--data-dir", filepath.Join(dir, "broker-data"),
-		"--topic", topicName, "--partitions", strconv.Itoa(partitions),
+		"--topic", topicName, "--partitions", strconv.Itoa(initialPartitions),
 		"--consumer-session-timeout", sessionTimeout.String(), "--consumer-heartbeat-interval", "500ms",
 		"--broker-config", brokerConfig}
 	if err := w.startBroker(); err != nil {
@@ -268,16 +279,19 @@ func (w *world) setup() {
 	t.Cleanup(w.admin.Close)
 	w.adm = kadm.NewClient(w.admin)
 
-	w.prod, err = newProducer([]string{w.brokerAddr}, topicName, partitions, nkeys)
+	w.prod, err = newProducer([]string{w.brokerAddr}, topicName, initialPartitions, nkeys)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(w.prod.cl.Close)
 
 	for i := 1; i <= w.cfg.workers; i++ {
-		w.slots = append(w.slots, &slot{n: i})
+		w.slots = append(w.slots, &slot{n: i, strict: w.cfg.strict})
 	}
 	w.setupNetwork(port)
+	if w.live.bound, err = boundOf(w.workerArgs(w.slots[0], "w1.0")); err != nil {
+		t.Fatalf("the liveness bound from the worker flags: %v", err)
+	}
 	for _, s := range w.slots {
 		if err := w.startWorker(s); err != nil {
 			t.Fatal(err)
@@ -288,6 +302,7 @@ func (w *world) setup() {
 	t.Cleanup(func() { stopTracking(); <-w.trackerDone })
 	go w.track(trackCtx)
 	w.startOperator()
+	w.startLiveness()
 	go w.prod.run(w.cfg.rate, rand.New(rand.NewPCG(uint64(w.cfg.seed), 2)))
 	t.Cleanup(w.prod.halt) // a run that fails early stops producing too
 
@@ -296,13 +311,13 @@ func (w *world) setup() {
 	for {
 		w.mu.Lock()
 		n, ok := len(w.next), true
-		for p := int32(0); p < partitions; p++ {
+		for p := int32(0); p < initialPartitions; p++ {
 			if w.next[p] == 0 {
 				ok = false
 			}
 		}
 		w.mu.Unlock()
-		if n == partitions && ok {
+		if n == initialPartitions && ok {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -338,21 +353,7 @@ func (s *slot) nextName() string { return fmt.Sprintf("w%d.%d", s.n, s.gen) }
 func (w *world) startWorker(s *slot, extra ...string) error {
 	name := s.nextName()
 	s.gen++
-	args := []string{"worker",
-		"--brokers", w.brokerAddr, "--group", groupName, "--topic", topicName,
-		"--database-url", w.dbURL(), "--schema", schemaName, "--no-migrate",
-		"--handler", "export", "--inject-faults",
-		"--session-timeout", sessionTimeout.String(), "--max-attempts", "2", "--handler-timeout", "1s",
-		// kfake waits the whole rebalance timeout for a member that died in
-		// the middle of a rebalance; keep that short.
-		"--rebalance-timeout", "10s",
-		"--protocol", w.cfg.protocol, "--batch-max", "50",
-		"--name", name, "--log-level", "debug",
-	}
-	if w.cfg.strict {
-		args = append(args, "--strict")
-	}
-	args = append(args, extra...)
+	args := w.workerArgs(s, name, extra...)
 	p, err := startProc(name, filepath.Join(w.logDir, fmt.Sprintf("w%d.log", s.n)), s.ns, args,
 		func(line string) { w.book.record(name, line) })
 	if err != nil {
@@ -363,6 +364,30 @@ func (w *world) startWorker(s *slot, extra ...string) error {
 	w.all = append(w.all, p)
 	w.mu.Unlock()
 	return nil
+}
+
+// workerArgs is the command line of slot s's worker process name, with
+// extra flags; the liveness bound is read from it (boundOf).
+func (w *world) workerArgs(s *slot, name string, extra ...string) []string {
+	url := w.dbURL()
+	if s.dbURL != "" {
+		url = s.dbURL
+	}
+	args := []string{"worker",
+		"--brokers", w.brokerAddr, "--group", groupName, "--topic", topicName,
+		"--database-url", url, "--schema", schemaName, "--no-migrate",
+		"--handler", "export", "--inject-faults",
+		"--session-timeout", sessionTimeout.String(), "--max-attempts", "2", "--handler-timeout", "1s",
+		// kfake waits the whole rebalance timeout for a member that died in
+		// the middle of a rebalance; keep that short.
+		"--rebalance-timeout", "10s",
+		"--protocol", w.cfg.protocol, "--batch-max", "50",
+		"--name", name, "--log-level", "debug",
+	}
+	if s.strict {
+		args = append(args, "--strict")
+	}
+	return append(args, extra...)
 }
 
 // killAll ends every process the run started, by PID, each resumed first if
@@ -413,6 +438,10 @@ func (w *world) note(format string, args ...any) {
 	w.mu.Unlock()
 	w.t.Logf("note: %s", msg)
 }
+
+// nparts is the topic's partition count as the harness knows it: the
+// producer spreads jobs over that many (add-partitions grows it).
+func (w *world) nparts() int32 { return w.prod.count() }
 
 // fences reads every partition's stored next offset.
 func (w *world) fences(ctx context.Context) (map[int32]int64, error) {
@@ -480,9 +509,7 @@ func (w *world) trackOnce(ctx context.Context) {
 // begin records a fault at its injection.
 func (w *world) begin(kind, mode, target string) *fault {
 	f := &fault{Kind: kind, Mode: mode, Target: target, Injected: time.Now()}
-	w.mu.Lock()
-	w.faults = append(w.faults, f)
-	w.mu.Unlock()
+	w.addFault(f)
 	return f
 }
 
@@ -528,6 +555,9 @@ func (w *world) sleep(d time.Duration) {
 // inject runs the fault schedule for the configured duration. Faults come one
 // at a time, a random gap apart; their recoveries may overlap.
 func (w *world) inject() {
+	if len(w.deck()) == 0 {
+		w.t.Fatalf("the deck is empty (-chaos.kinds %v)", w.cfg.kinds)
+	}
 	stopAt := time.Now().Add(w.cfg.duration)
 	var round []string
 	for time.Now().Before(stopAt) {
@@ -537,6 +567,10 @@ func (w *world) inject() {
 		}
 		kind := round[0]
 		round = round[1:]
+		if kind == kindAddParts && len(w.added) >= maxAddPartitions {
+			continue // the topic has grown enough
+		}
+		sp := w.openSpan(kind)
 		switch kind {
 		case kindPause:
 			w.pauseWorker()
@@ -554,11 +588,21 @@ func (w *world) inject() {
 			w.failoverPostgres()
 		case kindDeleteRecs:
 			w.deleteRecords()
-		case kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull:
+		case kindOffsetsReset:
+			w.offsetsReset()
+		case kindAddParts:
+			w.addPartitions()
+		case kindRolling:
+			w.rollingRestart()
+		case kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull, kindPartMulti:
 			w.partition(kind)
 		}
+		w.closeSpan(sp)
 		w.sleep(w.between(time.Second, 4*time.Second))
 	}
+	w.mu.Lock()
+	w.live.scheduleEnd = time.Now()
+	w.mu.Unlock()
 }
 
 // pauseWorker stops a worker with SIGSTOP for longer than the session
@@ -913,11 +957,11 @@ func (w *world) waitClaimedSince(since time.Time, timeout time.Duration) error {
 		err := w.pool.QueryRow(ctx, `SELECT count(*) FROM `+schemaName+`.fences WHERE consumer_group = $1 AND topic = $2 AND claimed_at > $3`,
 			groupName, topicName, since).Scan(&n)
 		cancel()
-		if err == nil && n == partitions {
+		if err == nil && n == int(w.nparts()) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d partitions claimed %s after the restart (%v)", n, partitions, timeout, err)
+			return fmt.Errorf("%d of %d partitions claimed %s after the restart (%v)", n, w.nparts(), timeout, err)
 		}
 		w.sleep(100 * time.Millisecond)
 	}
@@ -937,37 +981,42 @@ func (w *world) drain() (map[int32]int64, map[int32][]*kgo.Record) {
 
 	hwm := w.endOffsets()
 	acked := w.prod.ackedEnd()
-	for p := int32(0); p < partitions; p++ {
+	for p := range w.nparts() {
 		if hwm[p] < acked[p] {
 			t.Errorf("partition %d: the log ends at %d but offset %d was acknowledged: the broker lost jobs", p, hwm[p], acked[p]-1)
 		}
 	}
 
 	drainStart := time.Now()
-	deadline := drainStart.Add(90 * time.Second)
+	deadline := w.drainDeadline(drainStart)
+	w.live.drainBound = deadline.Sub(drainStart)
 	for {
 		w.trackOnce(context.Background())
 		lost := w.brokerLostHolds()
 		w.mu.Lock()
 		var behind []string
-		for p := int32(0); p < partitions; p++ {
+		for p := range w.nparts() {
 			if _, ok := lost[p]; !ok && w.next[p] < hwm[p] {
 				behind = append(behind, fmt.Sprintf("%d at %d of %d", p, w.next[p], hwm[p]))
 			}
 		}
 		w.mu.Unlock()
 		if len(behind) == 0 {
+			w.live.drainTook = time.Since(drainStart)
 			t.Logf("caught up with the log in %s", time.Since(drainStart).Round(time.Millisecond))
 			break
 		}
 		if time.Now().After(deadline) {
+			w.live.drainTook = time.Since(drainStart)
 			w.dumpState("drain")
-			t.Errorf("STUCK: partitions %s did not reach the end of the log within 90s of the end of the faults", strings.Join(behind, ", "))
+			t.Errorf("STUCK: partitions %s did not reach the end of the log within %s of the start of the drain (the liveness bound after the last quiet window began)",
+				strings.Join(behind, ", "), w.live.drainBound.Round(time.Second))
 			break
 		}
 		w.sleep(200 * time.Millisecond)
 	}
 
+	w.stopLiveness()
 	w.stopOperator() // before the broker stops: it acknowledges with the brokers' help
 	records := w.readLog(hwm)
 	if n, _, err := w.countSessions(context.Background()); err == nil {
@@ -1015,7 +1064,7 @@ func (w *world) endOffsets() map[int32]int64 {
 		if err == nil {
 			out := map[int32]int64{}
 			ok := true
-			for p := int32(0); p < partitions; p++ {
+			for p := range w.nparts() {
 				o, found := offs.Lookup(topicName, p)
 				if !found || o.Err != nil {
 					ok = false
@@ -1038,7 +1087,7 @@ func (w *world) endOffsets() map[int32]int64 {
 // readLog reads every record of the topic below hwm.
 func (w *world) readLog(hwm map[int32]int64) map[int32][]*kgo.Record {
 	starts := map[int32]kgo.Offset{}
-	for p := int32(0); p < partitions; p++ {
+	for p := range w.nparts() {
 		starts[p] = kgo.NewOffset().AtStart()
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(w.brokerAddr),
@@ -1049,7 +1098,7 @@ func (w *world) readLog(hwm map[int32]int64) map[int32][]*kgo.Record {
 	defer cl.Close()
 	out := map[int32][]*kgo.Record{}
 	done := func() bool {
-		for p := int32(0); p < partitions; p++ {
+		for p := range w.nparts() {
 			n := len(out[p])
 			if hwm[p] > 0 && (n == 0 || out[p][n-1].Offset < hwm[p]-1) {
 				return false
@@ -1149,6 +1198,9 @@ func (w *world) replay() string {
 	if w.cfg.strict {
 		s += " -chaos.strict"
 	}
+	if len(w.cfg.kinds) > 0 {
+		s += " -chaos.kinds " + strings.Join(w.cfg.kinds, ",")
+	}
 	return s
 }
 
@@ -1175,7 +1227,7 @@ func (f *fault) row() string {
 	case kindPauseInTx:
 		mode, _, _ := strings.Cut(f.Mode, " ")
 		return f.Kind + "/" + mode
-	case kindDeleteRecs:
+	case kindDeleteRecs, kindOffsetsReset, kindAddParts:
 		return f.Kind + "/" + f.Mode
 	}
 	if f.Net != nil && f.Net.mode != "" {

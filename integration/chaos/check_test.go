@@ -33,6 +33,7 @@ type runCheck struct {
 	ctx context.Context
 	hwm map[int32]int64
 	h   *history.History
+	np  int32 // the topic's partitions at the end
 
 	// A snapshot of the run's own record, taken once.
 	faults     []*fault // by injection time
@@ -65,11 +66,16 @@ type runCheck struct {
 	failed                        []string
 	deleted                       deletedReport
 	faultJobs, faultErr, faultPan int
-	goodDead                      map[string]int   // by the latest fault before it
-	newest                        map[string]int64 // per key, the newest exported job's offset
+	goodDead                      map[string]int             // by the latest fault before it
+	newest                        map[string]map[int32]int64 // per key and partition, the newest exported job's offset
+	covered                       map[pos]int                // per job, the commits that covered it (fence log)
+	skippedByReset                int                        // jobs below the next offset no commit covered: an offsets reset skipped them
 
 	// checkProducer.
 	unacked, dupSeq int
+
+	// checkResets.
+	resets resetReport
 
 	// checkWorkerLogs.
 	commits, claims int
@@ -79,6 +85,9 @@ type runCheck struct {
 	// measure.
 	ho handoffs
 	nr netReport
+
+	// checkLiveness.
+	live liveReport
 }
 
 // bookCounts is the logbook's figures, copied under its lock.
@@ -111,7 +120,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	if err != nil {
 		w.t.Fatalf("loading the history: %v", err)
 	}
-	c := &runCheck{w: w, ctx: ctx, hwm: hwm, h: h}
+	c := &runCheck{w: w, ctx: ctx, hwm: hwm, h: h, np: w.nparts()}
 	w.mu.Lock()
 	c.faults = append([]*fault(nil), w.faults...)
 	c.unexpected = append([]string(nil), w.unexpected...)
@@ -126,9 +135,11 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	c.checkStored()
 	c.checkJobs()
 	c.checkProducer()
+	c.checkResets()
 	c.checkExports()
 	c.checkWorkerLogs()
 	c.measure()
+	c.checkLiveness()
 	c.report(c.summary())
 }
 
@@ -143,7 +154,7 @@ func (c *runCheck) checkLog(records map[int32][]*kgo.Record) {
 	c.produced = map[history.TopicPartition][]int64{}
 	c.byPos = map[pos]*kgo.Record{}
 	c.reappeared = map[int32][]int64{}
-	for p := int32(0); p < partitions; p++ {
+	for p := range c.np {
 		tp := history.TopicPartition{Topic: topicName, Partition: p}
 		var prev int64 = -1
 		for _, r := range records[p] {
@@ -246,7 +257,7 @@ func (c *runCheck) checkStored() {
 		c.fenceNext[f.Partition.Partition] = f.NextOffset
 	}
 	lost := c.w.brokerLostHolds()
-	for p := int32(0); p < partitions; p++ {
+	for p := range c.np {
 		if c.fenceNext[p] == c.hwm[p] {
 			continue
 		}
@@ -292,10 +303,37 @@ func (c *runCheck) checkJobs() {
 		jobs[ps] = jobAt{j.Key, jobValue{Seq: j.Seq, Key: j.Key, Marker: j.Marker, Fault: j.Fault}}
 	}
 	c.goodDead = map[string]int{}
-	c.newest = map[string]int64{}
+	c.newest = map[string]map[int32]int64{}
+	c.covered = map[pos]int{}
+	cut := map[int32]int64{}
+	for _, x := range c.h.Cuts {
+		if x.Topic == topicName {
+			cut[x.Partition.Partition] = x.NextOffset
+		}
+	}
+	for _, e := range c.h.Log {
+		if e.Kind == "commit" && e.Partition.Topic == topicName {
+			for o := e.From; o < e.To; o++ {
+				c.covered[pos{e.Partition.Partition, o}]++
+			}
+		}
+	}
 	for ps, r := range jobs {
 		if ps.off >= c.fenceNext[ps.p] {
 			continue // not processed (a stuck partition, reported by checkStored)
+		}
+		// Each commit that covered a job ran it once: one, unless an
+		// offsets reset moved the partition back over it (it ran again)
+		// or forward past it (it never ran: history.Check reports a job
+		// no commit covers that no reset skipped). Below a pruned
+		// partition's cut the commits are gone: one.
+		want := 1
+		if b, ok := cut[ps.p]; !ok || ps.off >= b {
+			want = c.covered[ps]
+		}
+		if want == 0 {
+			c.skippedByReset++
+			continue
 		}
 		v := r.v
 		if v.Fault != "" {
@@ -305,8 +343,9 @@ func (c *runCheck) checkJobs() {
 			} else {
 				c.faultPan++
 			}
-			if c.dead[ps] != 1 || len(c.writes[ps]) != 0 {
-				c.violate("fault job %s/%d/%d (%s): %d dead letters, %d effects; want 1 dead letter and no effect", topicName, ps.p, ps.off, v.Fault, c.dead[ps], len(c.writes[ps]))
+			if c.dead[ps] != want || len(c.writes[ps]) != 0 {
+				c.violate("fault job %s/%d/%d (%s): %d dead letters, %d effects; want %d dead letters (one per commit that covered it) and no effect",
+					topicName, ps.p, ps.off, v.Fault, c.dead[ps], len(c.writes[ps]), want)
 			}
 			continue
 		}
@@ -328,9 +367,25 @@ func (c *runCheck) checkJobs() {
 				topicName, ps.p, ps.off, r.key, d.at.Format("15:04:05.000"), after, d.owner, d.err, d.attempts)
 			continue
 		}
-		if o, ok := c.newest[r.key]; !ok || ps.off > o {
-			c.newest[r.key] = ps.off
+		if c.newest[r.key] == nil {
+			c.newest[r.key] = map[int32]int64{}
 		}
+		if o, ok := c.newest[r.key][ps.p]; !ok || ps.off > o {
+			c.newest[r.key][ps.p] = ps.off
+		}
+	}
+}
+
+// checkResets: the fence log's 'reset' entries are exactly the resets the
+// harness made as an operator (offsetsreset_test.go), and the holds it
+// acknowledged (checkDeleted judges those).
+func (c *runCheck) checkResets() {
+	c.w.mu.Lock()
+	resets := slices.Clone(c.w.offResets)
+	c.w.mu.Unlock()
+	c.resets = checkResetLog(c.h.Log, resets)
+	for _, v := range c.resets.violations {
+		c.violate("offsets reset: %s", v)
 	}
 }
 
@@ -368,13 +423,84 @@ func (c *runCheck) checkProducer() {
 	}
 }
 
-// checkExports: each key's visible export is its newest exported job.
+// checkExports: each key's visible export is its newest exported job on
+// the partition of the job that wrote it.
+//
+// Why per partition: a key's jobs are on one partition until the topic
+// grows (add-partitions). Until the harness acknowledges the new count,
+// every worker that saw it holds the whole topic (claimed, not processed),
+// and one that did not see it yet goes on with the old layout, whose
+// partitions hold every job produced before the producer moved to the new
+// count. After the acknowledgement a key whose partition changed has jobs
+// on two partitions with two owners: what was left of it on the old one
+// and its new jobs, processed side by side, each partition in order. So
+// the export (one row per key, written by whichever commit came last) is
+// the newest job of the key on one of its partitions, not necessarily its
+// newest overall: the ordering hazard `tenure admin topic add-partitions`
+// warns about. What still holds is per partition: the export is the newest
+// exported job of its key on its own partition, and the export versions
+// never go back within a partition (history.Check). For a key whose jobs
+// are all on one partition, as every key's are in a run without
+// add-partitions, that is the newest exported job, as before.
 func (c *runCheck) checkExports() {
-	for key, off := range c.w.finalExports(c.ctx) {
-		if want, ok := c.newest[key]; ok && off != want {
-			c.violate("key %s: the export shows the job at offset %d, its newest exported job is at %d", key, off, want)
+	for key, e := range c.w.finalExports(c.ctx) {
+		newest := c.newest[key]
+		if len(newest) == 0 {
+			continue
+		}
+		want, ok := newest[e.p]
+		switch {
+		case !ok:
+			c.violate("key %s: the export shows the job at %d/%d, but no exported job of the key is on partition %d (its newest exported jobs: %v)", key, e.p, e.off, e.p, newest)
+		case e.off != want:
+			c.violate("key %s: the export shows the job at %d/%d, its newest exported job on that partition is at %d", key, e.p, e.off, want)
 		}
 	}
+}
+
+// rerun says whether commit e, of the same range, token and owner as the
+// rejected batch r, is that range run again after an offsets reset, rather
+// than the rejected batch itself: a reset rejects the batch in flight (a
+// new log epoch), the lane claims again with the same claim, and so the
+// same token, and when the reset moved the offset back to or below the
+// range it may cut the same batch again. It is if such a reset precedes e
+// in the fence log and e committed after the rejection was logged (a batch
+// that did commit committed before its lane could log it as rejected; the
+// log's times are milliseconds, hence the slack).
+func (c *runCheck) rerun(e history.Entry, r batchEvent, at map[int64]time.Time) bool {
+	t, ok := at[e.ID]
+	if !ok || !t.After(r.At.Add(time.Millisecond)) {
+		return false
+	}
+	for _, x := range c.h.Log {
+		if x.ID >= e.ID {
+			break
+		}
+		if x.Kind == "reset" && x.Partition == e.Partition && x.To <= e.From {
+			return true
+		}
+	}
+	return false
+}
+
+// fenceLogTimes are the fence log's entries' times (Postgres's clock), by
+// id.
+func (w *world) fenceLogTimes(ctx context.Context) map[int64]time.Time {
+	out := map[int64]time.Time{}
+	rows, err := w.pool.Query(ctx, `SELECT id, at FROM `+schemaName+`.fence_log WHERE consumer_group = $1`, groupName)
+	if err != nil {
+		w.t.Errorf("reading the fence log's times: %v", err)
+		return out
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var t time.Time
+		if rows.Scan(&id, &t) == nil {
+			out[id] = t
+		}
+	}
+	return out
 }
 
 // checkWorkerLogs: what the workers logged agrees with what Postgres
@@ -387,25 +513,31 @@ func (c *runCheck) checkWorkerLogs() {
 		owner    string
 		from, to int64
 	}
-	inLog := map[commitKey]bool{}
+	inLog := map[commitKey][]history.Entry{}
 	for _, e := range c.h.Log {
-		if e.Kind == "commit" {
+		switch e.Kind {
+		case "commit":
 			c.commits++
-			inLog[commitKey{e.Partition.Partition, e.Token.String(), e.Owner, e.From, e.To}] = true
-		} else {
+			k := commitKey{e.Partition.Partition, e.Token.String(), e.Owner, e.From, e.To}
+			inLog[k] = append(inLog[k], e)
+		case "claim":
 			c.claims++
 		}
 	}
+	at := c.w.fenceLogTimes(c.ctx)
 	b := c.w.book
 	b.mu.Lock()
 	for _, bc := range b.commits {
-		if !inLog[commitKey{bc.Partition, bc.Token, bc.Member, bc.From, bc.To}] {
+		if len(inLog[commitKey{bc.Partition, bc.Token, bc.Member, bc.From, bc.To}]) == 0 {
 			c.violate("a worker logged a commit the fence log does not have: %s", bc)
 		}
 	}
 	for _, bc := range b.rejections {
-		if inLog[commitKey{bc.Partition, bc.Token, bc.Member, bc.From, bc.To}] {
-			c.violate("a worker logged a rejection of a batch the fence log has as committed: %s", bc)
+		for _, e := range inLog[commitKey{bc.Partition, bc.Token, bc.Member, bc.From, bc.To}] {
+			if !c.rerun(e, bc, at) {
+				c.violate("a worker logged a rejection of a batch the fence log has as committed: %s (commit #%d)", bc, e.ID)
+				break
+			}
 		}
 	}
 	for job := range b.deadLetters {
@@ -435,13 +567,24 @@ func (c *runCheck) measure() {
 	if err != nil {
 		c.w.t.Errorf("reading the fence log for the hand-offs: %v", err)
 	}
-	c.ho = handoffsOf(byPart, c.faults, c.claimWorker)
+	c.ho = handoffsOf(byPart, c.faults, c.claimWorker, c.np)
 	for _, l := range c.ho.slow {
 		c.find("%s", l)
 	}
-	c.nr = c.w.networkReport(c.faults, byPart, c.claimWorker)
+	c.nr = c.w.networkReport(c.faults, byPart, c.claimWorker, c.np)
 	for _, l := range c.nr.findings {
 		c.find("%s", l)
+	}
+}
+
+// checkLiveness: no partition with jobs waiting went without moving for
+// longer than B of quiet time, held with no reason the run expected, and
+// no worker stayed out of the group (liveness_test.go); each such wedge
+// was reported when it was seen, with its evidence, and is a violation.
+func (c *runCheck) checkLiveness() {
+	c.live = c.w.liveReport(c.faults)
+	for _, wd := range c.live.wedges {
+		c.violate("wedge: %s", wd)
 	}
 }
 
@@ -452,7 +595,7 @@ func (c *runCheck) summary() string {
 	sess := w.sess
 	w.mu.Unlock()
 	var total int64
-	for p := int32(0); p < partitions; p++ {
+	for p := range c.np {
 		total += c.hwm[p]
 	}
 	var s strings.Builder
@@ -461,12 +604,15 @@ func (c *runCheck) summary() string {
 		mode = " (strict hand-off)"
 	}
 	fmt.Fprintf(&s, "==== chaos summary: seed %d, %d workers, %s protocol%s, %s of faults, %d jobs/s, %d partitions, run took %s\n",
-		w.cfg.seed, w.cfg.workers, w.cfg.protocol, mode, w.cfg.duration, w.cfg.rate, partitions, time.Since(w.start).Round(time.Second))
+		w.cfg.seed, w.cfg.workers, w.cfg.protocol, mode, w.cfg.duration, w.cfg.rate, c.np, time.Since(w.start).Round(time.Second))
 	fmt.Fprintf(&s, "jobs:        %d in the log (%d acknowledged, %d produce errors, %d unacknowledged, %d duplicate seqs); %d exported, %d dead-lettered\n",
 		total, len(c.acked), len(c.failed), c.unacked, c.dupSeq, len(h.Writes), len(h.DeadLetters))
 	fmt.Fprintf(&s, "fault jobs:  %d (%d error, %d panic), each must be dead-lettered; good jobs dead-lettered: %d %v\n",
 		c.faultJobs, c.faultErr, c.faultPan, sumMap(c.goodDead), c.goodDead)
 	s.WriteString(c.deleted.summary())
+	s.WriteString(c.resets.summary(c.skippedByReset))
+	s.WriteString(w.additionsSummary())
+	s.WriteString(w.rollsSummary())
 	fmt.Fprintf(&s, "history:     %d claims, %d commits in the fence log; %d incarnation bumps (seen by %d claims)\n", c.claims, c.commits, c.book.incarnations, c.book.incSeen)
 	s.WriteString(c.strictLine)
 	fmt.Fprintf(&s, "rejections:  %d batches fenced, %d claims fenced; %d partitions-lost events; %d commits of unknown outcome %v; %d handler panics\n",
@@ -479,11 +625,12 @@ func (c *runCheck) summary() string {
 	c.recoveryTable(&s)
 	c.handoffTable(&s)
 	s.WriteString(c.nr.summary(w, sess))
+	s.WriteString(c.live.summary(tableRows(w.kinds())))
 	fmt.Fprintf(&s, "ownership:   %d fence log entries checked against %d assignments the workers logged; %d unmatched\n",
 		len(h.Log), len(c.assignments), len(c.unmatched))
 	s.WriteString(w.failoverSummary())
-	fmt.Fprintf(&s, "violations:  %d (history checker %d, ownership %d, deleted jobs %d, harness checks %d)\n", len(c.violations), len(c.checked), len(c.owned),
-		len(c.deleted.violations), len(c.violations)-len(c.checked)-len(c.owned)-len(c.deleted.violations))
+	fmt.Fprintf(&s, "violations:  %d (history checker %d, ownership %d, deleted jobs %d, liveness %d, harness checks %d)\n", len(c.violations), len(c.checked), len(c.owned),
+		len(c.deleted.violations), len(c.live.wedges), len(c.violations)-len(c.checked)-len(c.owned)-len(c.deleted.violations)-len(c.live.wedges))
 	fmt.Fprintf(&s, "findings:    %d (allowed by the guarantee, listed in the test log)\n", len(c.findings))
 	fmt.Fprintf(&s, "worker logs: %d lines (%d not JSON), %d commits logged; most frequent warnings and errors:\n", c.book.lines, c.book.unparsed, c.book.loggedCommits)
 	for _, l := range w.book.topMessages(8) {
@@ -607,6 +754,14 @@ func tableRows(kinds []string) []string {
 			for _, m := range deleteModes {
 				out = append(out, k+"/"+m)
 			}
+		case kindOffsetsReset:
+			for _, m := range offsetResetModes {
+				out = append(out, k+"/"+m)
+			}
+		case kindAddParts:
+			for _, m := range addModes {
+				out = append(out, k+"/"+m)
+			}
 		case kindPartPG, kindPartOneWay:
 			for _, m := range netModes[k] {
 				out = append(out, k+"/"+m)
@@ -712,13 +867,13 @@ type handoffs struct {
 // claim, the target's own after it rejoined included (a new lane the
 // coordinator gave the partition to). Measuring commits, not the harness's
 // markers, keeps the producer's own stalls out of it.
-func handoffsOf(byPart map[int32][]fenceEntry, faults []*fault, claimWorker map[int64]string) handoffs {
+func handoffsOf(byPart map[int32][]fenceEntry, faults []*fault, claimWorker map[int64]string, np int32) handoffs {
 	ho := handoffs{took: map[string][]time.Duration{}, none: map[string]int{}, overlapped: map[string][]time.Duration{}}
 	for _, f := range faults {
 		if !slices.Contains(handoffKinds, f.Kind) {
 			continue
 		}
-		for p := int32(0); p < partitions; p++ {
+		for p := range np {
 			es := byPart[p]
 			held := heldAt(es, f.Injected)
 			if held < 0 || claimWorker[es[held].claimID] != f.Target {
@@ -809,10 +964,11 @@ func (w *world) deadLetters(ctx context.Context) map[pos]deadLetter {
 	return out
 }
 
-// finalExports is each key's visible export: the offset of its job.
-func (w *world) finalExports(ctx context.Context) map[string]int64 {
-	out := map[string]int64{}
-	rows, err := w.pool.Query(ctx, `SELECT job_key, job_offset FROM `+schemaName+`.exports WHERE topic = $1`, topicName)
+// finalExports is each key's visible export: the partition and offset of
+// its job.
+func (w *world) finalExports(ctx context.Context) map[string]pos {
+	out := map[string]pos{}
+	rows, err := w.pool.Query(ctx, `SELECT job_key, partition, job_offset FROM `+schemaName+`.exports WHERE topic = $1`, topicName)
 	if err != nil {
 		w.t.Errorf("reading exports: %v", err)
 		return out
@@ -820,9 +976,9 @@ func (w *world) finalExports(ctx context.Context) map[string]int64 {
 	defer rows.Close()
 	for rows.Next() {
 		var k string
-		var off int64
-		if rows.Scan(&k, &off) == nil {
-			out[k] = off
+		var e pos
+		if rows.Scan(&k, &e.p, &e.off) == nil {
+			out[k] = e
 		}
 	}
 	return out

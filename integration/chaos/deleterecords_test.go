@@ -18,6 +18,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os/exec"
 	"slices"
 	"sort"
@@ -177,7 +178,7 @@ func (tr *truncation) explain(h sink.Hold) (d *deletion, pending bool) {
 // matched with the members the workers logged claiming it) is frozen
 // throughout; if the harness does not know it, the fault is live instead.
 func (w *world) deleteRecords() {
-	p := int32(w.rng.IntN(partitions))
+	p := int32(w.rng.IntN(int(w.nparts())))
 	mode := deleteModes[w.rng.IntN(len(deleteModes))]
 	freeze := w.between(time.Second, 2*time.Second)
 	n := 20 + w.rng.IntN(41)
@@ -202,6 +203,7 @@ func (w *world) deleteRecords() {
 			mode = deleteLive
 		}
 	}
+	w.acting()
 	target := fmt.Sprintf("partition %d", p)
 	if frozen != nil {
 		target += " of " + frozen.p.name
@@ -723,7 +725,7 @@ func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared m
 	w.mu.Lock()
 	faults := slices.Clone(w.faults)
 	w.mu.Unlock()
-	for p := int32(0); p < partitions; p++ {
+	for _, p := range slices.Sorted(maps.Keys(reappeared)) {
 		offs := reappeared[p]
 		if len(offs) == 0 {
 			continue

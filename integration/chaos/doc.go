@@ -70,6 +70,48 @@
 //     statement's prepare waits for its answer first and nothing commits);
 //   - partition-full: both services cut at once, both directions: the
 //     worker's host vanished;
+//   - partition-multi-host: the worker restarted (once; its slot keeps the
+//     URL for the rest of the run) with a multi-host database URL whose
+//     first host is dead, postgres://127.0.0.2:P,127.0.0.1:P/...?
+//     connect_timeout=3 (every namespace drops every packet to 127.0.0.2:
+//     netfault's Blackhole; 3s is above the database probe's 2s budget),
+//     then cut from Postgres as partition-postgres is, long or (two times in
+//     three) an outage: it must work through the second host, step down in
+//     an outage and join the group again once the database answers
+//     (network_test.go);
+//   - offsets-reset: `tenure admin offsets reset --execute --actor
+//     chaos-reset` of one partition by 10-40 jobs, in one of four modes:
+//     busy-back and busy-forward (traffic goes on) and idle-back and
+//     idle-forward (the producer leaves the partition alone from before the
+//     reset, once its lane has caught up, until the partition has moved
+//     again or B and a second have passed: a lane with nothing to commit
+//     must still notice the reset); back is --shift-by -N, forward
+//     --to-offset into the middle of a burst produced while the worker that
+//     holds the partition is frozen for a moment (under the session
+//     timeout), so that the lane is behind; the history checker takes the
+//     'reset' entries as the operator's record (jobs a reset skipped have
+//     no effect, jobs it repeated one per commit that covered them), and
+//     checkResets holds the fence log to exactly the resets the harness made
+//     (offsetsreset_test.go);
+//   - add-partitions: the topic grown by 1 or 2 partitions (`tenure admin
+//     topic add-partitions`, at most twice a run) and the new count
+//     acknowledged (`tenure admin topic acknowledge-partitions`) at once
+//     (ack-first: before the workers can notice) or once a worker has
+//     logged that it noticed (ack-after); the producer moves to the new
+//     count as soon as its client has the new partitions, partitioning with
+//     partition.For; the fault lasts until the acknowledgement, after which
+//     the new partitions must be owned and moving within B like any other
+//     (addpartitions_test.go; checkExports says what per-key checks still
+//     hold once keys have moved);
+//   - rolling-restart: every worker in turn stopped (SIGTERM, its exit
+//     awaited) and started again, the next one once the restarted one has
+//     claimed a partition (B at most); with -chaos.strict each comes back
+//     with --strict toggled, so that the group mixes strict and plain
+//     workers for the length of the roll, and a strict worker that is to
+//     come back plain leaves a batch prepared on its way out (restarted
+//     holding its first prepared batch before the offset commit, then
+//     killed instead of stopped, as when a grace period runs out), which
+//     whoever claims the partition next must decide (rolling_test.go);
 //   - fault jobs, all along: about 1% of the jobs carry
 //     "tenure-fault":"error" or "panic" and must end in the dead-letter table.
 //
@@ -107,7 +149,32 @@
 // (processed before the deletion, reported lost by holds, skipped in
 // silence: must be 0), the rejections observed, the violations (must be 0),
 // the time to recover from each kind of fault, the hand-off latency of
-// kills and pauses, and the network faults' own measures (below).
+// kills and pauses, the network faults' own measures (below), the offsets
+// resets, the topic's growths, the rolling restarts and the liveness
+// check's wedges and stalls.
+//
+// The liveness check (liveness_test.go, which says it in full): every
+// second, per partition, the log's end, the stored next offset and the open
+// holds are sampled; a partition is waiting when its next offset is below
+// the log's end, and a stall is the time it waits at one next offset. The
+// bound is B = session timeout + claim timeout + margin (a rebalance
+// timeout and the lanes' longest retry backoff), read from the worker
+// command line the harness builds: 3s + 30s + (10s + 5s) = 48s. A stall's
+// clock runs only in quiet time (not while a fault's function runs, from
+// its start to its fault's end, nor during its recovery allowance after:
+// as long again as a network cut lasted, none for the others; so in the
+// gaps between faults, in a fault's quiet tail such as offsets-reset's idle
+// wait, and after the schedule, the drain included) and not while the
+// partition is held with a reason the run expected (a log-truncated hold
+// of the harness's own deletion until it acknowledges it, an ahead-of-log
+// hold after a broker SIGKILL). A stall whose clock passes B is a wedge: a
+// violation, reported when seen with the partition, the stall, what
+// consumer.Describe (tenure admin assignments) says of it then and the
+// workers' last lines about it. So is a worker that stepped down and has
+// not joined the group again after B of quiet time. The drain must catch
+// up within B of the start of the last quiet window. The summary gives the
+// wedges and, per fault kind, the longest stall attributed to the fault
+// injected last before it began, with its quiet part.
 //
 // A violation (a broken promise) fails the test. A finding is something the
 // guarantee allows but that deserves a look: a good job dead-lettered, a
@@ -173,7 +240,11 @@
 //
 //	go test ./integration/chaos -run TestChaos -v
 //
-// scripts/test.sh runs two of 60s of faults, one per protocol. The soak (30
+// scripts/test.sh runs four of 60s of faults (classic, KIP-848, a
+// formation, strict) with every kind, and one of 60s with the newest kinds
+// alone (offsets-reset, add-partitions, rolling-restart,
+// partition-multi-host; strict, so that the roll mixes strict and plain
+// workers), so that each of them is dealt in every CI run. The soak (30
 // minutes of faults, `make chaos-soak CHAOS_DURATION=30m CHAOS_PROTOCOL=classic`;
 // go test's default 10-minute timeout must be lifted):
 //
@@ -192,7 +263,10 @@
 // on a server with prepared transactions, and the run also checks G3-strict
 // with history.CheckStrict: classic protocol and a single server only),
 // -chaos.keep [TENURE_CHAOS_KEEP] (keep the logs directory even when the run
-// passes; it is always kept when it fails).
+// passes; it is always kept when it fails), -chaos.kinds
+// [TENURE_CHAOS_KINDS] (deal only the fault kinds listed, comma separated,
+// as often as the full deck does: scripts/test.sh's run of the newest
+// kinds).
 //
 // A seed fixes the schedule (which fault, which worker, how long) and the
 // jobs' keys and faults; the timing of real processes still varies from run

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,17 +74,20 @@ type failover struct {
 // formation each node's keeper owns its Postgres and restarts it by itself,
 // and the crash pg-restart stands for is the primary's kill, which here also
 // takes the keeper and so fails over. Twice, to count more of them.
+//
+// -chaos.kinds deals only the kinds it lists, as often as the full deck
+// does.
 func (w *world) deck() []string {
-	if w.ha == nil {
-		return deck
-	}
 	var out []string
 	for _, k := range deck {
-		if k == kindPGRestart {
-			out = append(out, kindPGFailover, kindPGFailover)
-			continue
+		if k == kindPGRestart && w.ha != nil {
+			k = kindPGFailover
+			out = append(out, k) // twice (below)
 		}
 		out = append(out, k)
+	}
+	if len(w.cfg.kinds) > 0 {
+		out = slices.DeleteFunc(out, func(k string) bool { return !slices.Contains(w.cfg.kinds, k) })
 	}
 	return out
 }

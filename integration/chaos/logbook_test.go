@@ -3,7 +3,10 @@ package chaos
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +33,19 @@ const (
 	msgHolding     = "holding" // --hold-once (cmd/tenure/worker.go holdHooks)
 	msgSteppedDown = consumer.MsgSteppedDown
 	msgRejoining   = consumer.MsgRejoining
+	// A worker noticed an add-partitions: a claim found the topic's
+	// partition count changed (consumer's checkLayouts), or its watch read
+	// the new count from Kafka.
+	msgLayoutChanged = "topic partitions changed: not processing it"
+	msgCountChanged  = consumer.MsgPartitionCountChanged
+	msgAssigned      = consumer.MsgPartitionsAssigned
+)
+
+// Evidence kept for the liveness check's reports: the last lines about
+// each partition, and the last lines about the topic as a whole.
+const (
+	partLinesKept  = 40
+	topicLinesKept = 30
 )
 
 // assignment is one "claiming partition" line: the coordinator's side of
@@ -83,11 +99,27 @@ type logbook struct {
 	lostEvents  []batchEvent          // "partitions lost" and "partitions revoked": kgo took partitions from the worker
 	unknowns    []batchEvent          // commits of unknown outcome, with how they were resolved
 	strict      []history.StrictEvent // strict lanes' offset commits sent and answered, assignments ended
+
+	// For the liveness check and the faults that wait for a line.
+	layoutChanged  []batchEvent         // msgLayoutChanged, msgCountChanged: a worker noticed the topic grew
+	strictResolved int                  // consumer.MsgStrictResolved: a claim decided an older lane's prepared batch
+	partLines      map[int32][]string   // the last lines that name each partition, "worker: line"
+	topicLines     []string             // the last info-or-above lines that name the topic but no partition
+	waiters        []lineWaiter         // awaitLine
+	lastAssigned   map[string]string    // per worker, its last msgAssigned line
+	lastLine       map[string]time.Time // per worker, when it last logged anything
+}
+
+// lineWaiter is a channel closed when worker ("": any) logs msg.
+type lineWaiter struct {
+	worker, msg string
+	ch          chan struct{}
 }
 
 func newLogbook() *logbook {
 	return &logbook{deadLetters: map[string]int{}, unknown: map[string]int{}, byLevel: map[string]map[string]int{},
-		holding: map[string]chan struct{}{}, held: map[string]batchEvent{}}
+		holding: map[string]chan struct{}{}, held: map[string]batchEvent{}, partLines: map[int32][]string{}, lastLine: map[string]time.Time{},
+		lastAssigned: map[string]string{}}
 }
 
 func (lb *logbook) record(worker, line string) {
@@ -132,6 +164,23 @@ func (lb *logbook) record(worker, line string) {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	lb.lines++
+	lb.lastLine[worker] = time.Now()
+	if p, ok := m["partition"].(float64); ok {
+		ring := append(lb.partLines[int32(p)], worker+": "+line)
+		lb.partLines[int32(p)] = ring[max(0, len(ring)-partLinesKept):]
+	} else if _, ok := m["topic"]; ok && level != "debug" {
+		lb.topicLines = append(lb.topicLines, worker+": "+line)
+		lb.topicLines = lb.topicLines[max(0, len(lb.topicLines)-topicLinesKept):]
+	}
+	if len(lb.waiters) > 0 {
+		lb.waiters = slices.DeleteFunc(lb.waiters, func(lw lineWaiter) bool {
+			if lw.msg == msg && (lw.worker == "" || lw.worker == worker) {
+				close(lw.ch)
+				return true
+			}
+			return false
+		})
+	}
 	if level == "warn" || level == "error" {
 		if lb.byLevel[level] == nil {
 			lb.byLevel[level] = map[string]int{}
@@ -190,7 +239,113 @@ func (lb *logbook) record(worker, line string) {
 		lb.rejoins = append(lb.rejoins, ev())
 	case msgClaimed:
 		lb.claims++
+	case msgLayoutChanged, msgCountChanged:
+		lb.layoutChanged = append(lb.layoutChanged, ev())
+	case msgAssigned:
+		lb.lastAssigned[worker] = worker + ": " + line
+	case consumer.MsgStrictResolved:
+		lb.strictResolved++
 	}
+}
+
+// awaitLine returns a channel closed once worker ("": any worker) logs a
+// line whose msg is msg; call it before the line can come.
+func (lb *logbook) awaitLine(worker, msg string) <-chan struct{} {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	ch := make(chan struct{})
+	lb.waiters = append(lb.waiters, lineWaiter{worker: worker, msg: msg, ch: ch})
+	return ch
+}
+
+// linesAbout are the last n lines that name partition p, those of worker
+// only unless it is "" (or logged none).
+func (lb *logbook) linesAbout(p int32, worker string, n int) []string {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	var out []string
+	for _, l := range lb.partLines[p] {
+		if worker == "" || strings.HasPrefix(l, worker+": ") {
+			out = append(out, l)
+		}
+	}
+	if len(out) == 0 && worker != "" {
+		out = lb.partLines[p]
+	}
+	return compactLines(out[max(0, len(out)-n):])
+}
+
+// assignedLines are the workers' last "partitions assigned" lines: what
+// each believes it holds.
+func (lb *logbook) assignedLines(workers []string) []string {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	var out []string
+	for _, w := range workers {
+		if l, ok := lb.lastAssigned[w]; ok {
+			out = append(out, l)
+		}
+	}
+	return compactLines(out)
+}
+
+// topicLinesTail are the last n lines about the topic as a whole.
+func (lb *logbook) topicLinesTail(n int) []string {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	return compactLines(lb.topicLines[max(0, len(lb.topicLines)-n):])
+}
+
+// compactLines shortens "worker: {json}" lines for a report: the worker,
+// the time of day, the level, the message and the fields but those every
+// line of the run carries.
+func compactLines(ls []string) []string {
+	out := make([]string, 0, len(ls))
+	for _, l := range ls {
+		worker, raw, _ := strings.Cut(l, ": ")
+		var m map[string]any
+		if json.Unmarshal([]byte(raw), &m) != nil {
+			out = append(out, l)
+			continue
+		}
+		ts, _ := m["ts"].(string)
+		if t, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts); err == nil {
+			ts = t.Local().Format("15:04:05.000") // as the harness's own times are shown
+		}
+		b := fmt.Sprintf("%s %s %v: %v", worker, ts, m["level"], m["msg"])
+		keys := slices.Sorted(maps.Keys(m))
+		for _, k := range keys {
+			switch k {
+			case "ts", "level", "msg", "worker", "group", "topic", "member", "gid", "caller":
+				continue
+			}
+			v := fmt.Sprint(m[k])
+			if f, ok := m[k].(float64); ok && f == float64(int64(f)) {
+				v = strconv.FormatInt(int64(f), 10)
+			}
+			b += " " + k + "=" + v
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// outOfGroup returns, per worker, the step-down (the "stepped_down" line)
+// not followed by a rejoin line of that worker: a worker still out of the
+// group.
+func (lb *logbook) outOfGroup() map[string]batchEvent {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	out := map[string]batchEvent{}
+	for _, sd := range lb.stepDowns {
+		out[sd.Worker] = sd
+	}
+	for _, rj := range lb.rejoins {
+		if sd, ok := out[rj.Worker]; ok && !rj.At.Before(sd.At) {
+			delete(out, rj.Worker)
+		}
+	}
+	return out
 }
 
 // awaitHolding returns a channel closed once worker logs "holding" (its
@@ -298,5 +453,18 @@ func TestBrokerKillBefore(t *testing.T) {
 		if got := brokerKillBefore(c.faults, at, time.Minute); got != c.want {
 			t.Errorf("%v: got %v, want %v", c.faults, got, c.want)
 		}
+	}
+}
+
+// A report's lines keep what tells one line from another.
+func TestCompactLines(t *testing.T) {
+	got := compactLines([]string{
+		`w2.0: {"level":"debug","ts":"2026-12-06T12:11:12.983Z","msg":"batch committed","worker":"w2.0","group":"chaos-workers","topic":"chaos-jobs","partition":1,"member":"m-1","claim_id":2236399470413555,"token":"0.1","from":5,"to":6,"records":1}`,
+		"w1.0: not json",
+	})
+	at := time.Date(2026, 12, 6, 12, 11, 12, 983e6, time.UTC).Local().Format("15:04:05.000")
+	want := []string{"w2.0 " + at + " debug: batch committed claim_id=2236399470413555 from=5 partition=1 records=1 to=6 token=0.1", "w1.0: not json"}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %q\nwant %q", got, want)
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -21,6 +23,7 @@ var (
 	keepFlag     = flag.Bool("chaos.keep", false, "keep the logs directory even when the run passes [TENURE_CHAOS_KEEP]")
 	strictFlag   = flag.Bool("chaos.strict", false, "workers run with --strict (strict hand-off), and the run checks G3-strict: no batch became visible after its assignment was superseded (classic protocol, single server) [TENURE_CHAOS_STRICT]")
 	postgresFlag = flag.String("chaos.postgres", "", "the run's PostgreSQL: single (one throwaway server, pg-restart faults) or formation (pg_auto_failover, pg-failover faults) (default single) [TENURE_CHAOS_POSTGRES]")
+	kindsFlag    = flag.String("chaos.kinds", "", "deal only these fault kinds, comma separated (default: every kind) [TENURE_CHAOS_KINDS]")
 )
 
 const (
@@ -40,6 +43,7 @@ type config struct {
 	keep     bool
 	postgres string // postgresSingle or postgresFormation
 	strict   bool
+	kinds    []string // the kinds the deck deals (nil: all)
 }
 
 func loadConfig() (config, error) {
@@ -96,6 +100,21 @@ func loadConfig() (config, error) {
 	if v, ok := env("chaos.postgres", "TENURE_CHAOS_POSTGRES"); ok {
 		c.postgres = v
 	}
+	ks := *kindsFlag
+	if v, ok := env("chaos.kinds", "TENURE_CHAOS_KINDS"); ok {
+		ks = v
+	}
+	for _, k := range strings.Split(ks, ",") {
+		if k = strings.TrimSpace(k); k == "" {
+			continue
+		}
+		if !slices.Contains(kinds, k) {
+			return c, fmt.Errorf("-chaos.kinds: %q is not a fault kind (%s)", k, strings.Join(kinds, ", "))
+		}
+		if !slices.Contains(c.kinds, k) {
+			c.kinds = append(c.kinds, k)
+		}
+	}
 	if c.postgres == "" {
 		c.postgres = postgresSingle
 	}
@@ -135,6 +154,10 @@ func loadConfig() (config, error) {
 		return c, fmt.Errorf("-chaos.strict runs on the classic protocol: kfake's KIP-848 offset commit rule cannot carry strict hand-off")
 	case c.strict && c.postgres != postgresSingle:
 		return c, fmt.Errorf("-chaos.strict runs on a single server, not a formation")
+	case slices.Contains(c.kinds, kindPGFailover) && c.postgres != postgresFormation:
+		return c, fmt.Errorf("-chaos.kinds %s needs -chaos.postgres formation", kindPGFailover)
+	case slices.Contains(c.kinds, kindPGRestart) && c.postgres == postgresFormation:
+		return c, fmt.Errorf("-chaos.kinds %s: a formation deals %s instead", kindPGRestart, kindPGFailover)
 	}
 	return c, nil
 }

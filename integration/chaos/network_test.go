@@ -29,7 +29,18 @@ package chaos
 //     if the connection has the fence statement prepared: on a fresh one
 //     its prepare waits for an answer first, and nothing commits);
 //   - partition-full: both services at once, both directions: the worker's
-//     host vanished.
+//     host vanished;
+//   - partition-multi-host: the worker restarted with a multi-host database
+//     URL whose first host is dead (postgres://127.0.0.2:P,127.0.0.1:P/...
+//     ?connect_timeout=3: every namespace drops every packet to 127.0.0.2,
+//     netfault's Blackhole, so each connection waits out the 3s on it before
+//     it tries the real server), then cut off from Postgres as
+//     partition-postgres is, mostly for an outage (past the database
+//     timeout: it steps down). It must keep working through the second
+//     host, and join the group again once the database answers: a probe
+//     whose budget includes the dial never gets past the first host
+//     (DESIGN.md, "Liveness"). The slot keeps that URL for the rest of the
+//     run, through every later restart.
 //
 // Measured (networkReport): per kind and mode, the hand-off of each
 // partition the target held at the cut (to the first commit by another
@@ -43,9 +54,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,9 +78,38 @@ const (
 	kindPartPG     = "partition-postgres"
 	kindPartOneWay = "partition-one-way"
 	kindPartFull   = "partition-full"
+	kindPartMulti  = "partition-multi-host"
 )
 
-var netKinds = []string{kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull}
+var netKinds = []string{kindPartKafka, kindPartPG, kindPartOneWay, kindPartFull, kindPartMulti}
+
+// deadHost is the first host of partition-multi-host's URL: every
+// namespace drops every packet to it (netfault's Blackhole).
+var deadHost = netip.MustParseAddr("127.0.0.2")
+
+// multiHostConnectTimeout is connect_timeout in partition-multi-host's
+// URL, in seconds: longer than the database probe's budget (2s,
+// consumer/dbwatch.go), as a production URL's often is.
+const multiHostConnectTimeout = 3
+
+// multiHostURL is base with deadHost (at the first host's port) put in
+// front of its hosts and connect_timeout set.
+func multiHostURL(base string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", err
+	}
+	first, _, _ := strings.Cut(u.Host, ",")
+	_, port, err := net.SplitHostPort(first)
+	if err != nil {
+		return "", fmt.Errorf("the database URL's first host %q: %v", first, err)
+	}
+	u.Host = net.JoinHostPort(deadHost.String(), port) + "," + u.Host
+	q := u.Query()
+	q.Set("connect_timeout", strconv.Itoa(multiHostConnectTimeout))
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
 
 // Modes of the network kinds that have some: the first word of the fault's
 // Mode (the band and the duration follow).
@@ -142,6 +186,8 @@ func netKindOf(kind, mode string) netfault.Kind {
 		return netfault.PostgresOneWay
 	case kindPartFull:
 		return netfault.FullCut
+	case kindPartMulti:
+		return netfault.PostgresCut
 	}
 	panic("not a network kind: " + kind)
 }
@@ -192,6 +238,9 @@ func (w *world) setupNetwork(brokerPort int) {
 			unsupported(err)
 		}
 		if err != nil {
+			t.Fatalf("network namespace of slot %d: %v", s.n, err)
+		}
+		if err := ns.Blackhole(deadHost); err != nil {
 			t.Fatalf("network namespace of slot %d: %v", s.n, err)
 		}
 		s.ns = ns
@@ -247,13 +296,22 @@ func (w *world) partition(kind string) {
 	if pgOnly {
 		bands = []cutBand{bandShort, bandShort, bandLong, bandLong, bandOutage}
 	}
+	if kind == kindPartMulti {
+		// Mostly past the database timeout: the step-down and the
+		// rejoin through the second host are what it is about.
+		bands = []cutBand{bandLong, bandOutage, bandOutage}
+	}
 	b := bands[w.rng.IntN(len(bands))]
 	d := w.between(b.lo, b.hi)
 	s := w.slots[w.rng.IntN(len(w.slots))]
 	nc := &netCut{slot: s.n, mode: mode, band: b.name, planned: d, kind: nk, faults: w.svc.Faults(nk),
 		pgOnly: pgOnly, kafkaCut: nk == netfault.KafkaCut || nk == netfault.KafkaOneWay || nk == netfault.FullCut}
 	desc := strings.TrimSpace(mode + " " + b.name + " " + d.Round(100*time.Millisecond).String())
-	if isMidCommit(mode) {
+	if kind == kindPartMulti {
+		if !w.restartMultiHost(s) {
+			return
+		}
+	} else if isMidCommit(mode) {
 		if !w.restartHolding(s, kind+" "+desc, "--hold-once", "before-commit") {
 			return
 		}
@@ -275,9 +333,7 @@ func (w *world) partition(kind string) {
 		w.t.Fatalf("%s: %v", kind, err)
 	}
 	f := &fault{Kind: kind, Mode: desc, Target: s.p.name, Injected: time.Now(), Net: nc}
-	w.mu.Lock()
-	w.faults = append(w.faults, f)
-	w.mu.Unlock()
+	w.addFault(f)
 	if isMidCommit(mode) {
 		s.p.resume() // SIGCONT: releases the hold; the fence and COMMIT go out into the cut
 	}
@@ -287,6 +343,48 @@ func (w *world) partition(kind string) {
 		w.t.Fatalf("%s: healing: %v", kind, err)
 	}
 	w.end(f)
+	if kind == kindPartMulti {
+		// The quiet tail: a worker that stepped down must join the group
+		// again through the second host; nothing else happens until it
+		// has, or until the liveness check has had B of quiet time to
+		// judge it.
+		target := s.p
+		if f.Ended.Sub(f.Injected) >= dbTimeout-stepDownSlack {
+			w.sleep(stepDownSlack) // a step-down may come just after the heal
+		}
+		w.quietTail(func() bool {
+			_, out := w.book.outOfGroup()[target.name]
+			return !out || target.exited()
+		})
+	}
+}
+
+// restartMultiHost restarts s's worker (SIGTERM, then started again) with
+// the multi-host URL whose first host is dead, unless it runs with it
+// already, and waits (B at most) until it has claimed a partition through
+// the second host. It returns false if it did not: the worker cannot work
+// with that URL, which the run notes.
+func (w *world) restartMultiHost(s *slot) bool {
+	if s.dbURL != "" {
+		return true
+	}
+	u, err := multiHostURL(w.dbURL())
+	if err != nil {
+		w.t.Fatalf("%s: %v", kindPartMulti, err)
+	}
+	if err := s.p.stop(45 * time.Second); err != nil {
+		w.note("%s: %v", kindPartMulti, err)
+	}
+	s.dbURL = u
+	claimed := w.book.awaitLine(s.nextName(), msgClaimed)
+	if err := w.startWorker(s); err != nil {
+		w.t.Fatalf("starting %s: %v", s.nextName(), err)
+	}
+	if !w.awaitClosed(claimed, w.live.bound.total()) {
+		w.note("%s: %s, given %s, claimed no partition within B = %s", kindPartMulti, s.p.name, u, w.live.bound.total())
+		return false
+	}
+	return true
 }
 
 // restartHolding restarts s's worker (SIGTERM, then started again) with
@@ -438,10 +536,10 @@ type netReport struct {
 }
 
 // networkReport measures every network fault: see the file comment.
-func (w *world) networkReport(faults []*fault, byPart map[int32][]fenceEntry, claimWorker map[int64]string) netReport {
+func (w *world) networkReport(faults []*fault, byPart map[int32][]fenceEntry, claimWorker map[int64]string, np int32) netReport {
 	c := &netCheck{
 		r:      netReport{rows: map[string]*netRow{}, otherSteps: map[string]int{}},
-		faults: faults, byPart: byPart, claimWorker: claimWorker,
+		faults: faults, byPart: byPart, claimWorker: claimWorker, np: np,
 	}
 	w.book.mu.Lock()
 	c.steps = slices.Clone(w.book.stepDowns)
@@ -479,6 +577,7 @@ type netCheck struct {
 	faults      []*fault
 	byPart      map[int32][]fenceEntry
 	claimWorker map[int64]string
+	np          int32 // the topic's partitions at the end
 	procs       []*proc
 
 	steps, rejoins, rejections, lost, unknowns []batchEvent
@@ -524,7 +623,7 @@ func (c *netCheck) handoffs(f *fault, row *netRow) map[int64]bool {
 	movedClaims := map[int64]bool{}
 	var kept []int32
 	moved := false
-	for p := int32(0); p < partitions; p++ {
+	for p := range c.np {
 		es := c.byPart[p]
 		held := heldAt(es, f.Injected)
 		if held < 0 || c.claimWorker[es[held].claimID] != f.Target {
@@ -637,7 +736,7 @@ func (c *netCheck) zombie(f *fault, row *netRow, movedClaims map[int64]bool) {
 		return
 	}
 	var last time.Time
-	for p := int32(0); p < partitions; p++ {
+	for p := range c.np {
 		for _, e := range c.byPart[p] {
 			if e.kind == "commit" && movedClaims[e.claimID] && e.at.After(f.Injected) {
 				row.zCommits++
@@ -936,11 +1035,29 @@ func TestAfterCut(t *testing.T) {
 	}
 }
 
+// The multi-host URL puts the dead host first, at the first host's port,
+// and bounds each host's connect.
+func TestMultiHostURL(t *testing.T) {
+	for base, want := range map[string]string{
+		"postgres://postgres@127.0.0.1:5433/postgres?sslmode=disable":                                   "postgres://postgres@127.0.0.2:5433,127.0.0.1:5433/postgres?connect_timeout=3&sslmode=disable",
+		"postgres://u@127.0.0.1:6001,127.0.0.1:6002/db?target_session_attrs=read-write&sslmode=disable": "postgres://u@127.0.0.2:6001,127.0.0.1:6001,127.0.0.1:6002/db?connect_timeout=3&sslmode=disable&target_session_attrs=read-write",
+	} {
+		got, err := multiHostURL(base)
+		if err != nil || got != want {
+			t.Errorf("multiHostURL(%s) = %s, %v; want %s", base, got, err, want)
+		}
+		cfg, err := pgconn.ParseConfig(got)
+		if err != nil || cfg.Host != deadHost.String() || len(cfg.Fallbacks) == 0 || cfg.ConnectTimeout != multiHostConnectTimeout*time.Second {
+			t.Errorf("%s parses to %v, %v", got, cfg, err)
+		}
+	}
+}
+
 // Each network kind deals its modes into rows of their own.
 func TestNetworkRows(t *testing.T) {
 	rows := tableRows(netKinds)
 	want := []string{kindPartKafka, kindPartPG + "/cut", kindPartPG + "/mid-commit",
-		kindPartOneWay + "/kafka", kindPartOneWay + "/postgres", kindPartOneWay + "/postgres-mid-commit", kindPartFull}
+		kindPartOneWay + "/kafka", kindPartOneWay + "/postgres", kindPartOneWay + "/postgres-mid-commit", kindPartFull, kindPartMulti}
 	if !slices.Equal(rows, want) {
 		t.Errorf("rows %v, want %v", rows, want)
 	}

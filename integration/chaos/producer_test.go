@@ -36,19 +36,25 @@ type jobValue struct {
 }
 
 // producer writes keyed jobs at a steady rate with an idempotent kgo
-// producer (murmur2 key partitioning, acks=all, retries without limit), and
-// records where each acknowledged job landed.
+// producer (acks=all, retries without limit), and records where each
+// acknowledged job landed. It partitions the jobs itself, with
+// partition.For (murmur2, what the workers and every tenure tool compute)
+// over the partition count it was told (kgo's ManualPartitioner), so that
+// the moment it moves to a grown topic's count is the harness's, not
+// whenever kgo's metadata refresh comes (add-partitions).
 type producer struct {
-	cl         *kgo.Client
-	topic      string
-	partitions int32
-	keys       []string
-	keyOf      []string // keyOf[p]: a key that maps onto partition p
-	faultRate  float64
+	cl        *kgo.Client
+	topic     string
+	nkeys     int
+	faultRate float64
 
 	seq atomic.Int64
 
 	mu       sync.Mutex
+	n        int32    // the partition count jobs are spread over
+	keys     []string // the jobs' keys
+	keyOf    []string // keyOf[p]: a key that maps onto partition p
+	skip     int32    // a partition the steady jobs leave alone (offsets-reset idle), or -1
 	acked    []job
 	failed   []string // produce errors (a job that may or may not be in the log)
 	inflight sync.WaitGroup
@@ -81,7 +87,7 @@ func newProducer(brokers []string, topic string, partitions int32, nkeys int) (*
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(brokers...),
 		kgo.DefaultProduceTopic(topic),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // murmur2 for keyed records
+		kgo.RecordPartitioner(kgo.ManualPartitioner()), // record.Partition, set from partition.For
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(5*time.Millisecond),
 	)
@@ -89,18 +95,58 @@ func newProducer(brokers []string, topic string, partitions int32, nkeys int) (*
 		return nil, err
 	}
 	keys, keyOf := chaosKeys(nkeys, partitions)
-	return &producer{cl: cl, topic: topic, partitions: partitions, keys: keys, keyOf: keyOf, faultRate: 0.01,
+	return &producer{cl: cl, topic: topic, nkeys: nkeys, n: partitions, keys: keys, keyOf: keyOf, skip: -1, faultRate: 0.01,
 		stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
-func (p *producer) record(j job) *kgo.Record {
-	v, _ := json.Marshal(jobValue{Seq: j.Seq, Key: j.Key, Marker: j.Marker, Fault: j.Fault})
-	return &kgo.Record{Topic: p.topic, Key: []byte(j.Key), Value: v}
+// count is the partition count the jobs are spread over.
+func (p *producer) count() int32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n
 }
 
-func (p *producer) produce(j job) {
+// grow spreads the jobs over n partitions from now on, once the client's
+// metadata has them (it refuses a record for a partition it does not know):
+// it refreshes the metadata until partition n-1 has a leader, within
+// timeout.
+func (p *producer) grow(ctx context.Context, n int32) error {
+	for {
+		p.cl.ForceMetadataRefresh()
+		if leader, _, _ := p.cl.PartitionLeader(p.topic, n-1); leader >= 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the producer's metadata did not show partition %d of %s: %w", n-1, p.topic, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	keys, keyOf := chaosKeys(p.nkeys, n)
+	p.mu.Lock()
+	p.n, p.keys, p.keyOf = n, keys, keyOf
+	p.mu.Unlock()
+	return nil
+}
+
+// setSkip makes the steady jobs leave partition part alone (-1: none);
+// markers and bursts still go to it.
+func (p *producer) setSkip(part int32) {
+	p.mu.Lock()
+	p.skip = part
+	p.mu.Unlock()
+}
+
+// record is j's record, on the partition partition.For gives its key over
+// n partitions.
+func (p *producer) record(j job, n int32) *kgo.Record {
+	v, _ := json.Marshal(jobValue{Seq: j.Seq, Key: j.Key, Marker: j.Marker, Fault: j.Fault})
+	return &kgo.Record{Topic: p.topic, Key: []byte(j.Key), Value: v, Partition: partition.For([]byte(j.Key), n)}
+}
+
+func (p *producer) produce(j job, n int32) {
 	p.inflight.Add(1)
-	p.cl.Produce(context.Background(), p.record(j), func(r *kgo.Record, err error) {
+	p.cl.Produce(context.Background(), p.record(j, n), func(r *kgo.Record, err error) {
 		defer p.inflight.Done()
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -129,15 +175,22 @@ func (p *producer) run(rate int, rng *rand.Rand) {
 		case <-t.C:
 		}
 		owed += perTick
+		p.mu.Lock()
+		n, keys, skip := p.n, p.keys, p.skip
+		p.mu.Unlock()
 		for ; owed >= 1; owed-- {
-			j := job{Seq: p.seq.Add(1), Key: p.keys[rng.IntN(len(p.keys))]}
+			key := keys[rng.IntN(len(keys))]
+			for skip >= 0 && partition.For([]byte(key), n) == skip {
+				key = keys[rng.IntN(len(keys))] // keys cover every partition: another one comes
+			}
+			j := job{Seq: p.seq.Add(1), Key: key}
 			if rng.Float64() < p.faultRate {
 				j.Fault = "error"
 				if rng.IntN(2) == 0 {
 					j.Fault = "panic"
 				}
 			}
-			p.produce(j)
+			p.produce(j, n)
 		}
 	}
 }
@@ -146,11 +199,14 @@ func (p *producer) run(rate int, rng *rand.Rand) {
 // once acknowledged: a partition has processed everything up to the mark
 // when its stored next offset is past it.
 func (p *producer) mark(ctx context.Context) (map[int32]int64, error) {
-	recs := make([]*kgo.Record, p.partitions)
-	jobs := make([]job, p.partitions)
+	p.mu.Lock()
+	n, keyOf := p.n, p.keyOf
+	p.mu.Unlock()
+	recs := make([]*kgo.Record, n)
+	jobs := make([]job, n)
 	for i := range recs {
-		jobs[i] = job{Seq: p.seq.Add(1), Key: p.keyOf[i], Marker: true}
-		recs[i] = p.record(jobs[i])
+		jobs[i] = job{Seq: p.seq.Add(1), Key: keyOf[i], Marker: true}
+		recs[i] = p.record(jobs[i], n)
 	}
 	res := p.cl.ProduceSync(ctx, recs...)
 	out := map[int32]int64{}
@@ -173,9 +229,9 @@ func (p *producer) mark(ctx context.Context) (map[int32]int64, error) {
 	if err := res.FirstErr(); err != nil {
 		return nil, err
 	}
-	for i := int32(0); i < p.partitions; i++ {
+	for i := int32(0); i < n; i++ {
 		if _, ok := out[i]; !ok {
-			return nil, fmt.Errorf("marker for partition %d landed elsewhere (key %s): partitioner mismatch", i, p.keyOf[i])
+			return nil, fmt.Errorf("marker for partition %d landed elsewhere (key %s): partitioner mismatch", i, keyOf[i])
 		}
 	}
 	return out, nil
@@ -186,9 +242,12 @@ func (p *producer) mark(ctx context.Context) (map[int32]int64, error) {
 // are tracked like every other job (snapshot). A job that failed is
 // recorded as a produce error and left out.
 func (p *producer) burst(ctx context.Context, part int32, n int, rng *rand.Rand) ([]job, error) {
+	p.mu.Lock()
+	pn, all := p.n, p.keys
+	p.mu.Unlock()
 	var keys []string
-	for _, k := range p.keys {
-		if partition.For([]byte(k), p.partitions) == part {
+	for _, k := range all {
+		if partition.For([]byte(k), pn) == part {
 			keys = append(keys, k)
 		}
 	}
@@ -199,7 +258,7 @@ func (p *producer) burst(ctx context.Context, part int32, n int, rng *rand.Rand)
 	jobs := make([]job, n)
 	for i := range recs {
 		jobs[i] = job{Seq: p.seq.Add(1), Key: keys[rng.IntN(len(keys))]}
-		recs[i] = p.record(jobs[i])
+		recs[i] = p.record(jobs[i], pn)
 	}
 	res := p.cl.ProduceSync(ctx, recs...)
 	p.mu.Lock()

@@ -43,6 +43,11 @@
 // Namespace.Do runs any function that way, for tests that need a socket of
 // their own inside the namespace.
 //
+// Namespace.Blackhole adds, for the namespace's lifetime, addresses whose
+// packets are always dropped (a loopback address other than 127.0.0.1,
+// 127.0.0.2 say): a host that vanished, which a client meets as a connect
+// that hangs until its own timeout, whatever faults come and go.
+//
 // Namespace.Command returns `ip netns exec <ns> <bin> <args>` as an
 // *exec.Cmd: ip execs the program (it does not fork), so the PID in
 // cmd.Process is the program's own, and SIGSTOP or SIGKILL by PID work as

@@ -3,6 +3,7 @@ package netfault
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,7 +65,55 @@ const table = "inet tenure_netfault"
 // is one nftables transaction: there is no moment with neither the old nor
 // the new rules.
 func (n *Namespace) Inject(faults ...Fault) error {
-	script, err := ruleset(faults)
+	n.applyMu.Lock()
+	defer n.applyMu.Unlock()
+	n.mu.Lock()
+	holes := slices.Clone(n.holes)
+	n.mu.Unlock()
+	return n.apply(holes, faults)
+}
+
+// Blackhole makes addrs hosts that vanished, for as long as the namespace
+// lives: every packet sent to them inside the namespace is dropped, so a
+// connection to one hangs in SYN retransmissions until the client's own
+// timeout, where an address nobody listens on would refuse it at once.
+// Faults come and go (Inject, Heal) without touching them. Each must be a
+// loopback address other than 127.0.0.1 (which carries the forwarders):
+// the namespace's lo answers for all of 127.0.0.0/8, so 127.0.0.2 is a
+// host of its own there. A client given a multi-host database URL whose
+// first host is one of them meets a dead first host (the chaos run's
+// partition-multi-host fault).
+func (n *Namespace) Blackhole(addrs ...netip.Addr) error {
+	for _, a := range addrs {
+		if !a.Is4() || !a.IsLoopback() || a == netip.AddrFrom4([4]byte{127, 0, 0, 1}) {
+			return fmt.Errorf("netfault: blackhole %s: not an IPv4 loopback address other than 127.0.0.1", a)
+		}
+	}
+	n.applyMu.Lock()
+	defer n.applyMu.Unlock()
+	n.mu.Lock()
+	holes := slices.Clone(n.holes)
+	faults := slices.Clone(n.faults)
+	n.mu.Unlock()
+	for _, a := range addrs {
+		if !slices.Contains(holes, a) {
+			holes = append(holes, a)
+		}
+	}
+	return n.apply(holes, faults)
+}
+
+// Blackholes are the addresses Blackhole dropped.
+func (n *Namespace) Blackholes() []netip.Addr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.holes)
+}
+
+// apply installs holes and faults in one nftables transaction and records
+// them; applyMu is held.
+func (n *Namespace) apply(holes []netip.Addr, faults []Fault) error {
+	script, err := ruleset(holes, faults)
 	if err != nil {
 		return err
 	}
@@ -72,7 +121,7 @@ func (n *Namespace) Inject(faults ...Fault) error {
 		return err
 	}
 	n.mu.Lock()
-	n.faults = slices.Clone(faults)
+	n.holes, n.faults = holes, slices.Clone(faults)
 	n.mu.Unlock()
 	return nil
 }
@@ -117,14 +166,25 @@ func (n *Namespace) nft(script string) error {
 // are inside the namespace (the process and the forwarder), so each packet
 // passes input exactly once. The forwarder's listeners own the service
 // ports, so the kernel never picks one as a client's ephemeral port, and
-// "sport = service port" means an answer.
-func ruleset(faults []Fault) (string, error) {
+// "sport = service port" means an answer. The blackholed addresses come
+// first: every packet to them is dropped, whatever the faults.
+func ruleset(holes []netip.Addr, faults []Fault) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table %s\ndelete table %s\n", table, table)
-	if len(faults) == 0 {
+	if len(faults) == 0 && len(holes) == 0 {
 		return b.String(), nil
 	}
 	fmt.Fprintf(&b, "table %s {\n\tchain input {\n\t\ttype filter hook input priority 0; policy accept;\n", table)
+	if len(holes) > 0 {
+		as := make([]string, len(holes))
+		for i, a := range holes {
+			if !a.Is4() {
+				return "", fmt.Errorf("netfault: blackhole %s is not IPv4", a)
+			}
+			as[i] = a.String()
+		}
+		fmt.Fprintf(&b, "\t\tip daddr { %s } drop\n", strings.Join(as, ", "))
+	}
 	for _, f := range faults {
 		if len(f.Ports) == 0 {
 			return "", fmt.Errorf("netfault: fault %v has no ports", f)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -407,7 +408,7 @@ func TestKinds(t *testing.T) {
 }
 
 func TestRuleset(t *testing.T) {
-	s, err := ruleset([]Fault{Cut(1, 2), DropAnswers(3), DropRequests(4)})
+	s, err := ruleset(nil, []Fault{Cut(1, 2), DropAnswers(3), DropRequests(4)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,12 +423,72 @@ func TestRuleset(t *testing.T) {
 		}
 	}
 	for _, bad := range [][]Fault{{Cut()}, {Cut(0)}, {Cut(70000)}, {{Ports: []int{1}}}} {
-		if _, err := ruleset(bad); err == nil {
+		if _, err := ruleset(nil, bad); err == nil {
 			t.Errorf("ruleset(%v) accepted", bad)
 		}
 	}
+	s, err = ruleset([]netip.Addr{netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("127.0.0.3")}, nil)
+	if err != nil || !strings.Contains(s, "ip daddr { 127.0.0.2, 127.0.0.3 } drop") || !strings.Contains(s, "hook input") {
+		t.Errorf("blackholes alone: %v\n%s", err, s)
+	}
 	if (Services{Kafka: []int{1}}).Faults(PostgresCut)[0].Ports != nil {
 		t.Error("PostgresCut without Postgres ports should have no ports (and Inject then fails)")
+	}
+}
+
+// TestBlackhole: a blackholed address swallows connection attempts (a
+// timeout, where the same address without the rule refuses at once), and
+// stays blackholed across faults and their healing; the services stay
+// reachable.
+func TestBlackhole(t *testing.T) {
+	t.Parallel()
+	srv := newEchoServer(t)
+	ns := newNS(t, srv.port)
+	hole := netip.MustParseAddr("127.0.0.2")
+	dialHole := func() error {
+		d := net.Dialer{Timeout: cutWait}
+		return ns.Do(func() error {
+			c, err := d.Dial("tcp4", net.JoinHostPort(hole.String(), strconv.Itoa(srv.port)))
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+	}
+	// Without the rule nothing listens there: refused at once.
+	if err := dialHole(); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("before Blackhole: %v; want a refusal", err)
+	}
+	for _, bad := range []string{"127.0.0.1", "10.0.0.1", "::1"} {
+		if err := ns.Blackhole(netip.MustParseAddr(bad)); err == nil {
+			t.Errorf("Blackhole(%s) accepted", bad)
+		}
+	}
+	if err := ns.Blackhole(hole); err != nil {
+		t.Fatal(err)
+	}
+	requireHole := func(when string) {
+		t.Helper()
+		start := time.Now()
+		err := dialHole()
+		var ne net.Error
+		if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("%s: connecting to %s: %v after %s; want a timeout", when, hole, err, time.Since(start).Round(time.Millisecond))
+		}
+	}
+	requireHole("blackholed")
+	roundTrip(t, mustDialIn(t, ns, srv.port), "through")
+	if err := ns.Inject(Cut(srv.port)); err != nil {
+		t.Fatal(err)
+	}
+	requireDialTimeout(t, ns, srv.port)
+	if err := ns.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	requireHole("after a fault and its heal")
+	roundTrip(t, mustDialIn(t, ns, srv.port), "healed")
+	if got := ns.Blackholes(); len(got) != 1 || got[0] != hole || len(ns.Faults()) != 0 {
+		t.Fatalf("blackholes %v, faults %v", got, ns.Faults())
 	}
 }
 

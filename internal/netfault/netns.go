@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,9 +58,11 @@ type Namespace struct {
 
 	fwd *forwarder
 
-	mu     sync.Mutex
-	faults []Fault // installed now; nil when healed
-	closed bool
+	applyMu sync.Mutex // one nftables change at a time (Inject, Blackhole)
+	mu      sync.Mutex
+	faults  []Fault      // installed now; nil when healed
+	holes   []netip.Addr // Blackhole's addresses: dropped whatever the faults
+	closed  bool
 }
 
 // NewT is New for tests: the namespace is closed by t.Cleanup, and Close's
