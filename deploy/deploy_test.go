@@ -331,8 +331,9 @@ func restrictedViolations(t *testing.T, meta *metav1.ObjectMeta, spec *corev1.Po
 
 // Peak RSS of a worker with the default buffers (--partition-buffer-bytes
 // 4MiB, --worker-buffer-bytes 64MiB): draining a backlog, 110-140 MB
-// (an earlier `tenure bench` run than docs/throughput.md's: 98-124 MB with 12 partitions over 1-3 workers; the
-// Operations issue: 101-120 MB, 111 MB per worker with 1,000 partitions);
+// (an earlier `tenure bench` run than docs/throughput.md's: 98-124 MB with
+// 12 partitions over 1-3 workers; another measurement: 101-120 MB, 111 MB
+// per worker with 1,000 partitions);
 // the largest measured, 261 MB, one worker holding 48 partitions. The
 // request must cover the first, the limit the second.
 var (
