@@ -739,7 +739,7 @@ func TestComposeFile(t *testing.T) {
 		t.Fatalf("compose.yaml has %d documents", len(d))
 	}
 	services, _ := d[0]["services"].(map[string]any)
-	for _, name := range []string{"kafka", "postgres", "topic", "migrate", "worker", "cli"} {
+	for _, name := range []string{"kafka", "postgres", "topic", "migrate", "worker", "serve", "cli"} {
 		if services[name] == nil {
 			t.Errorf("no service %q", name)
 		}
@@ -831,6 +831,37 @@ func TestComposeFile(t *testing.T) {
 			}
 		}
 	}
+	// The host reaches each worker's HTTP port (/metrics) and the
+	// ownership page, on loopback only (neither has authentication). The
+	// workers' host ports are Docker's to pick: a fixed one would clash
+	// between replicas, and Compose does not spread a range over them.
+	workerPort := httpPort(t, str(get(services, "worker", "environment", "TENURE_HTTP_ADDR")))
+	if ports, _ := get(services, "worker", "ports").([]any); len(ports) != 1 {
+		t.Errorf("worker: publishes %d ports, want its HTTP port", len(ports))
+	} else if str(get(ports[0], "target")) != workerPort || str(get(ports[0], "host_ip")) != "127.0.0.1" || get(ports[0], "published") != nil {
+		t.Errorf("worker: publishes %v; want target %s on host_ip 127.0.0.1 with no fixed published port", ports[0], workerPort)
+	}
+	serveCmd := strs(get(services, "serve", "command"))
+	if len(serveCmd) < 2 || serveCmd[0] != "admin" || serveCmd[1] != "serve" || !slices.Contains(serveCmd, "--listen-any") {
+		t.Errorf("serve: command %v, want admin serve --listen-any (the page listens on every interface of its container)", serveCmd)
+	}
+	servePort := httpPort(t, str(get(services, "serve", "environment", "TENURE_HTTP_ADDR")))
+	if ports := strs(get(services, "serve", "ports")); len(ports) != 1 || ports[0] != "127.0.0.1:"+servePort+":"+servePort {
+		t.Errorf("serve: publishes %v, want 127.0.0.1:%s:%s", ports, servePort, servePort)
+	}
+	readme, err := os.ReadFile("compose/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The README's alias: -T, so that `produce --input -` reads the pipe.
+	alias := regexp.MustCompile(`alias tenure='([^']*)'`).FindSubmatch(readme)
+	if alias == nil || !strings.HasSuffix(string(alias[1]), " run --rm -T cli") {
+		t.Errorf("compose/README.md's alias %q: want docker compose ... run --rm -T cli", bytes.Join(alias, nil))
+	}
+	if !strings.Contains(string(readme), "http://127.0.0.1:"+servePort+"/") {
+		t.Errorf("compose/README.md does not give the ownership page's address, http://127.0.0.1:%s/", servePort)
+	}
+
 	// The one-shot topic step can run again (restart: on-failure, a second
 	// `up`): it must succeed when the topic exists.
 	if !strings.Contains(strings.Join(strs(get(services, "topic", "command")), " "), "--if-not-exists") {
