@@ -1,5 +1,5 @@
 // Package deploy holds the deployment files. No container engine or
-// cluster runs in CI, so this test checks them offline instead. The
+// cluster runs in CI, so these tests check them offline instead. The
 // Kubernetes manifests decode strictly into k8s.io/api's types (a misspelt
 // field fails), and their pods pass the "restricted" Pod Security Standard
 // as Kubernetes' own evaluator (k8s.io/pod-security-admission) judges it.
@@ -7,8 +7,11 @@
 // is one the command takes; probes and health checks use real endpoints on
 // the worker's HTTP port; grace periods cover a graceful stop; credentials
 // come from secrets, files from mounted volumes; the schema is migrated
-// before the workers start. Against the Dockerfile: it builds the real
-// command, and its numeric USER is the user the manifests and Compose run.
+// and the roles granted before the workers start. Against the Dockerfile:
+// it builds the real command, and its numeric USER is the user the
+// manifests and Compose run. README.md's first deploy is run as written
+// (firstdeploy_test.go, rehearsal_test.go), and the deploy docs cite only
+// what exists (docs_test.go).
 package deploy
 
 import (
@@ -331,8 +334,9 @@ func restrictedViolations(t *testing.T, meta *metav1.ObjectMeta, spec *corev1.Po
 
 // Peak RSS of a worker with the default buffers (--partition-buffer-bytes
 // 4MiB, --worker-buffer-bytes 64MiB): draining a backlog, 110-140 MB
-// (an earlier `tenure bench` run than docs/throughput.md's: 98-124 MB with 12 partitions over 1-3 workers; the
-// Operations issue: 101-120 MB, 111 MB per worker with 1,000 partitions);
+// (an earlier `tenure bench` run than docs/throughput.md's: 98-124 MB with
+// 12 partitions over 1-3 workers; another measurement: 101-120 MB, 111 MB
+// per worker with 1,000 partitions);
 // the largest measured, 261 MB, one worker holding 48 partitions. The
 // request must cover the first, the limit the second.
 var (
@@ -343,6 +347,15 @@ var (
 func TestKubernetesManifests(t *testing.T) {
 	bin := tenureBin(t)
 	uid, gid := imageUser(t)
+	doc, _, run, cl := staticDeploy(t)
+	workerYAML, err := os.ReadFile("kubernetes/worker.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// With README.md's IMAGE (tenure:dev) the manifest applied is the file.
+	if len(cl.applied) != 1 || !bytes.Equal(cl.applied[0], workerYAML) {
+		t.Errorf("the first deploy applies %d manifests; want kubernetes/worker.yaml, unchanged with README.md's IMAGE", len(cl.applied))
+	}
 	var objs []any
 	for _, path := range []string{"kubernetes/worker.yaml", "kubernetes/servicemonitor.yaml"} {
 		b, err := os.ReadFile(path)
@@ -355,8 +368,22 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 		objs = append(objs, o...)
 	}
+	// The Secrets and the ConfigMap are the first deploy's (kubectl
+	// create, from the operator's values).
 	secrets := map[string]map[string]string{}
+	for name, o := range cl.secrets {
+		secrets[name] = map[string]string{}
+		for k, v := range o.Data {
+			secrets[name][k] = string(v)
+		}
+	}
 	configMaps := map[string]map[string]bool{}
+	for name, o := range cl.configMaps {
+		configMaps[name] = map[string]bool{}
+		for k := range o.Data {
+			configMaps[name][k] = true
+		}
+	}
 	var (
 		deployments []*appsv1.Deployment
 		pdbs        []*policyv1.PodDisruptionBudget
@@ -366,18 +393,9 @@ func TestKubernetesManifests(t *testing.T) {
 	for _, o := range objs {
 		switch o := o.(type) {
 		case *corev1.Secret:
-			secrets[o.Name] = map[string]string{}
-			for k, v := range o.StringData {
-				secrets[o.Name][k] = v
-			}
-			for k, v := range o.Data {
-				secrets[o.Name][k] = string(v)
-			}
+			t.Errorf("Secret/%s is in a manifest: its placeholder values would be applied as they are; the first deploy's commands create it from the operator's", o.Name)
 		case *corev1.ConfigMap:
-			configMaps[o.Name] = map[string]bool{}
-			for k := range o.Data {
-				configMaps[o.Name][k] = true
-			}
+			t.Errorf("ConfigMap/%s is in a manifest: its placeholder values would be applied as they are; the first deploy's commands create it from the operator's", o.Name)
 		case *appsv1.Deployment:
 			deployments = append(deployments, o)
 		case *policyv1.PodDisruptionBudget:
@@ -674,6 +692,123 @@ func TestKubernetesManifests(t *testing.T) {
 	if len(sm.Spec.Endpoints) == 0 || sm.Spec.Endpoints[0].Path != "/metrics" || sm.Spec.Endpoints[0].Port != svc.Spec.Ports[0].Name {
 		t.Errorf("ServiceMonitor/%s does not scrape /metrics on the Service's http port", sm.Name)
 	}
+
+	// A Prometheus selects the ServiceMonitor: kube-prometheus-stack's
+	// default serviceMonitorSelector is release: <Helm release name>
+	// (its templates/prometheus/prometheus.yaml), here the release
+	// README.md names.
+	if !labels.SelectorFromSet(labels.Set{"release": "kube-prometheus-stack"}).Matches(labels.Set(sm.Labels)) {
+		t.Errorf("ServiceMonitor/%s has labels %v: kube-prometheus-stack's default selector (release: kube-prometheus-stack) does not select it", sm.Name, sm.Labels)
+	}
+
+	// The image is the one README.md builds, and a node that has it (a
+	// kind or minikube cluster it was loaded into) runs it: with a
+	// :latest tag and no policy, Kubernetes pulls Always.
+	tag := builtTag(t)
+	for _, p := range podTemplates(objs) {
+		for _, c := range append(append([]corev1.Container{}, p.spec.InitContainers...), p.spec.Containers...) {
+			if c.Image != tag {
+				t.Errorf("%s container %s: image %q, want %q, the tag README.md builds", p.where, c.Name, c.Image, tag)
+			}
+			if c.ImagePullPolicy != corev1.PullIfNotPresent {
+				t.Errorf("%s container %s: imagePullPolicy %q, want IfNotPresent (a locally built image is in no registry)", p.where, c.Name, c.ImagePullPolicy)
+			}
+		}
+	}
+
+	// The roles: the init container grants them after migrating, as the
+	// owner; the administrator's script creates the roles the Secret's
+	// URLs log in as, with LOGIN and the passwords the URLs carry, and the
+	// admin role the grants name (the owner may not create roles); the
+	// URLs' database is one the owner may create schemas in.
+	if migrate != nil && worker != nil {
+		if !slices.Contains(migrate.Args, "--grant-roles") {
+			t.Errorf("Deployment/%s: the init container migrates without --grant-roles: nothing grants the workers' role its rights on the tables", dep.Name)
+		}
+		boot := parseBootstrap(t, heredoc(t, doc.commands))
+		vars := map[string]string{}
+		for i, a := range run.psqlArgs {
+			if a == "-v" && i+1 < len(run.psqlArgs) {
+				k, v, _ := strings.Cut(run.psqlArgs[i+1], "=")
+				vars[k] = v
+			}
+		}
+		if run.psqlStdin != heredoc(t, doc.commands)+"\n" {
+			t.Errorf("psql did not receive the administrator's script on its standard input:\n%s", run.psqlStdin)
+		}
+		if vars["ON_ERROR_STOP"] != "1" {
+			t.Error("psql runs the administrator's script without -v ON_ERROR_STOP=1: a failing statement would not stop it")
+		}
+		roleFlag := func(flag string) string {
+			for i, a := range migrate.Args {
+				if v, ok := strings.CutPrefix(a, "--"+flag+"="); ok {
+					return v
+				}
+				if a == "--"+flag && i+1 < len(migrate.Args) {
+					return migrate.Args[i+1]
+				}
+			}
+			m := regexp.MustCompile(`\n  --` + flag + ` R\n[^\n]*\(default (\w+)\)`).FindStringSubmatch(help(t, bin, []string{"migrate"}))
+			if m == nil {
+				t.Fatalf("tenure migrate --help shows no default for --%s", flag)
+			}
+			return m[1]
+		}
+		workerRole, adminRole := roleFlag("worker-role"), roleFlag("admin-role")
+		if _, ok := boot.roles[adminRole]; !ok {
+			t.Errorf("the administrator's script does not create role %s: --grant-roles would, and the owner may not create roles", adminRole)
+		}
+		owner := ""
+		for _, c := range []struct {
+			name string
+			e    corev1.EnvVar
+		}{{"migrate", envOf(*migrate)["TENURE_DATABASE_URL"]}, {"worker", envOf(*worker)["TENURE_DATABASE_URL"]}} {
+			if c.e.ValueFrom == nil || c.e.ValueFrom.SecretKeyRef == nil {
+				continue // reported above
+			}
+			ref := c.e.ValueFrom.SecretKeyRef
+			u, err := url.Parse(secrets[ref.Name][ref.Key])
+			if err != nil || u.User == nil {
+				t.Errorf("Secret %s key %s: not a database URL with a user: %v", ref.Name, ref.Key, err)
+				continue
+			}
+			user := u.User.Username()
+			pw, _ := u.User.Password()
+			if login, ok := boot.roles[user]; !ok || !login {
+				t.Errorf("container %s logs in as %s, which the administrator's script does not create with LOGIN", c.name, user)
+			} else if v := boot.passwords[user]; vars[v] == "" || vars[v] != pw {
+				t.Errorf("container %s: the password of %s in Secret %s is not the one the administrator's script sets (psql -v %s)", c.name, user, ref.Name, v)
+			}
+			db := strings.TrimPrefix(u.Path, "/")
+			if !slices.Contains(boot.databases, db) {
+				t.Errorf("container %s: database %q is not one the administrator's script creates (%v)", c.name, db, boot.databases)
+			}
+			if c.name == "migrate" {
+				owner = user
+				if !slices.Contains(boot.creators[db], user) {
+					t.Errorf("the owner %s may not create schemas in database %s (GRANT CREATE ON DATABASE)", user, db)
+				}
+			} else if user != workerRole {
+				t.Errorf("the worker logs in as %s; the init container grants %s (--worker-role)", user, workerRole)
+			}
+		}
+		if owner == workerRole || owner == adminRole {
+			t.Errorf("the owner %s is also a role the grants are for", owner)
+		}
+	}
+
+	// Every rollout the first deploy waits for is of a Deployment it
+	// applies.
+	if len(cl.rollouts) == 0 {
+		t.Error("the first deploy does not wait for the rollout (kubectl rollout status)")
+	}
+	for _, r := range cl.rollouts {
+		if r != "deployment/"+dep.Name {
+			t.Errorf("the first deploy waits for %s; the Deployment is %s", r, dep.Name)
+		}
+	}
+
+	checkNamesTable(t, namesTable(t, doc.section), objs, cl, parseBootstrap(t, heredoc(t, doc.commands)))
 }
 
 // The checks above can fail: the evaluator names each fault the manifest
@@ -738,7 +873,7 @@ func TestComposeFile(t *testing.T) {
 		t.Fatalf("compose.yaml has %d documents", len(d))
 	}
 	services, _ := d[0]["services"].(map[string]any)
-	for _, name := range []string{"kafka", "postgres", "topic", "migrate", "worker", "cli"} {
+	for _, name := range []string{"kafka", "postgres", "topic", "migrate", "worker", "serve", "cli"} {
 		if services[name] == nil {
 			t.Errorf("no service %q", name)
 		}
@@ -830,6 +965,37 @@ func TestComposeFile(t *testing.T) {
 			}
 		}
 	}
+	// The host reaches each worker's HTTP port (/metrics) and the
+	// ownership page, on loopback only (neither has authentication). The
+	// workers' host ports are Docker's to pick: a fixed one would clash
+	// between replicas, and Compose does not spread a range over them.
+	workerPort := httpPort(t, str(get(services, "worker", "environment", "TENURE_HTTP_ADDR")))
+	if ports, _ := get(services, "worker", "ports").([]any); len(ports) != 1 {
+		t.Errorf("worker: publishes %d ports, want its HTTP port", len(ports))
+	} else if str(get(ports[0], "target")) != workerPort || str(get(ports[0], "host_ip")) != "127.0.0.1" || get(ports[0], "published") != nil {
+		t.Errorf("worker: publishes %v; want target %s on host_ip 127.0.0.1 with no fixed published port", ports[0], workerPort)
+	}
+	serveCmd := strs(get(services, "serve", "command"))
+	if len(serveCmd) < 2 || serveCmd[0] != "admin" || serveCmd[1] != "serve" || !slices.Contains(serveCmd, "--listen-any") {
+		t.Errorf("serve: command %v, want admin serve --listen-any (the page listens on every interface of its container)", serveCmd)
+	}
+	servePort := httpPort(t, str(get(services, "serve", "environment", "TENURE_HTTP_ADDR")))
+	if ports := strs(get(services, "serve", "ports")); len(ports) != 1 || ports[0] != "127.0.0.1:"+servePort+":"+servePort {
+		t.Errorf("serve: publishes %v, want 127.0.0.1:%s:%s", ports, servePort, servePort)
+	}
+	readme, err := os.ReadFile("compose/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The README's alias: -T, so that `produce --input -` reads the pipe.
+	alias := regexp.MustCompile(`alias tenure='([^']*)'`).FindSubmatch(readme)
+	if alias == nil || !strings.HasSuffix(string(alias[1]), " run --rm -T cli") {
+		t.Errorf("compose/README.md's alias %q: want docker compose ... run --rm -T cli", bytes.Join(alias, nil))
+	}
+	if !strings.Contains(string(readme), "http://127.0.0.1:"+servePort+"/") {
+		t.Errorf("compose/README.md does not give the ownership page's address, http://127.0.0.1:%s/", servePort)
+	}
+
 	// The one-shot topic step can run again (restart: on-failure, a second
 	// `up`): it must succeed when the topic exists.
 	if !strings.Contains(strings.Join(strs(get(services, "topic", "command")), " "), "--if-not-exists") {

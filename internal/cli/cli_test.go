@@ -223,6 +223,10 @@ func TestRefusedAtTheDoor(t *testing.T) {
 		{[]string{"produce", "--brokers", "h:1", "--topic", "t", "--generate", "0"}, "--generate must be at least 1"},
 		{[]string{"produce", "--brokers", "h:1", "--topic", "t", "--generate", "3", "--max-bytes", "4294967297"}, "--max-bytes must be from 1 to"},
 		{[]string{"produce", "--brokers", "h:1", "--topic", "jobs:1", "--key", "k", "--value", "v"}, `':'`},
+		{append([]string{"migrate", "down", "--grant-roles"}, db...), "--grant-roles goes with up"},
+		{[]string{"migrate", "--print-roles", "--grant-roles"}, "--print-roles prints the SQL that --grant-roles runs"},
+		{append([]string{"migrate", "--grant-roles", "--worker-role", "pg_x"}, db...), "--worker-role: a role name"},
+		{append([]string{"migrate", "--grant-roles", "--worker-role", "r", "--admin-role", "r"}, db...), "must differ"},
 	} {
 		code, stdout, stderr := runIn(t, c.args...)
 		if code != 2 || stdout != "" || !strings.Contains(stderr, c.want) {

@@ -15,12 +15,14 @@ var migrateSpec = spec{name: "migrate", args: "[up|down|status]", maxArgs: 1, va
 	long: `up (the default) applies every pending migration, down reverts the newest one, status lists them;
 down refuses while the schema holds fencing state (workers use it), saying what would be lost, unless --force;
 --print-roles prints the SQL that creates least-privilege roles for the schema (connects nowhere; --database-url is not needed);
+up --grant-roles runs that SQL after migrating, as the same (owner) role: a first deploy and every upgrade in one step;
 flags may come before or after the action.`}
 
 // migrateCmd is `tenure migrate`.
 type migrateCmd struct {
 	admin
 	force, printRoles     bool
+	grantRoles            bool
 	workerRole, adminRole string
 	action                string
 }
@@ -32,8 +34,26 @@ func (c *migrateCmd) define(f *flagSet) {
 	f.String(&c.schema, "schema", sink.DefaultSchema, "Postgres schema of tenure's tables", arg("S"))
 	f.Bool(&c.force, "force", false, "down: revert even while the schema holds fencing state, losing what the migration drops (never read from the environment)", destructive)
 	f.Bool(&c.printRoles, "print-roles", false, "print the SQL that creates a worker role (reads and writes the schema's rows, nothing else) and a read-only admin role; run it as the schema's owner after migrate up")
-	f.String(&c.workerRole, "worker-role", "tenure_worker", "--print-roles: the workers' role", arg("R"))
-	f.String(&c.adminRole, "admin-role", "tenure_admin", "--print-roles: the read-only role of the admin commands that only read", arg("R"))
+	f.Bool(&c.grantRoles, "grant-roles", false, "up: then run the --print-roles SQL as this role (the schema's owner), granting --worker-role and --admin-role their rights on the schema; it creates them (without LOGIN) only if they are missing and this role may create roles")
+	f.String(&c.workerRole, "worker-role", "tenure_worker", "--print-roles, --grant-roles: the workers' role", arg("R"))
+	f.String(&c.adminRole, "admin-role", "tenure_admin", "--print-roles, --grant-roles: the read-only role of the admin commands that only read", arg("R"))
+}
+
+// checkRoles checks the schema and the role names of --print-roles and
+// --grant-roles.
+func (c *migrateCmd) checkRoles() error {
+	if err := sink.ValidateSchema(c.schema); err != nil {
+		return err
+	}
+	for _, r := range []struct{ flag, name string }{{"worker-role", c.workerRole}, {"admin-role", c.adminRole}} {
+		if err := validRoleName(r.name); err != nil {
+			return usagef("--%s: %v", r.flag, err)
+		}
+	}
+	if c.workerRole == c.adminRole {
+		return usagef("--worker-role and --admin-role must differ")
+	}
+	return nil
 }
 
 func (c *migrateCmd) check(args []string) error {
@@ -41,18 +61,10 @@ func (c *migrateCmd) check(args []string) error {
 		if len(args) > 0 {
 			return usagef("--print-roles takes no action (%s)", args[0])
 		}
-		if err := sink.ValidateSchema(c.schema); err != nil {
-			return err
+		if c.grantRoles {
+			return usagef("--print-roles prints the SQL that --grant-roles runs: give one of them")
 		}
-		for _, r := range []struct{ flag, name string }{{"worker-role", c.workerRole}, {"admin-role", c.adminRole}} {
-			if err := validRoleName(r.name); err != nil {
-				return usagef("--%s: %v", r.flag, err)
-			}
-		}
-		if c.workerRole == c.adminRole {
-			return usagef("--worker-role and --admin-role must differ")
-		}
-		return nil
+		return c.checkRoles()
 	}
 	c.action = "up"
 	if len(args) == 1 {
@@ -63,6 +75,14 @@ func (c *migrateCmd) check(args []string) error {
 	}
 	if c.force && c.action != "down" {
 		return usagef("--force goes with down")
+	}
+	if c.grantRoles {
+		if c.action != "up" {
+			return usagef("--grant-roles goes with up")
+		}
+		if err := c.checkRoles(); err != nil {
+			return err
+		}
 	}
 	if strings.TrimSpace(c.dbURL) == "" {
 		return usagef("--database-url is required (or set %s)", envName("database-url"))
@@ -98,6 +118,9 @@ func (c *migrateCmd) run(ctx context.Context) error {
 		}
 		for _, v := range applied {
 			fmt.Fprintf(c.stdout, "applied migration %03d to schema %s\n", v, c.schema)
+		}
+		if c.grantRoles {
+			return c.grant(ctx, pool)
 		}
 	case "down":
 		v, err := sink.MigrateDown(ctx, pool, c.schema, sink.MigrateDownOptions{Force: c.force})
