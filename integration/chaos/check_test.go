@@ -284,7 +284,13 @@ func (c *runCheck) checkJobs() {
 	}
 	dls := c.w.deadLetters(c.ctx)
 	c.acked, c.failed = c.w.prod.snapshot()
-	c.deleted = c.w.checkDeleted(c.acked, c.dels, c.reappeared, c.writes, c.dead, c.h.Log)
+	cuts := map[int32]int64{}
+	for _, x := range c.h.Cuts {
+		if x.Topic == topicName {
+			cuts[x.Partition.Partition] = x.NextOffset
+		}
+	}
+	c.deleted = c.w.checkDeleted(c.acked, c.dels, c.reappeared, c.writes, c.dead, c.h.Log, cuts)
 	for _, v := range c.deleted.violations {
 		c.violate("deleted jobs: %s", v)
 	}

@@ -13,9 +13,9 @@ package chaos
 // read from the worker command line the harness builds (boundOf): the
 // coordinator notices a member gone after a session timeout; the claim of
 // the partition's new assignment is bounded by the claim timeout (past it
-// the member abandons its session and rejoins: a claim that never
-// succeeds is the wedge this bound is there to catch, not a reason to wait
-// longer); and the margin is a rebalance timeout (kfake waits that long for
+// the partition is held as stalled and its lane claims again by itself: a
+// claim that never succeeds is the wedge this bound is there to catch, not
+// a reason to wait longer); and the margin is a rebalance timeout (kfake waits that long for
 // a member that died in the middle of a rebalance) plus the longest retry
 // backoff of a lane (consumer.Config.RetryBackoffMax, 5s: a lane retrying
 // a database error waits up to that between attempts). With the run's
