@@ -1,7 +1,10 @@
 package sink
 
 import (
+	"context"
+	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -37,6 +40,9 @@ const (
 // connect timeout (connect_timeout in the URL, or ConnectTimeout). Call it
 // on the pool's ConnConfig before the pool opens connections; `tenure`
 // does it for every command.
+//
+// It also asks the server for the same bounds on its side of each session
+// (serverTimeouts), after cfg's own AfterConnect if it has one.
 func SetNetworkTimeouts(cfg *pgconn.Config) {
 	d := &net.Dialer{
 		Timeout: cfg.ConnectTimeout,
@@ -46,4 +52,52 @@ func SetNetworkTimeouts(cfg *pgconn.Config) {
 		Control: setUserTimeout(TCPUserTimeout),
 	}
 	cfg.DialFunc = d.DialContext
+	set := serverTimeouts(cfg.RuntimeParams)
+	if set == "" {
+		return
+	}
+	after := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, conn *pgconn.PgConn) error {
+		if after != nil {
+			if err := after(ctx, conn); err != nil {
+				return err
+			}
+		}
+		if err := conn.Exec(ctx, set).Close(); err != nil {
+			return fmt.Errorf("setting the session's TCP keepalives: %w", err)
+		}
+		return nil
+	}
+}
+
+// serverTimeouts is the statement that gives the server's side of a session
+// the bounds above. The server has the same problem in reverse: a worker
+// that vanished, or that gave a connection up while its packets were
+// dropped (its reset dropped with them), leaves a session the server
+// believes alive. An idle session has nothing to send, so only a keepalive
+// finds out, and the server's default (tcp_keepalives_idle 0: the OS's two
+// hours) kept such sessions that long after the network healed: idle, no
+// transaction, no locks, but each a backend and a connection slot, and a
+// worker leaves one per pooled connection at every cut, until
+// max_connections refuses everyone. These are per-session settings any
+// role may SET (PostgreSQL 12 or later, as tenure needs anyway); on a Unix
+// socket the server ignores them, and through PgBouncer they apply to the
+// pooler's server connections, which is harmless. A setting the database
+// URL names itself (a startup parameter) is left alone.
+func serverTimeouts(params map[string]string) string {
+	var set []string
+	for _, p := range []struct {
+		name  string
+		value int64 // in the setting's unit: seconds, a count, milliseconds
+	}{
+		{"tcp_keepalives_idle", int64(KeepAliveIdle / time.Second)},
+		{"tcp_keepalives_interval", int64(KeepAliveInterval / time.Second)},
+		{"tcp_keepalives_count", KeepAliveCount},
+		{"tcp_user_timeout", TCPUserTimeout.Milliseconds()},
+	} {
+		if _, ok := params[p.name]; !ok {
+			set = append(set, fmt.Sprintf("SET %s = %d", p.name, p.value))
+		}
+	}
+	return strings.Join(set, "; ")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,5 +59,65 @@ func TestSetNetworkTimeouts(t *testing.T) {
 	}
 	if user != int(sink.TCPUserTimeout.Milliseconds()) || keep != 1 || idle != int(sink.KeepAliveIdle.Seconds()) {
 		t.Errorf("TCP_USER_TIMEOUT %dms, SO_KEEPALIVE %d, TCP_KEEPIDLE %ds; want %s, 1, %s", user, keep, idle, sink.TCPUserTimeout, sink.KeepAliveIdle)
+	}
+}
+
+// The server's side of each session gets the same bounds (a worker that
+// vanished leaves sessions the server would otherwise keep for its default
+// two hours of keepalive idle), except a setting the URL names itself.
+func TestSetNetworkTimeoutsOnTheServer(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, param string
+		want        map[string]string // pg_settings.setting, in the setting's unit
+	}{
+		{"defaults", "", map[string]string{"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3", "tcp_user_timeout": "10000"}},
+		{"the URL's own", "tcp_keepalives_idle=7", map[string]string{"tcp_keepalives_idle": "7", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3", "tcp_user_timeout": "10000"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			url := testdb.URL()
+			if c.param != "" {
+				sep := "?"
+				if strings.Contains(url, "?") {
+					sep = "&"
+				}
+				url += sep + c.param
+			}
+			cfg, err := pgx.ParseConfig(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sink.SetNetworkTimeouts(&cfg.Config)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if _, ok := conn.PgConn().Conn().(*net.TCPConn); !ok {
+				t.Skipf("the test database is not reached over TCP (%T): the server ignores these", conn.PgConn().Conn())
+			}
+			got := map[string]string{}
+			rows, err := conn.Query(ctx, `SELECT name, setting FROM pg_settings WHERE name LIKE 'tcp_%'`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var name, setting string
+				if err := rows.Scan(&name, &setting); err != nil {
+					t.Fatal(err)
+				}
+				got[name] = setting
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			for name, want := range c.want {
+				if got[name] != want {
+					t.Errorf("%s = %q on the server, want %q", name, got[name], want)
+				}
+			}
+		})
 	}
 }

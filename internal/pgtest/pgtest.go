@@ -28,11 +28,12 @@ import (
 
 // Cluster is one throwaway PostgreSQL server.
 type Cluster struct {
-	Dir  string // data directory (also the socket directory)
-	Port int
-	bin  string
-	asPG bool // run binaries as the postgres OS user
-	root string
+	Dir   string // data directory (also the socket directory)
+	Port  int
+	bin   string
+	asPG  bool   // run binaries as the postgres OS user
+	netns string // the network namespace the server runs in (NewIn), or ""
+	root  string
 }
 
 // BinDir finds the newest PostgreSQL server binaries on the machine.
@@ -56,7 +57,14 @@ func version(dir string) int {
 }
 
 // New creates and starts a cluster under a new temp dir. Close removes it.
-func New(ctx context.Context) (*Cluster, error) {
+func New(ctx context.Context) (*Cluster, error) { return NewIn(ctx, "") }
+
+// NewIn is New with the server running inside the network namespace netns
+// (`ip netns`; "" for none): it listens on that namespace's 127.0.0.1, so
+// TCP clients must connect from inside it (where a fault can drop their
+// packets, and the server sees exactly what a real one would), while the
+// Unix socket (SocketURL) reaches it from anywhere.
+func NewIn(ctx context.Context, netns string) (*Cluster, error) {
 	bin, err := BinDir()
 	if err != nil {
 		return nil, err
@@ -65,7 +73,7 @@ func New(ctx context.Context) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Dir: filepath.Join(root, "data"), bin: bin, root: root, asPG: os.Geteuid() == 0}
+	c := &Cluster{Dir: filepath.Join(root, "data"), bin: bin, root: root, asPG: os.Geteuid() == 0, netns: netns}
 	if c.asPG {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -126,6 +134,12 @@ func Start(t testing.TB) *Cluster {
 // URL is the cluster's connection URL (trust auth, user postgres).
 func (c *Cluster) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
+}
+
+// SocketURL is the connection URL through the cluster's Unix socket, which
+// works from any network namespace.
+func (c *Cluster) SocketURL() string {
+	return fmt.Sprintf("postgres://postgres@/postgres?host=%s&port=%d&sslmode=disable", c.Dir, c.Port)
 }
 
 // WriteFile writes a file into the data directory, readable only by the
@@ -216,7 +230,11 @@ func (c *Cluster) Close() error {
 func (c *Cluster) waitReady(ctx context.Context) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		conn, err := pgx.Connect(ctx, c.URL())
+		url := c.URL()
+		if c.netns != "" {
+			url = c.SocketURL()
+		}
+		conn, err := pgx.Connect(ctx, url)
 		if err == nil {
 			conn.Close(ctx)
 			return nil
@@ -229,13 +247,14 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 }
 
 func (c *Cluster) run(ctx context.Context, name string, args ...string) (string, error) {
-	path := filepath.Join(c.bin, name)
-	var cmd *exec.Cmd
+	argv := append([]string{filepath.Join(c.bin, name)}, args...)
 	if c.asPG {
-		cmd = exec.CommandContext(ctx, "runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
-	} else {
-		cmd = exec.CommandContext(ctx, path, args...)
+		argv = append([]string{"runuser", "-u", "postgres", "--"}, argv...)
 	}
+	if c.netns != "" {
+		argv = append([]string{"ip", "netns", "exec", c.netns}, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = os.TempDir()
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
