@@ -67,7 +67,7 @@ type lane struct {
 	logEpoch    int64 // the partition's log epoch at the claim (sink.Claimed.LogEpoch)
 	next        int64 // the stored next offset as this lane knows it
 	log         *zap.Logger
-	baseLog     *zap.Logger // log without the token
+	baseLog     *zap.Logger // log without the token; never replaced, so other goroutines may use it
 
 	topicID    [16]byte     // the topic's id when the partition was assigned (zero: unknown)
 	blocked    bool         // claimed, then waiting for a partition count acknowledgement

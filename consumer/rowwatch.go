@@ -87,7 +87,9 @@ func (l *lane) nudge(row sink.Fence) {
 	if l.rowMoved.Swap(true) {
 		return
 	}
-	l.log.Info("the partition's fencing row changed under the lane: claiming it again",
+	// baseLog, not log: nudge runs on the row watch's goroutine, and the
+	// lane's own goroutine replaces l.log (with the new token) as it claims.
+	l.baseLog.Info("the partition's fencing row changed under the lane: claiming it again",
 		zap.Int64("row_claim_id", row.ClaimID), zap.Int64("row_log_epoch", row.LogEpoch), zap.Int64("row_next_offset", row.NextOffset))
 	l.wakeUp()
 }
