@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/partition"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -236,7 +237,7 @@ func (c *holdAcknowledge) run(ctx context.Context) error {
 	}
 	p := sink.Partition{Group: c.group, Topic: c.topic, Partition: int32(c.partition)}
 	noHold := fmt.Errorf("partition %s has no hold that waits for an acknowledgement in schema %s; nothing was changed", printableString(p.String()), c.schema)
-	open, held, err := store.OpenHoldNeedingAck(ctx, p)
+	open, held, err := fence.Of(store).OpenHoldNeedingAck(ctx, p)
 	if err != nil {
 		return c.dbError("reading the holds", err)
 	}
@@ -264,7 +265,7 @@ func (c *holdAcknowledge) run(ctx context.Context) error {
 		extra = fmt.Sprintf("; the batch from offset %d runs again: whatever the handler committed itself for %s stays", h.From, printableString(h.FirstJob))
 	}
 	goOn := "workers holding it go on within seconds"
-	if next, still, err := store.OpenHoldNeedingAck(ctx, p); err == nil && still {
+	if next, still, err := fence.Of(store).OpenHoldNeedingAck(ctx, p); err == nil && still {
 		// Holds of different kinds wait for one acknowledgement each.
 		goOn = fmt.Sprintf("the partition is still held: a %s hold (since %s) waits for its own acknowledgement; run this command again once you have looked at it (tenure admin holds)",
 			next.Kind, next.Since.UTC().Format(time.RFC3339))

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -106,7 +107,7 @@ type History struct {
 	// StrictDecisions are the recorded decisions on strict lanes' prepared
 	// batches, and Prepared the GIDs still prepared (undecided) when the
 	// history was loaded (CheckStrict).
-	StrictDecisions []sink.StrictDecision
+	StrictDecisions []fence.StrictDecision
 	Prepared        []string
 }
 
@@ -118,7 +119,7 @@ type History struct {
 // (G3: a claim fences everyone else at once, and only a claim sets a token).
 // A fencing row with no history at all is reported too.
 //
-// A partition whose log was pruned (cuts, sink.Store.PruneFenceLog) is
+// A partition whose log was pruned (cuts, fence.Store.PruneFenceLog) is
 // checked from the cut: the only entry at or below it is the claim that held
 // the partition then (it sets the holder, not the offset), the entries after
 // it resume at the cut's next offset, and no token after the cut may be below
@@ -465,7 +466,7 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 	}
 	q := pgx.Identifier{schema}.Sanitize()
 	h := &History{}
-	store, err := sink.NewStore(pool, schema)
+	store, err := fence.NewStore(pool, schema) // the protocol's reads too (cuts, strict decisions)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package sink
+package fence
 
 import (
 	"context"
@@ -39,7 +39,7 @@ func (s *Store) SetPooled(pooled bool) { s.pooled = pooled }
 func (s *Store) Pooled() bool { return s.pooled }
 
 // NewStore returns a Store for schema ("" means DefaultSchema). It does not
-// touch the database; see Migrate and CheckSchema.
+// touch the database; see sink.Migrate and sink.CheckSchema.
 func NewStore(pool *pgxpool.Pool, schema string) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("sink: a pgx pool is required")
@@ -651,4 +651,16 @@ func ReadPartitionLog(ctx context.Context, q Querier, schema string, p Partition
 		out.TopicID = id.Bytes
 	}
 	return out, nil
+}
+
+// CommitTracked is Commit that also returns the transaction's id, and
+// Resolve decides the outcome of a commit by that id: the steps CommitBatch
+// and ResolveSession take inside, exported for the protocol's tests.
+func (s *Store) CommitTracked(ctx context.Context, tx pgx.Tx, req CommitRequest) (int64, error) {
+	return s.commitTracked(ctx, tx, req)
+}
+
+// Resolve: see CommitTracked.
+func (s *Store) Resolve(ctx context.Context, req CommitRequest, xid int64) (Outcome, error) {
+	return s.resolve(ctx, req, xid)
 }
