@@ -1,6 +1,8 @@
-// Package fence is the worker's protocol on Postgres: the fencing state and
-// every statement on tenure's tables, the claims and fenced commits that
-// guard them, and the steps package consumer takes around them (Register,
+// Package fence is the worker's protocol on Postgres: the fencing state,
+// every statement on its tables (the fences, the fence log, holds, layouts,
+// dead letters, incarnations, heartbeats, strict decisions), the claims and
+// fenced commits that guard it, and the steps package consumer takes around
+// them (Register,
 // BumpIncarnation, CommitBatch, ResolveSession, EndStaleBlockers,
 // HoldPartition, ClearStall, CheckLayout, AddDeadLetter, PruneFenceLog,
 // Heartbeat, the strict mode's prepared batches, ...).
