@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -326,7 +327,7 @@ func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Con
 	// The claim id in application_name lets a newer owner that waits on
 	// this transaction's row locks recognise it as an older claimant's
 	// (sink.Store.EndStaleBlockers), and lets Resolve find the session.
-	appName := sink.ApplicationName(l.claimID)
+	appName := fence.ApplicationName(l.claimID)
 	opts.BeginQuery += "; SET LOCAL tenure.tx = '" + marker + "'; SET LOCAL application_name = '" + appName + "'"
 	// A slot first (laneConns), then a connection.
 	slots := l.c.txSlots()
@@ -348,7 +349,7 @@ func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Con
 	if err != nil {
 		return infraError{fmt.Errorf("begin: %w", err)}
 	}
-	sess := sink.Session{PID: conn.Conn().PgConn().PID(), AppName: appName}
+	sess := fence.Session{PID: conn.Conn().PgConn().PID(), AppName: appName}
 	done := false
 	defer func() {
 		if !done {
@@ -412,7 +413,7 @@ func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Con
 	return l.resolve(req, sess, err)
 }
 
-func (l *lane) resolve(req sink.CommitRequest, sess sink.Session, commitErr error) error {
+func (l *lane) resolve(req sink.CommitRequest, sess fence.Session, commitErr error) error {
 	// Ask until the database answers or the lane is stopped: giving up
 	// would leave the lane not knowing its own next offset. A stopped lane
 	// may leave it unknown, because the next claim of the partition reads
@@ -426,7 +427,7 @@ func (l *lane) resolve(req sink.CommitRequest, sess sink.Session, commitErr erro
 		case <-ctx.Done():
 		}
 	}()
-	var out sink.Outcome
+	var out fence.Outcome
 	err := l.c.retry(ctx, "resolving a commit of unknown outcome", l.log, func() error {
 		var err error
 		out, err = l.c.store.ResolveSession(ctx, req, sess)
@@ -440,9 +441,9 @@ func (l *lane) resolve(req sink.CommitRequest, sess sink.Session, commitErr erro
 	l.log.Warn("commit outcome was unknown; resolved from the fencing row",
 		zap.Int64("from", req.From), zap.Int64("to", req.To), zap.Stringer("outcome", out), zap.NamedError("commit_error", commitErr))
 	switch out {
-	case sink.Committed:
+	case fence.Committed:
 		return nil
-	case sink.NotCommitted:
+	case fence.NotCommitted:
 		return infraError{fmt.Errorf("commit: %w", commitErr)}
 	}
 	return err

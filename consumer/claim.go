@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -566,7 +567,7 @@ func (c *Consumer) bump(ctx context.Context, l *lane, r *round, v int32, tie boo
 // coordinator's confirmation.
 type round struct {
 	epoch int32 // the epoch registered, to claim with
-	reg   sink.Registration
+	reg   fence.Registration
 	grant *grant
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -32,7 +33,7 @@ import (
 type Consumer struct {
 	cfg   Config
 	log   *zap.Logger
-	store *sink.Store
+	store *fence.Store // the protocol behind cfg.Store (fence.Of)
 
 	opts []kgo.Opt
 	// cl is set by Run, and by the first group callback: kgo starts joining
@@ -103,7 +104,7 @@ func New(cfg Config) (*Consumer, error) {
 	c := &Consumer{
 		cfg:     cfg,
 		log:     cfg.Logger.With(zap.String("group", cfg.Group)),
-		store:   cfg.Store,
+		store:   fence.Of(cfg.Store),
 		lanes:   map[tp]*lane{},
 		running: make(chan struct{}),
 	}

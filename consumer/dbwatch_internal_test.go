@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -91,7 +92,7 @@ func probeConsumer(t *testing.T, url string) *Consumer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Consumer{store: store, log: zap.NewNop(), cfg: Config{DatabaseTimeout: 3 * time.Second}}
+	return &Consumer{store: fence.Of(store), log: zap.NewNop(), cfg: Config{DatabaseTimeout: 3 * time.Second}}
 }
 
 // refusingServer answers every connection's startup message with a FATAL

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -285,7 +284,7 @@ func Describe(ctx context.Context, cl *kgo.Client, store *sink.Store, group stri
 	workers, now, err := store.Workers(ctx, group)
 	if sink.IsMissingTables(err) {
 		// A schema before migration 016: no heartbeats to read.
-		err = store.Pool().QueryRow(ctx, `SELECT now()`).Scan(&now)
+		now, err = store.Now(ctx)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the heartbeats of group %q: %w", group, err)
@@ -375,19 +374,15 @@ func applyHolds(rows []Assignment, holds []sink.Hold, now time.Time) []Assignmen
 // recordedCounts reads the partition count the group recorded for each
 // topic it consumed (the layout check's record).
 func recordedCounts(ctx context.Context, store *sink.Store, group string) (map[string]int32, error) {
-	rows, err := store.Pool().Query(ctx, `SELECT topic, partition_count FROM `+pgx.Identifier{store.Schema()}.Sanitize()+
-		`.topic_layouts WHERE consumer_group = $1`, group)
+	layouts, err := store.Layouts(ctx, group)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]int32{}
-	var topic string
-	var n int32
-	_, err = pgx.ForEachRow(rows, []any{&topic, &n}, func() error {
-		out[topic] = n
-		return nil
-	})
-	return out, err
+	for _, l := range layouts {
+		out[l.Topic] = l.Partitions
+	}
+	return out, nil
 }
 
 // groupView is the coordinator's view of a group.

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -57,7 +58,7 @@ func TestWorkerPrunesTheFenceLogOfItsPartitions(t *testing.T) {
 	if st := c.Stats(); st.FenceLogPruned < 60-12 {
 		t.Errorf("%d entries pruned, want at least %d", st.FenceLogPruned, 60-12)
 	}
-	cuts, err := b.store.FenceLogCuts(ctx, b.group)
+	cuts, err := fence.Of(b.store).FenceLogCuts(ctx, b.group)
 	if err != nil || len(cuts) != 2 {
 		t.Fatalf("cuts %+v, %v", cuts, err)
 	}

@@ -130,7 +130,7 @@ func (c *Consumer) watchGroup(ctx context.Context, cl *kgo.Client) {
 		case <-t.C:
 		}
 		dctx, cancel := context.WithTimeout(ctx, groupWatchEvery)
-		rows, err := Describe(dctx, cl, c.store, c.cfg.Group, c.cfg.Topics)
+		rows, err := Describe(dctx, cl, c.cfg.Store, c.cfg.Group, c.cfg.Topics)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -95,7 +96,7 @@ func testHandlerEndsItsTransaction(t *testing.T, stmt string) {
 		!strings.Contains(logged[0].Message, "tenure admin holds acknowledge --group "+b.group+" --topic "+b.topic+" --partition 0") {
 		t.Errorf("the halt was not logged as an error naming job %s/0/5 and the command that resumes it: %v", b.topic, logged)
 	}
-	halt, halted, err := b.store.OpenHoldNeedingAck(ctx, key)
+	halt, halted, err := fence.Of(b.store).OpenHoldNeedingAck(ctx, key)
 	if err != nil || !halted || halt.Kind != sink.HoldHandlerBug || halt.FirstJob != b.topic+"/0/5" || halt.From != 5 || halt.To != 6 || halt.Token.Epoch <= 0 {
 		t.Fatalf("halt recorded: %+v %v %v", halt, halted, err)
 	}

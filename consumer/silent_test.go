@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -314,7 +315,7 @@ func TestNoDivergenceAfterAnAheadOfLogAcknowledgement(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As a worker records it when it finds the log ending at 36.
-	if err := b.store.HoldPartition(ctx, sink.Hold{Partition: key, Kind: sink.HoldAheadOfLog, Reason: "the log ends at 36", Owner: f.Owner,
+	if err := fence.Of(b.store).HoldPartition(ctx, sink.Hold{Partition: key, Kind: sink.HoldAheadOfLog, Reason: "the log ends at 36", Owner: f.Owner,
 		Token: f.Token, NextOffset: 40, LogStart: 0, HighWatermark: 36, From: -1, To: -1, AckedOffset: -1}); err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -86,8 +87,8 @@ func (e *StrictRolledBackError) Is(target error) bool { return target == sink.Er
 var errStrictLeftPrepared = errors.New("strict batch left prepared: the coordinator's answer is unknown; the next claim of the partition resolves it")
 
 // strictBatch names b as prepared by this lane.
-func (l *lane) strictBatch(b *Batch) sink.StrictBatch {
-	return sink.StrictBatch{Partition: l.key, Token: l.token, ClaimID: l.claimID, From: b.From, To: b.To}
+func (l *lane) strictBatch(b *Batch) fence.StrictBatch {
+	return fence.StrictBatch{Partition: l.key, Token: l.token, ClaimID: l.claimID, From: b.From, To: b.To}
 }
 
 // strictCommit is commitTx's end for a strict lane: the fence statement and
@@ -95,8 +96,8 @@ func (l *lane) strictBatch(b *Batch) sink.StrictBatch {
 // decision (strictDecide). done tells commitTx the transaction is no longer
 // its to roll back.
 func (l *lane) strictCommit(cctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, done *bool, req sink.CommitRequest, marker string,
-	sess sink.Session, b *Batch) error {
-	gid := sink.GID(l.c.store.Schema(), l.strictBatch(b))
+	sess fence.Session, b *Batch) error {
+	gid := fence.GID(l.c.store.Schema(), l.strictBatch(b))
 	err := l.c.store.PrepareBatch(cctx, tx, req, marker, gid)
 	var pgErr *pgconn.PgError
 	switch {
@@ -116,9 +117,9 @@ func (l *lane) strictCommit(cctx context.Context, conn *pgxpool.Conn, tx pgx.Tx,
 		switch {
 		case rerr != nil:
 			return rerr
-		case out == sink.PreparedThenCommitted:
+		case out == fence.PreparedThenCommitted:
 			return nil
-		case out == sink.NotPrepared:
+		case out == fence.NotPrepared:
 			// Never prepared (or rolled back by a claim since): the row
 			// says whether to retry or recover, as after a lost COMMIT.
 			return l.resolve(req, sess, err)
@@ -130,10 +131,10 @@ func (l *lane) strictCommit(cctx context.Context, conn *pgxpool.Conn, tx pgx.Tx,
 
 // resolvePrepare learns what became of a PREPARE whose answer was lost,
 // asking until the database answers or the lane is stopped.
-func (l *lane) resolvePrepare(sess sink.Session, gid string) (sink.PrepareOutcome, error) {
+func (l *lane) resolvePrepare(sess fence.Session, gid string) (fence.PrepareOutcome, error) {
 	ctx, cancel := l.quitContext()
 	defer cancel()
-	var out sink.PrepareOutcome
+	var out fence.PrepareOutcome
 	err := l.c.retry(ctx, "resolving a PREPARE TRANSACTION of unknown outcome", l.log, func() (err error) {
 		out, err = l.c.store.ResolvePrepare(ctx, sess, gid)
 		return err
@@ -339,7 +340,7 @@ func (l *lane) sendStrictCommit(member string, gen int32, meta string, to int64)
 // decideByRecord decides gid by the group's committed offset, read after a
 // rejection of its offset commit (strictDecide): commit iff it names gid
 // and is the batch's end.
-func (l *lane) decideByRecord(sb sink.StrictBatch, gid, why string) error {
+func (l *lane) decideByRecord(sb fence.StrictBatch, gid, why string) error {
 	ctx, cancel := l.recordContext()
 	defer cancel()
 	var off int64
@@ -388,7 +389,7 @@ func (l *lane) recordContext() (context.Context, context.CancelFunc) {
 // if it committed, a *StrictRolledBackError if not. A batch that is no
 // longer prepared was decided by a later claim first; the fence log says
 // which way, and the lane goes on as after a COMMIT of unknown outcome.
-func (l *lane) decideStrict(sb sink.StrictBatch, gid string, commit bool, evidence string) error {
+func (l *lane) decideStrict(sb fence.StrictBatch, gid string, commit bool, evidence string) error {
 	ctx := context.Background()
 	var ferr error
 	for attempt := 1; ; attempt++ {
@@ -421,7 +422,7 @@ func (l *lane) decideStrict(sb sink.StrictBatch, gid string, commit bool, eviden
 		// A lane's own commit is recorded by its fence log entry (and costs
 		// no round trip more); a rollback leaves nothing else behind.
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if err := l.c.store.RecordStrictDecision(rctx, sink.StrictDecision{GID: gid, Batch: sb, Owner: l.owner, Committed: commit,
+		if err := l.c.store.RecordStrictDecision(rctx, fence.StrictDecision{GID: gid, Batch: sb, Owner: l.owner, Committed: commit,
 			Decider: l.owner, DeciderClaimID: l.claimID, Evidence: evidence}); err != nil {
 			l.log.Debug("recording a strict decision failed", zap.String("gid", gid), zap.Error(err))
 		}
@@ -519,7 +520,7 @@ func (c *Consumer) resolvePrepared(ctx context.Context, cl *kgo.Client, l *lane,
 		case err != nil:
 			return err
 		default:
-			if rerr := c.store.RecordStrictDecision(ctx, sink.StrictDecision{GID: gid, Batch: b, Owner: "", Committed: commit, ByResolver: true,
+			if rerr := c.store.RecordStrictDecision(ctx, fence.StrictDecision{GID: gid, Batch: b, Owner: "", Committed: commit, ByResolver: true,
 				Decider: l.owner, DeciderClaimID: l.claimID, Evidence: evidence}); rerr != nil {
 				l.log.Debug("recording a strict decision failed", zap.String("gid", gid), zap.Error(rerr))
 			}

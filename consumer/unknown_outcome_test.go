@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/internal/pgproxy"
 	"github.com/tenure-dev/tenure/internal/testdb"
 	"github.com/tenure-dev/tenure/sink"
@@ -33,10 +34,10 @@ func TestUnknownCommitOutcomeIsResolvedFromTheFence(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		cut  pgproxy.Cut
-		want sink.Outcome
+		want fence.Outcome
 	}{
-		{"committed", pgproxy.AfterCommit, sink.Committed},
-		{"not committed", pgproxy.BeforeCommit, sink.NotCommitted},
+		{"committed", pgproxy.AfterCommit, fence.Committed},
+		{"not committed", pgproxy.BeforeCommit, fence.NotCommitted},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -45,7 +46,7 @@ func TestUnknownCommitOutcomeIsResolvedFromTheFence(t *testing.T) {
 	}
 }
 
-func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want sink.Outcome) {
+func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want fence.Outcome) {
 	const jobs = 300
 	b := setup(t, 3)
 	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%41) })

@@ -95,6 +95,10 @@ func GC(ctx context.Context, pool *pgxpool.Pool, schema string, store ObjectStor
 		opts.StagingAge = time.Minute
 	}
 	q := pgx.Identifier{schema}.Sanitize()
+	fenceStore, err := sink.NewStore(pool, schema)
+	if err != nil {
+		return rep, err
+	}
 
 	// 1. The fencing rows.
 	type fenceKey struct {
@@ -109,22 +113,14 @@ func GC(ctx context.Context, pool *pgxpool.Pool, schema string, store ObjectStor
 	readFences := func() (map[fenceKey]fenceState, map[string]bool, error) {
 		fences := map[fenceKey]fenceState{}
 		scopes := map[string]bool{}
-		rows, err := pool.Query(ctx, `SELECT consumer_group, topic, partition, incarnation, epoch, next_offset, log_epoch FROM `+q+`.fences`)
+		rows, err := fenceStore.List(ctx, "")
 		if err != nil {
-			return nil, nil, err
-		}
-		var (
-			group, topic string
-			part         int32
-			st           fenceState
-		)
-		if _, err := pgx.ForEachRow(rows, []any{&group, &topic, &part, &st.token.Incarnation, &st.token.Epoch, &st.next, &st.logEpoch}, func() error {
-			sc := Scope(schema, group)
-			scopes[sc] = true
-			fences[fenceKey{sc, topic, part}] = st
-			return nil
-		}); err != nil {
 			return nil, nil, fmt.Errorf("export gc: reading the fencing rows: %w", err)
+		}
+		for _, f := range rows {
+			sc := Scope(schema, f.Group)
+			scopes[sc] = true
+			fences[fenceKey{sc, f.Topic, f.Partition.Partition}] = fenceState{token: f.Token, next: f.NextOffset, logEpoch: f.LogEpoch}
 		}
 		return fences, scopes, nil
 	}

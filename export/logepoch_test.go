@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -25,7 +26,7 @@ func (b *bundle) holdAndAcknowledge(t *testing.T, tok sink.Token, owner string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.store.HoldPartition(ctx, sink.Hold{Partition: p, Kind: sink.HoldAheadOfLog, Reason: "the log lost records", Owner: owner,
+	if err := fence.Of(b.store).HoldPartition(ctx, sink.Hold{Partition: p, Kind: sink.HoldAheadOfLog, Reason: "the log lost records", Owner: owner,
 		Token: tok, NextOffset: f.NextOffset, LogStart: 0, HighWatermark: end, From: -1, To: -1, AckedOffset: -1}); err != nil {
 		t.Fatal(err)
 	}

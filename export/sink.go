@@ -125,19 +125,18 @@ func ValueDocument(_ context.Context, job Job) (Document, error) {
 // Within one log, a later log epoch is later whatever its offsets (an
 // operator's acknowledgement of a log that lost records starts one, and the
 // new jobs sit at reused, lower offsets); within one log epoch, a higher
-// offset is later. The log id and epoch are read from the partition's
-// fencing row in the batch's transaction, whose fence checks that the
-// lane's log epoch is still the row's, so only the current epoch commits.
+// offset is later. The log id and epoch ($13, $14) are read from the
+// partition's fencing row in the batch's transaction (sink.ReadPartitionLog),
+// whose fence checks that the lane's log epoch is still the row's, so only
+// the current epoch commits.
 func publishSQL(q string) string {
-	return `WITH f AS (
-	SELECT topic_id, log_epoch FROM ` + q + `.fences WHERE consumer_group = $7 AND topic = $8 AND partition = $9
-), j AS (
+	return `WITH j AS (
 	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bytea[])
 		AS j(export_key, job_offset, object, size, sha256)
 ), up AS (
 	INSERT INTO ` + q + `.export_pointers AS p
 		(export_key, store, object, consumer_group, topic, partition, log_id, log_epoch, job_offset, incarnation, epoch, size, sha256, worker, version)
-	SELECT j.export_key, $6, j.object, $7, $8, $9, (SELECT topic_id FROM f), (SELECT log_epoch FROM f),
+	SELECT j.export_key, $6, j.object, $7, $8, $9, $13::uuid, $14::bigint,
 		j.job_offset, $10, $11, j.size, j.sha256, $12, 1
 	FROM j WHERE j.object IS NOT NULL
 	ON CONFLICT (export_key) DO UPDATE SET
@@ -229,8 +228,16 @@ func (h *Handler) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch)
 			objs[i], sizes[i], sums[i] = &obj, &size, s.sum[:]
 		}
 	}
-	_, err := tx.Exec(ctx, h.sql, keys, offs, objs, sizes, sums, h.cfg.Store.String(),
-		b.Group, b.Topic, b.Partition, b.Token.Incarnation, b.Token.Epoch, h.cfg.Worker)
+	log, err := sink.ReadPartitionLog(ctx, tx, h.cfg.Schema, sink.Partition{Group: b.Group, Topic: b.Topic, Partition: b.Partition})
+	if err != nil {
+		return err
+	}
+	var logID *[16]byte // NULL: a log whose id the claims never saw
+	if log.TopicID != ([16]byte{}) {
+		logID = &log.TopicID
+	}
+	_, err = tx.Exec(ctx, h.sql, keys, offs, objs, sizes, sums, h.cfg.Store.String(),
+		b.Group, b.Topic, b.Partition, b.Token.Incarnation, b.Token.Epoch, h.cfg.Worker, logID, log.LogEpoch)
 	return err
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	protocol "github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -26,7 +27,7 @@ func TestCLIHolds(t *testing.T) {
 		VALUES ($1, $2, 0, 0, 3, 'tenure-w-1', 5, 1)`, e.group, e.topic); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.HoldPartition(ctx, sink.Hold{Partition: p, Kind: sink.HoldHandlerBug, From: 5, To: 7, FirstJob: e.topic + "/0/5", LastJob: e.topic + "/0/6",
+	if err := protocol.Of(store).HoldPartition(ctx, sink.Hold{Partition: p, Kind: sink.HoldHandlerBug, From: 5, To: 7, FirstJob: e.topic + "/0/5", LastJob: e.topic + "/0/6",
 		Reason: "handler bug", Owner: "tenure-w-1", Token: sink.Token{Epoch: 3}, NextOffset: 5, LogStart: -1, HighWatermark: -1}); err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestCLIHolds(t *testing.T) {
 		!strings.Contains(r.stdout, "processing goes on at offset 5") || !strings.Contains(r.stdout, "by ops@example") {
 		t.Fatalf("admin holds acknowledge: %s", r)
 	}
-	if _, held, err := store.OpenHoldNeedingAck(ctx, p); held || err != nil {
+	if _, held, err := protocol.Of(store).OpenHoldNeedingAck(ctx, p); held || err != nil {
 		t.Fatalf("still held after the acknowledgement: %v %v", held, err)
 	}
 	wantFailure(t, runCLI(t, 30*time.Second, "", ack...), 1, "has no hold that waits for an acknowledgement", "nothing was changed")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	protocol "github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -125,7 +126,7 @@ func TestAdminJob(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if n, err := store.PruneFenceLog(ctx, sink.Partition{Group: e.group, Topic: e.topic, Partition: 0}, sink.FenceLogRetention{MaxEntries: 1}); err != nil || n == 0 {
+	if n, err := protocol.Of(store).PruneFenceLog(ctx, sink.Partition{Group: e.group, Topic: e.topic, Partition: 0}, sink.FenceLogRetention{MaxEntries: 1}); err != nil || n == 0 {
 		t.Fatalf("pruning: %d %v", n, err)
 	}
 	pruned := jobJSON(t, e, e.topic+"/0/2", false)

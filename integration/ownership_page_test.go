@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	protocol "github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -151,7 +152,7 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 	}
 	reason := fmt.Sprintf("the log starts at %d, above the stored next offset %d: 3 jobs (offsets %d to %d) were deleted (retention, DeleteRecords) before they were processed; "+
 		"acknowledging moves the next offset up to the log's start", f.NextOffset+3, f.NextOffset, f.NextOffset, f.NextOffset+2)
-	if err := store.HoldPartition(ctx, sink.Hold{Partition: sink.Partition{Group: e.group, Topic: e.topic, Partition: held},
+	if err := protocol.Of(store).HoldPartition(ctx, sink.Hold{Partition: sink.Partition{Group: e.group, Topic: e.topic, Partition: held},
 		Kind: sink.HoldLogTruncated, Reason: reason, NextOffset: f.NextOffset, LogStart: f.NextOffset + 3, HighWatermark: f.NextOffset + 3,
 		From: -1, To: -1, AckedOffset: -1, Owner: bMember, Token: f.Token}); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
+	protocol "github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/internal/pgtest"
 	"github.com/tenure-dev/tenure/sink"
@@ -167,7 +168,7 @@ func testStrictOldOwnerFrozen(t *testing.T, e *env, f strictFreeze, proto []stri
 	waitForMembers(t, e, 2)
 	a.pause()
 	t.Logf("A frozen at %s with batch [%v,%v) prepared as %s", f.point, held["from"], held["to"], gid)
-	if !strings.HasPrefix(gid, sink.StrictPrefix(e.schema, sink.Partition{Group: e.group, Topic: e.topic, Partition: 0})) {
+	if !strings.HasPrefix(gid, protocol.StrictPrefix(e.schema, sink.Partition{Group: e.group, Topic: e.topic, Partition: 0})) {
 		t.Fatalf("A's batch id %q does not start with the partition's prefix", gid)
 	}
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -353,7 +354,7 @@ func TestClaimEndsAnOlderClaimantHoldingTheRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if _, err := tx.Exec(e.ctx, "SET LOCAL application_name = '"+sink.ApplicationName(7)+"'"); err != nil {
+	if _, err := tx.Exec(e.ctx, "SET LOCAL application_name = '"+fence.ApplicationName(7)+"'"); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.store.Commit(e.ctx, tx, sink.CommitRequest{Partition: p, Token: a, Owner: "A", ClaimID: 7, From: 0, To: 5}); err != nil {
@@ -376,7 +377,7 @@ func TestClaimEndsAnOlderClaimantHoldingTheRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tx2.Rollback(context.Background()) })
-	if _, err := tx2.Exec(e.ctx, "SET LOCAL application_name = '"+sink.ApplicationName(9)+"'"); err != nil {
+	if _, err := tx2.Exec(e.ctx, "SET LOCAL application_name = '"+fence.ApplicationName(9)+"'"); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.store.Commit(e.ctx, tx2, sink.CommitRequest{Partition: p, Token: b, Owner: "B", ClaimID: 9, From: 0, To: 3}); err != nil {
@@ -412,7 +413,7 @@ func TestClaimRefusedLaterEndsNoSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if _, err := tx.Exec(e.ctx, "SET LOCAL application_name = '"+sink.ApplicationName(11)+"'"); err != nil {
+	if _, err := tx.Exec(e.ctx, "SET LOCAL application_name = '"+fence.ApplicationName(11)+"'"); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.store.Commit(e.ctx, tx, sink.CommitRequest{Partition: p, Token: newer.Token, Owner: "M", ClaimID: 11, From: 0, To: 5}); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -516,7 +517,7 @@ func TestCommitAcceptedThenRolledBack(t *testing.T) {
 	if f.NextOffset != 3 || f.CommittedAt != nil {
 		t.Errorf("row after a rolled-back commit: next %d committed_at %v, want 3 and nil", f.NextOffset, f.CommittedAt)
 	}
-	if out, err := e.store.Resolve(e.ctx, req, 0); out != sink.NotCommitted || err != nil {
+	if out, err := e.store.Resolve(e.ctx, req, 0); out != fence.NotCommitted || err != nil {
 		t.Errorf("Resolve = %v, %v; want not committed", out, err)
 	}
 	e.mustCommit(t, req)

@@ -20,22 +20,34 @@
 // the write, no lease timestamps, no wall clocks. The design note is
 // docs/fencing.md in the repository.
 //
-// # The worker's protocol is not API
+// # What is API
 //
-// Besides Claim and Commit, a Store has the methods that package consumer
-// calls from a worker's lanes: Register, BumpIncarnation, CommitBatch,
-// ResolveSession, EndStaleBlockers, HoldPartition, ClearStall,
-// OpenHoldNeedingAck, CheckLayout, AddDeadLetter, PruneFenceLog,
-// FenceLogCuts, Heartbeat, ForgetWorker and PruneWorkers. They are exported only because consumer is another package.
-// Their order, arguments and meaning follow the protocol that
-// docs/fencing.md describes and the model checks, and they change with it in
-// any release: call them through package consumer, not directly. Each says
-// so in its comment.
+// Everything this package exports is API, and stable: it changes only in a
+// compatible way, or with a CHANGELOG.md entry that says how.
 //
-// The rest is the operator's API, what `tenure admin` and tests use to read
-// and act on the fencing state: Get, List, OpenHold, OpenHolds,
-// AcknowledgeHold, AcknowledgePartitions, ResetOffset, FenceLogAt,
-// DeadLetters, DeadLetterByID, DeadLetterAt, DeadLettersIn, Replay,
-// Discard, PruneFenceLogs, Incarnation, Workers, and Migrate with its
-// companions.
+//   - the operator's API, what `tenure admin` and an operator's own program
+//     use to read and act on the fencing state: Store's Get, List, OpenHold,
+//     OpenHolds, AcknowledgeHold, AcknowledgePartitions, Layouts,
+//     ResetOffset, TopicIDs, FenceLog, FenceLogAt, Claims, Groups,
+//     PruneFenceLogs, DeadLetters, DeadLetterByID, DeadLetterAt,
+//     DeadLettersIn, DeadLetterCounts, DeadLetterActions, Replay, Discard,
+//     Incarnation, Workers and Now; Migrate with its companions; the checks
+//     (CheckSchema, CheckPreparedTransactions, ReplicationOf);
+//   - what a handler and the program that runs a worker need: the types a
+//     batch carries (Partition, Token), the errors to match (ErrFenced and
+//     the others), ReadPartitionLog, and the store's settings (SetPooled,
+//     SetPreparedRole);
+//   - Claim and Commit, the two statements above, for a program that fences
+//     its own work.
+//
+// # The worker's protocol is not
+//
+// The steps package consumer takes around Claim and Commit (registering
+// epochs, the pipelined commit and the resolution of an unknown outcome,
+// holds and stalls, the layout check, dead-lettering, heartbeats, strict
+// mode's prepared batches, pruning a lane's fence log) are not exported: they
+// live in tenure's internal package fence, which runs them on the same
+// Store, and they change with the protocol that docs/fencing.md describes
+// and the model checks, in any release. Many of this package's types are
+// aliases of that package's, so a value passes between the two unchanged.
 package sink

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/internal/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -21,7 +22,7 @@ type env struct {
 	ctx    context.Context
 	pool   *pgxpool.Pool
 	schema string
-	store  *sink.Store
+	store  *fence.Store
 }
 
 // setup gives the test a schema of its own, so tests run with t.Parallel.
@@ -38,10 +39,11 @@ func setupPool(t testing.TB, pool *pgxpool.Pool) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	schema := testdb.Schema(t, pool)
-	store, err := sink.NewStore(pool, schema)
+	ss, err := sink.NewStore(pool, schema)
 	if err != nil {
 		t.Fatalf("NewStore: %v", err)
 	}
+	store := fence.Of(ss) // the protocol behind it, as package consumer reaches it
 	if store.Schema() != schema {
 		t.Fatalf("store.Schema() = %q, want %q", store.Schema(), schema)
 	}

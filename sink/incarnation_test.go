@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -168,7 +169,7 @@ func TestClaimHigherIncarnationBeatsAnyEpoch(t *testing.T) {
 func TestRegisterHighEpoch(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	reg := func(epoch int32) sink.Registration {
+	reg := func(epoch int32) fence.Registration {
 		t.Helper()
 		r, err := e.store.Register(e.ctx, "g", epoch, "m")
 		if err != nil {
@@ -178,8 +179,8 @@ func TestRegisterHighEpoch(t *testing.T) {
 	}
 	for _, c := range []struct {
 		epoch int32
-		want  sink.Registration
-	}{{3, sink.Registration{0, 3}}, {1, sink.Registration{0, 3}}, {5, sink.Registration{0, 5}}, {5, sink.Registration{0, 5}}} {
+		want  fence.Registration
+	}{{3, fence.Registration{Incarnation: 0, HighEpoch: 3}}, {1, fence.Registration{Incarnation: 0, HighEpoch: 3}}, {5, fence.Registration{Incarnation: 0, HighEpoch: 5}}, {5, fence.Registration{Incarnation: 0, HighEpoch: 5}}} {
 		if got := reg(c.epoch); got != c.want {
 			t.Fatalf("Register(%d) = %+v, want %+v", c.epoch, got, c.want)
 		}
@@ -187,10 +188,10 @@ func TestRegisterHighEpoch(t *testing.T) {
 	if inc, moved, err := e.store.BumpIncarnation(e.ctx, "g", 0, "m", "test"); err != nil || !moved || inc != 1 {
 		t.Fatalf("bump: %d %v %v", inc, moved, err)
 	}
-	if got := reg(2); got != (sink.Registration{1, 2}) {
+	if got := reg(2); got != (fence.Registration{Incarnation: 1, HighEpoch: 2}) {
 		t.Fatalf("Register(2) after the bump = %+v, want {1 2}", got)
 	}
-	if got, err := e.store.Register(e.ctx, "other", 1, "m"); err != nil || got != (sink.Registration{0, 1}) {
+	if got, err := e.store.Register(e.ctx, "other", 1, "m"); err != nil || got != (fence.Registration{Incarnation: 0, HighEpoch: 1}) {
 		t.Fatalf("another group's registration = %+v, %v", got, err)
 	}
 	if _, err := e.store.Register(e.ctx, "g", -1, "m"); err == nil {
@@ -210,7 +211,7 @@ func TestRegisterHighEpoch(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if r := func() sink.Registration { r, _ := e.store.Register(e.ctx, "race", 0, "m"); return r }(); r.HighEpoch != 25 {
+	if r := func() fence.Registration { r, _ := e.store.Register(e.ctx, "race", 0, "m"); return r }(); r.HighEpoch != 25 {
 		t.Fatalf("high epoch after concurrent registrations = %d, want 25", r.HighEpoch)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -112,7 +113,7 @@ func TestResolveSessionEndsAnIdleTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
-	app := sink.ApplicationName(42)
+	app := fence.ApplicationName(42)
 	if _, err := tx.Exec(e.ctx, `SET LOCAL application_name = '`+app+`'`); err != nil {
 		t.Fatal(err)
 	}
@@ -122,8 +123,8 @@ func TestResolveSessionEndsAnIdleTransaction(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
 	defer cancel()
-	out, err := e.store.ResolveSession(ctx, req, sink.Session{PID: conn.Conn().PgConn().PID(), AppName: app})
-	if out != sink.NotCommitted || err != nil {
+	out, err := e.store.ResolveSession(ctx, req, fence.Session{PID: conn.Conn().PgConn().PID(), AppName: app})
+	if out != fence.NotCommitted || err != nil {
 		t.Fatalf("ResolveSession = %v, %v; want not committed", out, err)
 	}
 	if err := tx.Commit(e.ctx); err == nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -17,12 +18,12 @@ func TestResolve(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		after    func(t *testing.T, e *env) // runs after A claimed at 0.81 from 10
-		want     sink.Outcome
+		want     fence.Outcome
 		mismatch bool // the Fenced error also matches ErrOffsetMismatch
 		found    bool // the Fenced error found a row
 	}{
-		{"after a committed commit", func(t *testing.T, e *env) { e.mustCommit(t, req) }, sink.Committed, false, false},
-		{"before the commit: the row is at From", func(t *testing.T, e *env) {}, sink.NotCommitted, false, false},
+		{"after a committed commit", func(t *testing.T, e *env) { e.mustCommit(t, req) }, fence.Committed, false, false},
+		{"before the commit: the row is at From", func(t *testing.T, e *env) {}, fence.NotCommitted, false, false},
 		{"the commit rolled back", func(t *testing.T, e *env) {
 			tx, err := e.pool.Begin(e.ctx)
 			if err != nil {
@@ -35,33 +36,33 @@ func TestResolve(t *testing.T) {
 			if err := tx.Rollback(e.ctx); err != nil {
 				t.Fatal(err)
 			}
-		}, sink.NotCommitted, false, false},
+		}, fence.NotCommitted, false, false},
 		{"another owner claimed before the commit", func(t *testing.T, e *env) {
 			e.mustClaim(t, part, tok(0, 82), "b", 0)
-		}, sink.Fenced, false, true},
+		}, fence.Fenced, false, true},
 		// Superseded since, but it did commit: retrying it would apply the
 		// batch twice (were the fence not there) or stall on a mismatch.
 		{"another owner claimed after the commit", func(t *testing.T, e *env) {
 			e.mustCommit(t, req)
 			e.mustClaim(t, part, tok(0, 82), "b", 0)
-		}, sink.Committed, false, false},
+		}, fence.Committed, false, false},
 		{"same token, other owner", func(t *testing.T, e *env) {
 			if _, err := e.pool.Exec(e.ctx, `UPDATE `+e.q()+`.fences SET owner = 'b'`); err != nil {
 				t.Fatal(err)
 			}
-		}, sink.Fenced, false, true},
+		}, fence.Fenced, false, true},
 		{"the row moved past To", func(t *testing.T, e *env) {
 			e.mustCommit(t, req)
 			e.mustCommit(t, sink.CommitRequest{Partition: part, Token: req.Token, Owner: req.Owner, From: req.To, To: 20})
-		}, sink.Committed, false, false},
+		}, fence.Committed, false, false},
 		{"the row moved past From without this commit", func(t *testing.T, e *env) {
 			e.mustCommit(t, sink.CommitRequest{Partition: part, Token: req.Token, Owner: req.Owner, From: req.From, To: 12})
-		}, sink.Fenced, true, true},
+		}, fence.Fenced, true, true},
 		{"the row was deleted", func(t *testing.T, e *env) {
 			if _, err := e.pool.Exec(e.ctx, `DELETE FROM `+e.q()+`.fences`); err != nil {
 				t.Fatal(err)
 			}
-		}, sink.Fenced, false, false},
+		}, fence.Fenced, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -72,7 +73,7 @@ func TestResolve(t *testing.T) {
 			if got != c.want {
 				t.Errorf("Resolve = %v, want %v (err %v)", got, c.want, err)
 			}
-			if c.want != sink.Fenced {
+			if c.want != fence.Fenced {
 				if err != nil {
 					t.Errorf("Resolve error: %v", err)
 				}
@@ -93,8 +94,8 @@ func TestResolve(t *testing.T) {
 }
 
 func TestOutcomeString(t *testing.T) {
-	for o, want := range map[sink.Outcome]string{
-		sink.Committed: "committed", sink.NotCommitted: "not committed", sink.Fenced: "fenced", 0: "unknown", 99: "unknown",
+	for o, want := range map[fence.Outcome]string{
+		fence.Committed: "committed", fence.NotCommitted: "not committed", fence.Fenced: "fenced", 0: "unknown", 99: "unknown",
 	} {
 		if got := o.String(); got != want {
 			t.Errorf("Outcome(%d).String() = %q, want %q", int(o), got, want)
@@ -151,7 +152,7 @@ func TestResolveWaitsForACommitInProgress(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)                               // the COMMIT is running
 	start := time.Now()
 	out, err := e.store.Resolve(e.ctx, req, xid)
-	if out != sink.Committed || err != nil {
+	if out != fence.Committed || err != nil {
 		t.Fatalf("Resolve = %v, %v; want committed", out, err)
 	}
 	if err := <-committed; err != nil {
@@ -181,7 +182,7 @@ func TestResolveEndsATransactionWhoseCommitNeverCame(t *testing.T) {
 	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
 	defer cancel()
 	out, err := e.store.Resolve(ctx, req, xid)
-	if out != sink.NotCommitted || err != nil {
+	if out != fence.NotCommitted || err != nil {
 		t.Fatalf("Resolve = %v, %v; want not committed", out, err)
 	}
 	if err := tx.Commit(e.ctx); err == nil {

@@ -44,7 +44,7 @@
  *   request again: the lane waits for the new copy's answer and does not
  *   know of the first; (b) no answer in time, and the lane sends the
  *   identical request again; (c) PREPARE TRANSACTION's answer is lost, and
- *   the batch is prepared or not: the lane looks (sink.Store.ResolvePrepare,
+ *   the batch is prepared or not: the lane looks (fence.Store.ResolvePrepare,
  *   once the session is gone, so the PREPARE cannot happen later) and goes
  *   on with the offset commit if prepared, runs the batch again where the
  *   fence allows if not. A copy nobody waits for any more (a, b, or a
@@ -524,7 +524,7 @@ claim:
 		if
 		:: plost ->
 			/* once the session is gone, the lane looks the batch up
-			   (sink.Store.ResolvePrepare) */
+			   (fence.Store.ResolvePrepare) */
 			if
 			CRASH
 			DEAD

@@ -4,6 +4,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -910,8 +911,11 @@ func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Dur
 	// The fence log's commit entry is written by the fence statement,
 	// which travels with COMMIT: its time (clock_timestamp) is the commit's,
 	// to within the COMMIT's own flush.
-	rows, err := b.pool.Query(ctx, `SELECT partition, from_offset, to_offset, at FROM `+pgx.Identifier{s, "fence_log"}.Sanitize()+
-		` WHERE kind = 'commit' AND topic = $1 ORDER BY partition, from_offset`, topic)
+	store, err := sink.NewStore(b.pool, s)
+	if err != nil {
+		return nil, err
+	}
+	log, err := store.FenceLog(ctx, b.group(name))
 	if err != nil {
 		return nil, err
 	}
@@ -920,13 +924,13 @@ func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Dur
 		at       time.Time
 	}
 	commits := map[int32][]commit{}
-	var pp int32
-	var c commit
-	if _, err := pgx.ForEachRow(rows, []any{&pp, &c.from, &c.to, &c.at}, func() error {
-		commits[pp] = append(commits[pp], c)
-		return nil
-	}); err != nil {
-		return nil, err
+	for _, e := range log {
+		if e.Kind == "commit" && e.Partition.Topic == topic {
+			commits[e.Partition.Partition] = append(commits[e.Partition.Partition], commit{e.From, e.To, e.At})
+		}
+	}
+	for _, cs := range commits {
+		slices.SortStableFunc(cs, func(a, b commit) int { return cmp.Compare(a.from, b.from) })
 	}
 	st, err := readStages(stageFile)
 	if err != nil {

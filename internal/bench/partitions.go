@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tenure-dev/tenure/sink"
 )
 
 // partitionRun is one run of the partition dimension: workers tenure
@@ -60,19 +62,32 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 		procs = append(procs, p)
 		names = append(names, fmt.Sprintf("bench-%d", i))
 	}
-	fences := pgx.Identifier{s, "fences"}.Sanitize()
 	q := pgx.Identifier{s, "ledger"}.Sanitize()
+	store, err := sink.NewStore(b.pool, s)
+	if err != nil {
+		return out, err
+	}
+	// fencesOf reads the fencing rows of the run's topic (the schema holds
+	// only the run's group).
+	fencesOf := func(ctx context.Context) ([]sink.Fence, error) {
+		all, err := store.List(ctx, group)
+		return slices.DeleteFunc(all, func(f sink.Fence) bool { return f.Topic != topic }), err
+	}
 	settle := time.Now()
 	for {
-		var claimed, owners int
-		if err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT owner) FROM `+fences+` WHERE topic = $1`, topic).Scan(&claimed, &owners); err != nil {
+		fences, err := fencesOf(ctx)
+		if err != nil {
 			return out, err
 		}
-		if claimed == parts && owners >= min(workers, parts) {
+		claimed, owners := len(fences), map[string]bool{}
+		for _, f := range fences {
+			owners[f.Owner] = true
+		}
+		if claimed == parts && len(owners) >= min(workers, parts) {
 			break
 		}
 		if time.Since(settle) > 2*time.Minute {
-			return out, fmt.Errorf("%d partitions, %d workers: after 2 minutes %d partitions are claimed by %d members", parts, workers, claimed, owners)
+			return out, fmt.Errorf("%d partitions, %d workers: after 2 minutes %d partitions are claimed by %d members", parts, workers, claimed, len(owners))
 		}
 		for _, p := range procs {
 			if p.Exited() {
@@ -96,7 +111,10 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 	// cheap (a row per partition), where the table's statistics lag by a
 	// second, a sixth of the backlog at these rates.
 	if err := b.wait(ctx, s, "ledger", int64(b.jobs/3), procs, func(ctx context.Context) (n int64, err error) {
-		err = b.pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM `+fences+` WHERE topic = $1`, topic).Scan(&n)
+		fences, err := fencesOf(ctx)
+		for _, f := range fences {
+			n += f.NextOffset
+		}
 		return n, err
 	}); err != nil {
 		return out, err
@@ -109,14 +127,9 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 		out.PeakRSSMB = max(out.PeakRSSMB, rss)
 	}
 	db1 := b.postgresCPU(ctx)
-	// The victim: the worker whose members hold the most partitions now
-	// (a fencing row's owner is a member id, the coordinator's; its
-	// worker is the one that wrote ledger rows at the row's token; a
-	// partition its owner has not committed on yet does not count).
-	var victim string
-	if err := b.pool.QueryRow(ctx, `SELECT coalesce((SELECT l.worker FROM `+fences+` f
-			JOIN (SELECT DISTINCT partition, incarnation, epoch, worker FROM `+q+` WHERE topic = $1) l USING (partition, incarnation, epoch)
-			WHERE f.topic = $1 GROUP BY l.worker ORDER BY count(*) DESC, l.worker LIMIT 1), '')`, topic).Scan(&victim); err != nil {
+	// The victim: the worker whose members hold the most partitions now.
+	victim, err := b.victim(ctx, q, topic, fencesOf)
+	if err != nil {
 		return out, err
 	}
 	k := max(0, slices.Index(names, victim))
@@ -152,44 +165,32 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 	}
 	// Claims at start-up: every partition's first claim, over the time from
 	// the first to the last of them.
-	var claimed int
-	var span *float64
-	if err := b.pool.QueryRow(ctx, `SELECT count(*), extract(epoch FROM max(at) - min(at))::float8 FROM (
-			SELECT partition, min(at) AS at FROM `+pgx.Identifier{s, "fence_log"}.Sanitize()+`
-			WHERE kind = 'claim' AND topic = $1 GROUP BY partition) f`, topic).Scan(&claimed, &span); err != nil {
+	log, err := store.FenceLog(ctx, group)
+	if err != nil {
 		return out, err
 	}
-	if span != nil && *span > 0 {
-		out.ClaimsPerSec = float64(claimed) / *span
+	log = slices.DeleteFunc(log, func(e sink.FenceLogEntry) bool { return e.Partition.Topic != topic })
+	firstClaim := map[int32]time.Time{}
+	for _, e := range log {
+		if at, ok := firstClaim[e.Partition.Partition]; e.Kind == "claim" && (!ok || e.At.Before(at)) {
+			firstClaim[e.Partition.Partition] = e.At
+		}
 	}
-	// The hand-off. The killed worker's partitions are those whose last
-	// claim before the kill was one of its members' (a member id is the
-	// coordinator's, not the worker's name: the killed worker's are the
-	// owners of the claims at whose tokens it wrote ledger rows; the ledger
-	// has no index, so one scan, not a lookup per entry). Counting by the
-	// last commit instead misses every partition it claimed but had not
-	// committed on yet, which with hundreds of partitions is most of them.
-	// For each of them that had jobs left, the time from the kill to
-	// another member's first commit on it.
-	fl := pgx.Identifier{s, "fence_log"}.Sanitize()
-	var handOff, claimedAt *float64
-	if err := b.pool.QueryRow(ctx, `WITH killed AS (
-			SELECT DISTINCT c.owner FROM `+fl+` c
-			JOIN (SELECT DISTINCT partition, incarnation, epoch FROM `+q+` WHERE topic = $3 AND worker = $2) l USING (partition, incarnation, epoch)
-			WHERE c.kind = 'claim' AND c.topic = $3),
-		held AS (
-			SELECT DISTINCT ON (partition) partition, owner FROM `+fl+`
-			WHERE kind = 'claim' AND topic = $3 AND at <= $1 ORDER BY partition, id DESC),
-		after AS (
-			SELECT partition, min(at) AS at FROM `+fl+`
-			WHERE kind = 'commit' AND topic = $3 AND at > $1 AND owner NOT IN (SELECT owner FROM killed) GROUP BY partition),
-		claimed AS (
-			SELECT partition, min(at) AS at FROM `+fl+`
-			WHERE kind = 'claim' AND topic = $3 AND at > $1 AND owner NOT IN (SELECT owner FROM killed) GROUP BY partition)
-		SELECT count(*), count(after.at), extract(epoch FROM max(after.at - $1))::float8,
-			extract(epoch FROM max(claimed.at - $1) FILTER (WHERE after.at IS NOT NULL))::float8
-		FROM held LEFT JOIN after USING (partition) LEFT JOIN claimed USING (partition) WHERE held.owner IN (SELECT owner FROM killed)`,
-		killAt, victim, topic).Scan(&out.Held, &out.HandedOff, &handOff, &claimedAt); err != nil {
+	var firstAt, lastAt time.Time
+	for _, at := range firstClaim {
+		if firstAt.IsZero() || at.Before(firstAt) {
+			firstAt = at
+		}
+		if at.After(lastAt) {
+			lastAt = at
+		}
+	}
+	if span := lastAt.Sub(firstAt).Seconds(); len(firstClaim) > 0 && span > 0 {
+		out.ClaimsPerSec = float64(len(firstClaim)) / span
+	}
+	// The hand-off, from the fence log.
+	handOff, claimedAt, err := b.handOff(ctx, q, topic, victim, killAt, log, &out)
+	if err != nil {
 		return out, err
 	}
 	if handOff != nil {
@@ -203,4 +204,126 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 	}
 	b.say("partition dimension, %d partitions: %.0f jobs/s, %.0f claims/s, hand-off %.1f s (claimed within %.1f s) over %d of the %d partitions %s held when killed after %d of %d jobs", parts, out.JobsPerSec, out.ClaimsPerSec, out.HandOffSeconds, out.HandOffClaimSeconds, out.HandedOff, out.Held, victim, n, b.jobs)
 	return out, nil
+}
+
+// victim is the worker whose members hold the most of the topic's
+// partitions now: a fencing row's owner is a member id, the coordinator's;
+// its worker is the one that wrote ledger rows (table q) at the row's
+// token. A partition its owner has not committed on yet does not count;
+// ties go to the first name. "" when no row matches.
+func (b *bench) victim(ctx context.Context, q, topic string, fencesOf func(context.Context) ([]sink.Fence, error)) (string, error) {
+	type at struct {
+		partition int32
+		token     sink.Token
+	}
+	rows, err := b.pool.Query(ctx, `SELECT DISTINCT partition, incarnation, epoch, worker FROM `+q+` WHERE topic = $1`, topic)
+	if err != nil {
+		return "", err
+	}
+	writers := map[at][]string{}
+	var (
+		k      at
+		worker string
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&k.partition, &k.token.Incarnation, &k.token.Epoch, &worker}, func() error {
+		writers[k] = append(writers[k], worker)
+		return nil
+	}); err != nil {
+		return "", err
+	}
+	fences, err := fencesOf(ctx)
+	if err != nil {
+		return "", err
+	}
+	held := map[string]int{}
+	for _, f := range fences {
+		for _, w := range writers[at{f.Partition.Partition, f.Token}] {
+			held[w]++
+		}
+	}
+	victim := ""
+	for w, n := range held {
+		if victim == "" || n > held[victim] || (n == held[victim] && w < victim) {
+			victim = w
+		}
+	}
+	return victim, nil
+}
+
+// handOff measures the hand-off after the kill at killAt from the topic's
+// fence log: the killed worker's partitions are those whose last claim
+// before the kill was one of its members' (a member id is the
+// coordinator's, not the worker's name: the killed worker's are the
+// owners of the claims at whose tokens it wrote ledger rows, table q; the
+// ledger has no index, so one scan, not a lookup per entry). Counting by
+// the last commit instead misses every partition it claimed but had not
+// committed on yet, which with hundreds of partitions is most of them.
+// For each of them that had jobs left, the time from the kill to another
+// member's first commit on it, and to its first claim. It sets out.Held
+// and out.HandedOff, and returns the longest of each time (nil: none).
+func (b *bench) handOff(ctx context.Context, q, topic, victim string, killAt time.Time, log []sink.FenceLogEntry, out *PartitionRun) (handOff, claimedAt *float64, err error) {
+	type at struct {
+		partition int32
+		token     sink.Token
+	}
+	rows, err := b.pool.Query(ctx, `SELECT DISTINCT partition, incarnation, epoch FROM `+q+` WHERE topic = $1 AND worker = $2`, topic, victim)
+	if err != nil {
+		return nil, nil, err
+	}
+	wrote := map[at]bool{}
+	var k at
+	if _, err := pgx.ForEachRow(rows, []any{&k.partition, &k.token.Incarnation, &k.token.Epoch}, func() error {
+		wrote[k] = true
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	killed := map[string]bool{}
+	for _, e := range log {
+		if e.Kind == "claim" && wrote[at{e.Partition.Partition, e.Token}] {
+			killed[e.Owner] = true
+		}
+	}
+	// held: each partition's last claim at or before the kill (the log is in
+	// id order); after and claimed: another member's first commit and claim
+	// after it.
+	held := map[int32]string{}
+	after, claimed := map[int32]time.Time{}, map[int32]time.Time{}
+	for _, e := range log {
+		p := e.Partition.Partition
+		switch {
+		case e.Kind == "claim" && !e.At.After(killAt):
+			held[p] = e.Owner
+		case e.At.After(killAt) && !killed[e.Owner] && (e.Kind == "commit" || e.Kind == "claim"):
+			first := after
+			if e.Kind == "claim" {
+				first = claimed
+			}
+			if t, ok := first[p]; !ok || e.At.Before(t) {
+				first[p] = e.At
+			}
+		}
+	}
+	for p, owner := range held {
+		if !killed[owner] {
+			continue
+		}
+		out.Held++
+		a, ok := after[p]
+		if !ok {
+			continue
+		}
+		out.HandedOff++
+		d := a.Sub(killAt).Seconds()
+		if handOff == nil || d > *handOff {
+			handOff = &d
+		}
+		if c, ok := claimed[p]; ok {
+			d := c.Sub(killAt).Seconds()
+			if claimedAt == nil || d > *claimedAt {
+				claimedAt = &d
+			}
+		}
+	}
+	return handOff, claimedAt, nil
 }

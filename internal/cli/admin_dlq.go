@@ -13,7 +13,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -167,20 +166,19 @@ func parseIDs(args []string) ([]int64, error) {
 
 // deadLetterActions reads what was done to dead letter id, oldest first.
 func (a *admin) deadLetterActions(ctx context.Context, id int64) ([]actionRow, error) {
-	rows, err := a.pool.Query(ctx, `SELECT action, actor, at, topic, partition, job_offset FROM `+
-		pgx.Identifier{a.schema}.Sanitize()+`.dead_letter_actions WHERE dead_letter_id = $1 ORDER BY id`, id)
+	store, err := a.Store()
+	if err != nil {
+		return nil, err
+	}
+	acts, err := store.DeadLetterActions(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	var out []actionRow
-	var r actionRow
-	_, err = pgx.ForEachRow(rows, []any{&r.Action, &r.Actor, &r.At, &r.Topic, &r.Partition, &r.Offset}, func() error {
-		r.At = r.At.UTC()
-		out = append(out, r)
-		r = actionRow{}
-		return nil
-	})
-	return out, err
+	for _, x := range acts {
+		out = append(out, actionRow{Action: x.Action, Actor: x.Actor, At: x.At, Topic: x.Topic, Partition: x.Partition, Offset: x.Offset})
+	}
+	return out, nil
 }
 
 // describeAction says in a few words what an action did.
@@ -507,7 +505,7 @@ func (c *dlqReplay) whereReplayed(ctx context.Context, d sink.DeadLetter, count 
 	where := fmt.Sprintf("%s/%d at offset %d", printableString(*a.Topic), *a.Partition, *a.Offset)
 	if *a.Partition != d.Partition.Partition {
 		rctx, cancel := context.WithTimeout(ctx, adminTimeout)
-		recorded, _ := recordedCount(rctx, c.pool, c.schema, d.Partition.Group, d.Partition.Topic)
+		recorded, _ := recordedCount(rctx, c.store, d.Partition.Group, d.Partition.Topic)
 		cancel()
 		where += " (" + whyMoved(d, count, recorded) + ")"
 	}

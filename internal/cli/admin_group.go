@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/tenure-dev/tenure/internal/fence"
 )
 
 // groupDelete is `tenure admin group delete`: it deletes a consumer group
@@ -64,7 +66,7 @@ func (c *groupDelete) run(ctx context.Context) error {
 	if err != nil {
 		return c.dbError("reading the group's incarnation", err)
 	}
-	now, _, err := store.BumpIncarnation(ctx, c.group, from, c.actor, "tenure admin group delete: the group is deleted, its epochs restart")
+	now, _, err := fence.Of(store).BumpIncarnation(ctx, c.group, from, c.actor, "tenure admin group delete: the group is deleted, its epochs restart")
 	if err != nil {
 		return c.dbError("bumping the group's incarnation", err)
 	}

@@ -7,10 +7,10 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/partition"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -153,33 +153,19 @@ func (c *holds) printTable(rows []holdRow) error {
 	return tw.Flush()
 }
 
-// layout is a topic_layouts row: the partition count a group recorded for
-// a topic.
-type layout struct {
-	group, topic string
-	count        int32
-}
-
 // layouts reads the partition counts the groups (--group) recorded.
-func (c *holds) layouts(ctx context.Context) ([]layout, error) {
-	rows, err := c.pool.Query(ctx, `SELECT consumer_group, topic, partition_count FROM `+pgx.Identifier{c.schema}.Sanitize()+
-		`.topic_layouts WHERE ($1 = '' OR consumer_group = $1) ORDER BY consumer_group, topic`, c.group)
+func (c *holds) layouts(ctx context.Context) ([]sink.Layout, error) {
+	store, err := c.Store()
 	if err != nil {
 		return nil, err
 	}
-	var out []layout
-	var l layout
-	_, err = pgx.ForEachRow(rows, []any{&l.group, &l.topic, &l.count}, func() error {
-		out = append(out, l)
-		return nil
-	})
-	return out, err
+	return store.Layouts(ctx, c.group)
 }
 
 // partitionsChanged compares the recorded counts with Kafka's (with
 // --brokers; none without): a row per topic whose count changed, which its
 // group's workers hold whole. A topic Kafka no longer has is left out.
-func (c *holds) partitionsChanged(ctx context.Context, layouts []layout) ([]holdRow, error) {
+func (c *holds) partitionsChanged(ctx context.Context, layouts []sink.Layout) ([]holdRow, error) {
 	if c.kafka.brokers == "" || len(layouts) == 0 {
 		return nil, nil
 	}
@@ -189,8 +175,8 @@ func (c *holds) partitionsChanged(ctx context.Context, layouts []layout) ([]hold
 	}
 	var topics []string
 	for _, l := range layouts {
-		if !slices.Contains(topics, l.topic) {
-			topics = append(topics, l.topic)
+		if !slices.Contains(topics, l.Topic) {
+			topics = append(topics, l.Topic)
 		}
 	}
 	td, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
@@ -199,13 +185,13 @@ func (c *holds) partitionsChanged(ctx context.Context, layouts []layout) ([]hold
 	}
 	var out []holdRow
 	for _, l := range layouts {
-		d, ok := td[l.topic]
-		if !ok || d.Err != nil || int32(len(d.Partitions)) == l.count {
+		d, ok := td[l.Topic]
+		if !ok || d.Err != nil || int32(len(d.Partitions)) == l.Partitions {
 			continue
 		}
-		recorded, now := l.count, int32(len(d.Partitions))
-		out = append(out, holdRow{Group: l.group, Topic: l.topic, Kind: kindPartitionsChanged, NeedsAck: now > recorded,
-			Reason:             consumer.PartitionsChangedReason(l.group, l.topic, recorded, now),
+		recorded, now := l.Partitions, int32(len(d.Partitions))
+		out = append(out, holdRow{Group: l.Group, Topic: l.Topic, Kind: kindPartitionsChanged, NeedsAck: now > recorded,
+			Reason:             consumer.PartitionsChangedReason(l.Group, l.Topic, recorded, now),
 			RecordedPartitions: &recorded, Partitions: &now})
 	}
 	return out, nil
@@ -251,7 +237,7 @@ func (c *holdAcknowledge) run(ctx context.Context) error {
 	}
 	p := sink.Partition{Group: c.group, Topic: c.topic, Partition: int32(c.partition)}
 	noHold := fmt.Errorf("partition %s has no hold that waits for an acknowledgement in schema %s; nothing was changed", printableString(p.String()), c.schema)
-	open, held, err := store.OpenHoldNeedingAck(ctx, p)
+	open, held, err := fence.Of(store).OpenHoldNeedingAck(ctx, p)
 	if err != nil {
 		return c.dbError("reading the holds", err)
 	}
@@ -279,7 +265,7 @@ func (c *holdAcknowledge) run(ctx context.Context) error {
 		extra = fmt.Sprintf("; the batch from offset %d runs again: whatever the handler committed itself for %s stays", h.From, printableString(h.FirstJob))
 	}
 	goOn := "workers holding it go on within seconds"
-	if next, still, err := store.OpenHoldNeedingAck(ctx, p); err == nil && still {
+	if next, still, err := fence.Of(store).OpenHoldNeedingAck(ctx, p); err == nil && still {
 		// Holds of different kinds wait for one acknowledgement each.
 		goOn = fmt.Sprintf("the partition is still held: a %s hold (since %s) waits for its own acknowledgement; run this command again once you have looked at it (tenure admin holds)",
 			next.Kind, next.Since.UTC().Format(time.RFC3339))

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/tenure-dev/tenure/partition"
@@ -472,21 +470,16 @@ func (c *offsetsReset) checkLogIdentity(ctx context.Context, id [16]byte) error 
 	if id == [16]byte{} {
 		return nil
 	}
-	pool, err := c.Pool()
+	store, err := c.Store()
 	if err != nil {
 		return err
 	}
-	rows, err := pool.Query(ctx, `SELECT DISTINCT topic_id FROM `+pgx.Identifier{c.schema}.Sanitize()+`.fences
-		WHERE consumer_group = $1 AND topic = $2 AND topic_id IS NOT NULL`, c.group, c.topic)
-	if err != nil {
-		return c.dbError("reading the fencing rows' topic ids", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[pgtype.UUID])
+	ids, err := store.TopicIDs(ctx, c.group, c.topic)
 	if err != nil {
 		return c.dbError("reading the fencing rows' topic ids", err)
 	}
 	for _, u := range ids {
-		if u.Bytes != id {
+		if u != id {
 			return fmt.Errorf("the offsets group %s stores for topic %s belong to an earlier topic of that name (deleted and re-created): acknowledge its topic-recreated hold (tenure admin holds acknowledge) instead; nothing was changed",
 				printableString(c.group), c.topic)
 		}

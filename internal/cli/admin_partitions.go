@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/tenure-dev/tenure/sink"
 )
 
 // orderingHazard is said whenever partitions are added or a new partition
@@ -125,7 +125,7 @@ func (c *acknowledgePartitions) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	recorded, err := recordedCount(ctx, c.pool, c.schema, c.group, c.topic)
+	recorded, err := recordedCount(ctx, store, c.group, c.topic)
 	if err != nil {
 		return c.dbError("reading the recorded partition count", err)
 	}
@@ -160,12 +160,15 @@ func (c *acknowledgePartitions) run(ctx context.Context) error {
 
 // recordedCount is the partition count group recorded for topic (0: none
 // recorded).
-func recordedCount(ctx context.Context, pool *pgxpool.Pool, schema, group, topic string) (int32, error) {
-	var n int32
-	err := pool.QueryRow(ctx, `SELECT partition_count FROM `+pgx.Identifier{schema}.Sanitize()+`.topic_layouts
-		WHERE consumer_group = $1 AND topic = $2`, group, topic).Scan(&n)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil
+func recordedCount(ctx context.Context, store *sink.Store, group, topic string) (int32, error) {
+	layouts, err := store.Layouts(ctx, group)
+	if err != nil {
+		return 0, err
 	}
-	return n, err
+	for _, l := range layouts {
+		if l.Group == group && l.Topic == topic {
+			return l.Partitions, nil
+		}
+	}
+	return 0, nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/export"
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/internal/jobs"
 	"github.com/tenure-dev/tenure/internal/otelsetup"
 	"github.com/tenure-dev/tenure/metrics"
@@ -443,7 +444,7 @@ func (w *workerCmd) database(ctx context.Context, log *zap.Logger, tracer pgx.Qu
 		err = sink.CheckPreparedTransactions(ctx, pool)
 	}
 	if err == nil && w.strict {
-		err = store.CheckStrictRole(ctx)
+		err = fence.Of(store).CheckStrictRole(ctx)
 	}
 	if err == nil {
 		err = w.checkReplication(ctx, pool, log)

@@ -769,11 +769,19 @@ func (d *demo) poll(ctx context.Context, timeout time.Duration, what string, con
 func (d *demo) commitsBy(ctx context.Context, owner string) (from, to int64, n int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	err = d.pool.QueryRow(ctx, `SELECT coalesce(min(from_offset), 0), coalesce(max(to_offset), 0), count(*) FROM `+
-		pgx.Identifier{d.schema}.Sanitize()+`.fence_log WHERE kind = 'commit' AND consumer_group = $1 AND owner = $2`,
-		d.group, owner).Scan(&from, &to, &n)
+	log, err := d.store.FenceLog(ctx, d.group)
 	if err != nil {
 		return 0, 0, 0, d.dbErr(ctx, "reading the fence log", err)
+	}
+	for _, e := range log {
+		if e.Kind != "commit" || e.Owner != owner {
+			continue
+		}
+		if n == 0 || e.From < from {
+			from = e.From
+		}
+		to = max(to, e.To)
+		n++
 	}
 	return from, to, n, nil
 }

@@ -7,14 +7,17 @@ package history
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -104,7 +107,7 @@ type History struct {
 	// StrictDecisions are the recorded decisions on strict lanes' prepared
 	// batches, and Prepared the GIDs still prepared (undecided) when the
 	// history was loaded (CheckStrict).
-	StrictDecisions []sink.StrictDecision
+	StrictDecisions []fence.StrictDecision
 	Prepared        []string
 }
 
@@ -116,7 +119,7 @@ type History struct {
 // (G3: a claim fences everyone else at once, and only a claim sets a token).
 // A fencing row with no history at all is reported too.
 //
-// A partition whose log was pruned (cuts, sink.Store.PruneFenceLog) is
+// A partition whose log was pruned (cuts, fence.Store.PruneFenceLog) is
 // checked from the cut: the only entry at or below it is the claim that held
 // the partition then (it sets the holder, not the offset), the entries after
 // it resume at the cut's next offset, and no token after the cut may be below
@@ -463,22 +466,17 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 	}
 	q := pgx.Identifier{schema}.Sanitize()
 	h := &History{}
-	rows, err := pool.Query(ctx, `SELECT id, kind, consumer_group, topic, partition, incarnation, epoch, owner, claim_id, from_offset, to_offset,
-		coalesce(gid, '') FROM `+q+`.fence_log WHERE consumer_group = $1 ORDER BY id`, group)
+	store, err := fence.NewStore(pool, schema) // the protocol's reads too (cuts, strict decisions)
 	if err != nil {
 		return nil, err
 	}
-	var e Entry
-	if _, err := pgx.ForEachRow(rows, []any{&e.ID, &e.Kind, &e.Partition.Group, &e.Partition.Topic, &e.Partition.Partition,
-		&e.Token.Incarnation, &e.Token.Epoch, &e.Owner, &e.ClaimID, &e.From, &e.To, &e.GID}, func() error {
-		h.Log = append(h.Log, e)
-		return nil
-	}); err != nil {
-		return nil, err
-	}
-	store, err := sink.NewStore(pool, schema)
+	log, err := store.FenceLog(ctx, group)
 	if err != nil {
 		return nil, err
+	}
+	for _, e := range log {
+		h.Log = append(h.Log, Entry{ID: e.ID, Kind: e.Kind, Partition: e.Partition, Token: e.Token, Owner: e.Owner,
+			ClaimID: e.ClaimID, From: e.From, To: e.To, GID: e.GID})
 	}
 	if h.Fences, err = store.List(ctx, group); err != nil {
 		return nil, err
@@ -496,7 +494,7 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 	if ledger {
 		sql = `SELECT job_key, 0, topic, partition, job_offset, incarnation, epoch FROM ` + q + `.ledger`
 	}
-	rows, err = pool.Query(ctx, sql)
+	rows, err := pool.Query(ctx, sql)
 	if err != nil {
 		return nil, err
 	}
@@ -507,18 +505,33 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 	}); err != nil {
 		return nil, err
 	}
-	rows, err = pool.Query(ctx, `SELECT coalesce(encode(job_key, 'escape'), ''), 0, topic, partition, job_offset, incarnation, epoch
-		FROM `+q+`.dead_letters WHERE consumer_group = $1`, group)
+	dls, err := store.DeadLetters(ctx, sink.DeadLetterFilter{Group: group, Limit: math.MaxInt32})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := pgx.ForEachRow(rows, []any{&w.Key, &w.Version, &w.Topic, &w.Partition, &w.Offset, &w.Token.Incarnation, &w.Token.Epoch}, func() error {
-		h.DeadLetters = append(h.DeadLetters, w)
-		return nil
-	}); err != nil {
-		return nil, err
+	for _, d := range dls {
+		h.DeadLetters = append(h.DeadLetters, Write{Key: escapeBytea(d.Key), Topic: d.Partition.Topic, Partition: d.Partition.Partition,
+			Offset: d.Offset, Token: d.Token})
 	}
 	return h, nil
+}
+
+// escapeBytea is Postgres' encode(key, 'escape'), the text the export and
+// ledger tables compare keys as: a backslash doubled, a zero byte or one
+// with the high bit set as a backslash and three octal digits.
+func escapeBytea(key []byte) string {
+	var b strings.Builder
+	for _, c := range key {
+		switch {
+		case c == '\\':
+			b.WriteString(`\\`)
+		case c == 0 || c >= 0x80:
+			fmt.Fprintf(&b, `\%03o`, c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // Check runs every check over h that needs no more than Postgres recorded.

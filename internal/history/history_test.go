@@ -582,7 +582,7 @@ func TestCheckOwnership(t *testing.T) {
 	}
 }
 
-// A pruned log (sink.Store.PruneFenceLog) is checked from its cut: the kept
+// A pruned log (fence.Store.PruneFenceLog) is checked from its cut: the kept
 // claim sets the holder, the rest resumes at the cut's offset, and tokens
 // after the cut are not below the highest pruned one.
 func TestCheckLogPruned(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -166,7 +167,7 @@ func CheckStrict(h *History, assignments []Assignment, events []StrictEvent, cla
 	return out
 }
 
-func decider(d sink.StrictDecision) string {
+func decider(d fence.StrictDecision) string {
 	if d.ByResolver {
 		return fmt.Sprintf("the claim %d of %s", d.DeciderClaimID, d.Decider)
 	}

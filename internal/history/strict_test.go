@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -47,9 +48,9 @@ func TestCheckStrict(t *testing.T) {
 		{"answer never heard: the first identical send counts", []StrictEvent{sent("x1", 900, 1), sent("x1", 1200, 1)}, true, History{Log: log}, ""},
 		{"no offset commit logged", nil, true, History{Log: log}, "G3-strict"},
 		{"recorded rolled back but visible", []StrictEvent{sent("x1", 500, 1), answered("x1", 500, true)}, true,
-			History{Log: log, StrictDecisions: []sink.StrictDecision{{GID: "x1"}}}, "strict-record"},
+			History{Log: log, StrictDecisions: []fence.StrictDecision{{GID: "x1"}}}, "strict-record"},
 		{"accepted, then rolled back", []StrictEvent{sent("x2", 500, 1), answered("x2", 500, true)}, true,
-			History{Log: log[:1], StrictDecisions: []sink.StrictDecision{{GID: "x2"}}}, "strict-record"},
+			History{Log: log[:1], StrictDecisions: []fence.StrictDecision{{GID: "x2"}}}, "strict-record"},
 		{"left prepared", nil, true, History{Log: log[:1], Prepared: []string{"x3"}}, "strict-END"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

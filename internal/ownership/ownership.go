@@ -23,7 +23,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
@@ -247,8 +246,8 @@ func Collect(ctx context.Context, cfg Config) Snapshot {
 	cfg = cfg.withDefaults()
 	s := Snapshot{Schema: cfg.Store.Schema(), Group: cfg.Group,
 		HandoffWindowSeconds: int(cfg.HandoffWindow / time.Second), CommandNote: commandNote(cfg)}
-	pool := cfg.Store.Pool()
-	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&s.GeneratedAt); err != nil {
+	var err error
+	if s.GeneratedAt, err = cfg.Store.Now(ctx); err != nil {
 		s.GeneratedAt = time.Now()
 		s.Error = cfg.Redact("reading the database: " + errText(err))
 		return s
@@ -256,8 +255,7 @@ func Collect(ctx context.Context, cfg Config) Snapshot {
 	s.GeneratedAt = s.GeneratedAt.UTC()
 	groups := []string{cfg.Group}
 	if cfg.Group == "" {
-		var err error
-		if groups, err = fencedGroups(ctx, cfg.Store); err != nil {
+		if groups, err = cfg.Store.Groups(ctx); err != nil {
 			s.Error = cfg.Redact("listing the groups with fencing rows: " + errText(err))
 			return s
 		}
@@ -274,14 +272,6 @@ func commandNote(cfg Config) string {
 		note += " and the SASL password from --sasl-password-file or TENURE_SASL_PASSWORD, as this server does"
 	}
 	return note + "."
-}
-
-func fencedGroups(ctx context.Context, store *sink.Store) ([]string, error) {
-	rows, err := store.Pool().Query(ctx, `SELECT DISTINCT consumer_group FROM `+ident(store.Schema())+`.fences ORDER BY 1`)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 func collectGroup(ctx context.Context, cfg Config, name string, now time.Time) Group {
@@ -498,45 +488,32 @@ func shellQuote(s string) string {
 // entry before it (the owner it fenced), and marks the partitions whose
 // owner changed within the hand-off window.
 func collectClaims(ctx context.Context, cfg Config, g *Group, group string, now time.Time) error {
-	q := ident(cfg.Store.Schema())
-	const cols = `SELECT l.id, l.kind, l.at, l.topic, l.partition, l.incarnation, l.epoch, l.owner, l.from_offset, l.to_offset,
-		coalesce(p.owner, ''), coalesce(p.incarnation, 0), coalesce(p.epoch, 0)
-	FROM ` + `%[1]s.fence_log l
-	LEFT JOIN LATERAL (SELECT owner, incarnation, epoch FROM %[1]s.fence_log p
-		WHERE p.consumer_group = l.consumer_group AND p.topic = l.topic AND p.partition = l.partition
-		  AND p.id < l.id AND p.kind IN ('claim', 'commit')
-		ORDER BY p.id DESC LIMIT 1) p ON true
-	WHERE l.consumer_group = $1 AND l.kind IN ('claim', 'reset')
-	  AND l.id > (SELECT coalesce(max(id), 0) FROM %[1]s.fence_log) - $2`
-	read := func(sql string, args ...any) ([]Claim, error) {
-		rows, err := cfg.Store.Pool().Query(ctx, fmt.Sprintf(sql, q), args...)
+	read := func(cq sink.ClaimQuery) ([]Claim, error) {
+		cq.Group, cq.Scan = group, fenceLogScan
+		entries, err := cfg.Store.Claims(ctx, cq)
 		if err != nil {
 			return nil, err
 		}
-		var out []Claim
-		var c Claim
-		var inc, pinc int64
-		var epoch, pepoch int32
-		var prev string
-		_, err = pgx.ForEachRow(rows, []any{&c.ID, &c.Kind, &c.At, &c.Topic, &c.Partition, &inc, &epoch, &c.Owner, &c.From, &c.To, &prev, &pinc, &pepoch}, func() error {
-			cl := c
-			cl.At = c.At.UTC()
-			cl.Ago = secondsAgo(now, c.At)
-			cl.Token = sink.Token{Incarnation: inc, Epoch: epoch}.String()
-			if c.Kind == "claim" && prev != "" && prev != c.Owner {
-				cl.Fenced = prev
-				cl.FencedToken = sink.Token{Incarnation: pinc, Epoch: pepoch}.String()
+		out := make([]Claim, 0, len(entries))
+		for _, e := range entries {
+			cl := Claim{ID: e.ID, Kind: e.Kind, At: e.At.UTC(), Ago: secondsAgo(now, e.At), Topic: e.Partition.Topic, Partition: e.Partition.Partition,
+				Token: e.Token.String(), Owner: e.Owner, From: e.From, To: e.To}
+			if e.Kind == "claim" && e.Previous != "" && e.Previous != e.Owner {
+				cl.Fenced = e.Previous
+				cl.FencedToken = e.PreviousToken.String()
 			}
 			out = append(out, cl)
-			return nil
-		})
-		return out, err
+		}
+		return out, nil
 	}
-	recent, err := read(cols+` ORDER BY l.id DESC LIMIT $3`, group, fenceLogScan, cfg.LogEntries)
-	if err != nil {
-		return err
+	var recent []Claim
+	if cfg.LogEntries > 0 {
+		var err error
+		if recent, err = read(sink.ClaimQuery{Limit: cfg.LogEntries}); err != nil {
+			return err
+		}
 	}
-	window, err := read(cols+` AND l.kind = 'claim' AND l.at > $3::timestamptz ORDER BY l.id DESC`, group, fenceLogScan, now.Add(-cfg.HandoffWindow))
+	window, err := read(sink.ClaimQuery{Since: now.Add(-cfg.HandoffWindow)})
 	if err != nil {
 		return err
 	}
@@ -565,34 +542,25 @@ func textClaim(cfg Config, c Claim) Claim {
 }
 
 func collectDeadLetters(ctx context.Context, cfg Config, g *Group, group string, now time.Time) error {
-	q := ident(cfg.Store.Schema())
-	if err := cfg.Store.Pool().QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'dead'), count(*) FROM `+q+`.dead_letters
-		WHERE consumer_group = $1`, group).Scan(&g.DeadLetters.Dead, &g.DeadLetters.Total); err != nil {
+	var err error
+	if g.DeadLetters.Dead, g.DeadLetters.Total, err = cfg.Store.DeadLetterCounts(ctx, group); err != nil {
 		return err
 	}
-	rows, err := cfg.Store.Pool().Query(ctx, `SELECT id, topic, partition, job_offset, status, error, attempts, owner, dead_at
-		FROM `+q+`.dead_letters WHERE consumer_group = $1 ORDER BY id DESC LIMIT $2`, group, cfg.DeadLetters)
+	if cfg.DeadLetters <= 0 {
+		return nil
+	}
+	dls, err := cfg.Store.DeadLetters(ctx, sink.DeadLetterFilter{Group: group, Limit: cfg.DeadLetters, NewestFirst: true})
 	if err != nil {
 		return err
 	}
-	var d DeadLetter
-	var topic string
-	var part int32
-	var off int64
-	_, err = pgx.ForEachRow(rows, []any{&d.ID, &topic, &part, &off, &d.Status, &d.Error, &d.Attempts, &d.Owner, &d.DeadAt}, func() error {
-		dl := d
-		dl.Job = text(cfg, fmt.Sprintf("%s/%d/%d", topic, part, off))
-		dl.Error = clip(text(cfg, d.Error), 300)
-		dl.Owner = text(cfg, d.Owner)
-		dl.DeadAt = d.DeadAt.UTC()
-		dl.Ago = secondsAgo(now, d.DeadAt)
-		g.DeadLetters.Newest = append(g.DeadLetters.Newest, dl)
-		return nil
-	})
-	return err
+	for _, d := range dls {
+		g.DeadLetters.Newest = append(g.DeadLetters.Newest, DeadLetter{ID: d.ID,
+			Job:    text(cfg, fmt.Sprintf("%s/%d/%d", d.Partition.Topic, d.Partition.Partition, d.Offset)),
+			Status: d.Status, Error: clip(text(cfg, d.Error), 300), Attempts: d.Attempts, Owner: text(cfg, d.Owner),
+			DeadAt: d.DeadAt.UTC(), Ago: secondsAgo(now, d.DeadAt)})
+	}
+	return nil
 }
-
-func ident(schema string) string { return pgx.Identifier{schema}.Sanitize() }
 
 func secondsAgo(now, t time.Time) int64 {
 	d := now.Sub(t)

@@ -1,4 +1,4 @@
-package sink
+package fence
 
 // Strict hand-off (G3-strict): a batch's transaction ends with PREPARE
 // TRANSACTION instead of COMMIT; the lane then commits the batch's offset to

@@ -1,4 +1,4 @@
-package sink
+package fence
 
 import (
 	"context"
@@ -80,4 +80,27 @@ func (s *Store) AcknowledgePartitions(ctx context.Context, group, topic string, 
 		return err
 	})
 	return old, err
+}
+
+// Layout is the partition count a group recorded for a topic the first time
+// its workers consumed it (or the count an operator acknowledged since).
+type Layout struct {
+	Group, Topic string
+	Partitions   int32
+}
+
+// Layouts returns the partition counts recorded for group's topics, or for
+// every group's when group is "", ordered by group and topic. A topic the
+// group never consumed has no layout.
+func (s *Store) Layouts(ctx context.Context, group string) ([]Layout, error) {
+	rows, err := s.pool.Query(ctx, `SELECT consumer_group, topic, partition_count FROM `+quote(s.schema)+
+		`.topic_layouts WHERE ($1 = '' OR consumer_group = $1) ORDER BY consumer_group, topic`, group)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Layout, error) {
+		var l Layout
+		err := r.Scan(&l.Group, &l.Topic, &l.Partitions)
+		return l, err
+	})
 }

@@ -1,4 +1,4 @@
-package sink
+package fence
 
 import (
 	"context"
@@ -190,6 +190,9 @@ type FenceLogEntry struct {
 	// a reset's move, from From to To.
 	From, To int64
 	At       time.Time
+	// GID is the prepared transaction's id of a strict mode commit ("" for
+	// every other entry).
+	GID string
 }
 
 // JobLog is what p's fence log says about the job at one offset.

@@ -1,4 +1,4 @@
-package sink
+package fence
 
 import (
 	"context"
@@ -39,7 +39,7 @@ func (s *Store) SetPooled(pooled bool) { s.pooled = pooled }
 func (s *Store) Pooled() bool { return s.pooled }
 
 // NewStore returns a Store for schema ("" means DefaultSchema). It does not
-// touch the database; see Migrate and CheckSchema.
+// touch the database; see sink.Migrate and sink.CheckSchema.
 func NewStore(pool *pgxpool.Pool, schema string) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("sink: a pgx pool is required")
@@ -580,4 +580,87 @@ func fencedFrom(op string, p Partition, t Token, owner string, from int64, f Fen
 func isLost(err error) bool {
 	var fe *FencedError
 	return errors.As(err, &fe) && (!fe.Found || fe.Current != fe.Presented || fe.CurrentOwner != fe.Owner || fe.CurrentClaim != fe.ClaimID)
+}
+
+// Now is the database server's clock: the time the operator's views measure
+// ages against (a hold's, a heartbeat's), so that they do not depend on the
+// clock of the machine that reads them.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&now)
+	return now, err
+}
+
+// TopicIDs returns the distinct topic ids that group's fencing rows of topic
+// recorded (the ids their first claims saw; rows that never saw one are left
+// out). More than one, or one that is not the topic's id in Kafka, means
+// the stored offsets belong to a topic of that name that was deleted and
+// re-created.
+func (s *Store) TopicIDs(ctx context.Context, group, topic string) ([][16]byte, error) {
+	rows, err := s.pool.Query(ctx, `SELECT DISTINCT topic_id FROM `+quote(s.schema)+`.fences
+		WHERE consumer_group = $1 AND topic = $2 AND topic_id IS NOT NULL`, group, topic)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) ([16]byte, error) {
+		var u pgtype.UUID
+		err := r.Scan(&u)
+		return u.Bytes, err
+	})
+}
+
+// Querier is what a read through a handler's transaction needs: the
+// QueryRow of consumer.Tx, pgx.Tx and pgxpool.Pool.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// PartitionLog is which log a partition's stored offsets belong to.
+type PartitionLog struct {
+	// TopicID is the topic id the partition's first claim saw (zero:
+	// unknown). Another id means a topic of that name was deleted and
+	// re-created.
+	TopicID [16]byte
+	// LogEpoch counts the operator's acknowledgements that started the
+	// partition's offsets over (Fence.LogEpoch).
+	LogEpoch int64
+}
+
+// ReadPartitionLog reads p's log identity from its fencing row in schema,
+// through q. A handler passes its transaction: the batch's fence, which runs
+// last in it, checks that the lane's log epoch is still the row's, so what
+// the handler read is what its commit is conditioned on. A partition with
+// no fencing row reads as the zero PartitionLog.
+func ReadPartitionLog(ctx context.Context, q Querier, schema string, p Partition) (PartitionLog, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return PartitionLog{}, err
+	}
+	var (
+		id  pgtype.UUID
+		out PartitionLog
+	)
+	err := q.QueryRow(ctx, `SELECT topic_id, log_epoch FROM `+quote(schema)+`.fences
+		WHERE consumer_group = $1 AND topic = $2 AND partition = $3`, p.Group, p.Topic, p.Partition).Scan(&id, &out.LogEpoch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return PartitionLog{}, nil
+	}
+	if err != nil {
+		return PartitionLog{}, err
+	}
+	if id.Valid {
+		out.TopicID = id.Bytes
+	}
+	return out, nil
+}
+
+// CommitTracked is Commit that also returns the transaction's id, and
+// Resolve decides the outcome of a commit by that id: the steps CommitBatch
+// and ResolveSession take inside, exported for the protocol's tests.
+func (s *Store) CommitTracked(ctx context.Context, tx pgx.Tx, req CommitRequest) (int64, error) {
+	return s.commitTracked(ctx, tx, req)
+}
+
+// Resolve: see CommitTracked.
+func (s *Store) Resolve(ctx context.Context, req CommitRequest, xid int64) (Outcome, error) {
+	return s.resolve(ctx, req, xid)
 }

@@ -1,4 +1,4 @@
-package sink
+package fence
 
 import (
 	"context"
@@ -144,20 +144,27 @@ type DeadLetterFilter struct {
 	Topic  string
 	Status string
 	Limit  int
+	// NewestFirst lists the newest Limit dead letters, newest first.
+	NewestFirst bool
 }
 
 const deadLetterCols = `id, consumer_group, topic, partition, job_offset, job_key, job_value, headers, error, attempts,
 	incarnation, epoch, owner, dead_at, status`
 
-// DeadLetters lists dead letters, oldest first.
+// DeadLetters lists dead letters, oldest first (or newest first, with
+// f.NewestFirst); at most f.Limit, 1000 when it is not positive.
 func (s *Store) DeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 1000
 	}
+	order := "id"
+	if f.NewestFirst {
+		order = "id DESC"
+	}
 	rows, err := s.pool.Query(ctx, `SELECT `+deadLetterCols+` FROM `+quote(s.schema)+`.dead_letters
 		WHERE ($1 = '' OR consumer_group = $1) AND ($2 = '' OR topic = $2) AND ($3 = '' OR status = $3)
-		ORDER BY id LIMIT $4`, f.Group, f.Topic, f.Status, limit)
+		ORDER BY `+order+` LIMIT $4`, f.Group, f.Topic, f.Status, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -171,6 +178,14 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLett
 		out = append(out, d)
 	}
 	return out, rows.Err()
+}
+
+// DeadLetterCounts counts group's dead letters: those still dead (neither
+// replayed nor discarded), and all.
+func (s *Store) DeadLetterCounts(ctx context.Context, group string) (dead, total int64, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'dead'), count(*) FROM `+quote(s.schema)+`.dead_letters
+		WHERE consumer_group = $1`, group).Scan(&dead, &total)
+	return dead, total, err
 }
 
 // ErrNoDeadLetter is returned for an id that does not exist.
@@ -254,4 +269,31 @@ func scanDeadLetter(r pgx.Row) (DeadLetter, error) {
 		return d, fmt.Errorf("dead letter %d headers: %w", d.ID, err)
 	}
 	return d, nil
+}
+
+// DeadLetterAction is one thing an operator did to a dead letter.
+type DeadLetterAction struct {
+	Action string // "replay" or "discard"
+	Actor  string
+	At     time.Time // UTC
+	// Where a replay sent the job (nil for a discard).
+	Topic     *string
+	Partition *int32
+	Offset    *int64
+}
+
+// DeadLetterActions returns what was done to dead letter id, oldest first
+// (none for an id that names no dead letter).
+func (s *Store) DeadLetterActions(ctx context.Context, id int64) ([]DeadLetterAction, error) {
+	rows, err := s.pool.Query(ctx, `SELECT action, actor, at, topic, partition, job_offset FROM `+quote(s.schema)+
+		`.dead_letter_actions WHERE dead_letter_id = $1 ORDER BY id`, id)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetterAction, error) {
+		var a DeadLetterAction
+		err := r.Scan(&a.Action, &a.Actor, &a.At, &a.Topic, &a.Partition, &a.Offset)
+		a.At = a.At.UTC()
+		return a, err
+	})
 }

@@ -1,4 +1,4 @@
-package sink
+package fence
 
 import (
 	"context"
@@ -167,4 +167,90 @@ func pruneLockKey(schema string, p Partition) int64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "tenure.fencelog.%s\x00%s\x00%s\x00%d", schema, p.Group, p.Topic, p.Partition)
 	return int64(h.Sum64())
+}
+
+// FenceLog returns every entry of group's fence log that pruning kept,
+// oldest first. It reads the whole log: a check over a group's history
+// (tests, the demo) uses it, not a worker.
+func (s *Store) FenceLog(ctx context.Context, group string) ([]FenceLogEntry, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, kind, consumer_group, topic, partition, incarnation, epoch, owner, claim_id,
+		from_offset, to_offset, at, coalesce(gid, '') FROM `+quote(s.schema)+`.fence_log WHERE consumer_group = $1 ORDER BY id`, group)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (FenceLogEntry, error) {
+		var e FenceLogEntry
+		err := r.Scan(&e.ID, &e.Kind, &e.Partition.Group, &e.Partition.Topic, &e.Partition.Partition, &e.Token.Incarnation, &e.Token.Epoch,
+			&e.Owner, &e.ClaimID, &e.From, &e.To, &e.At, &e.GID)
+		return e, err
+	})
+}
+
+// ClaimQuery selects the claims that Claims returns.
+type ClaimQuery struct {
+	Group string
+	// Scan bounds the read to the schema's newest Scan fence log entries
+	// (of every group), so that it costs the same however long the log.
+	Scan int64
+	// Since, when set, keeps only the claims made after it (no resets);
+	// otherwise claims and resets are returned.
+	Since time.Time
+	// Limit bounds the number returned (0: no bound).
+	Limit int
+}
+
+// ClaimEntry is a claim or an operator's reset from the fence log, with
+// the claim or commit before it on the same partition.
+type ClaimEntry struct {
+	FenceLogEntry
+	// Previous and PreviousToken are the owner and token of the partition's
+	// claim or commit before this entry ("" and zero: none kept): for a
+	// claim by another owner, the owner it fenced.
+	Previous      string
+	PreviousToken Token
+}
+
+// Claims returns the claims (and resets) of the group among the schema's
+// newest fence log entries, newest first, each with the entry before it:
+// who held the partition, and with which token, until the claim.
+func (s *Store) Claims(ctx context.Context, cq ClaimQuery) ([]ClaimEntry, error) {
+	q := quote(s.schema)
+	sql := `SELECT l.id, l.kind, l.at, l.consumer_group, l.topic, l.partition, l.incarnation, l.epoch, l.owner, l.claim_id,
+		l.from_offset, l.to_offset, coalesce(p.owner, ''), coalesce(p.incarnation, 0), coalesce(p.epoch, 0)
+	FROM ` + q + `.fence_log l
+	LEFT JOIN LATERAL (SELECT owner, incarnation, epoch FROM ` + q + `.fence_log p
+		WHERE p.consumer_group = l.consumer_group AND p.topic = l.topic AND p.partition = l.partition
+		  AND p.id < l.id AND p.kind IN ('claim', 'commit')
+		ORDER BY p.id DESC LIMIT 1) p ON true
+	WHERE l.consumer_group = $1 AND l.kind IN ('claim', 'reset')
+	  AND l.id > (SELECT coalesce(max(id), 0) FROM ` + q + `.fence_log) - $2`
+	args := []any{cq.Group, cq.Scan}
+	if !cq.Since.IsZero() {
+		args = append(args, cq.Since)
+		sql += fmt.Sprintf(` AND l.kind = 'claim' AND l.at > $%d::timestamptz`, len(args))
+	}
+	sql += ` ORDER BY l.id DESC`
+	if cq.Limit > 0 {
+		args = append(args, cq.Limit)
+		sql += fmt.Sprintf(` LIMIT $%d`, len(args))
+	}
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ClaimEntry, error) {
+		var c ClaimEntry
+		err := r.Scan(&c.ID, &c.Kind, &c.At, &c.Partition.Group, &c.Partition.Topic, &c.Partition.Partition, &c.Token.Incarnation, &c.Token.Epoch,
+			&c.Owner, &c.ClaimID, &c.From, &c.To, &c.Previous, &c.PreviousToken.Incarnation, &c.PreviousToken.Epoch)
+		return c, err
+	})
+}
+
+// Groups returns the consumer groups that have fencing rows, sorted.
+func (s *Store) Groups(ctx context.Context) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT DISTINCT consumer_group FROM `+quote(s.schema)+`.fences ORDER BY 1`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
