@@ -52,6 +52,13 @@ func (c *Consumer) backoff(attempt int) time.Duration {
 	return min(d, c.cfg.RetryBackoffMax)
 }
 
+// doubling is the delay before attempt (1-based) of a wait that starts at
+// first and doubles (four times at most) up to limit: a lane's recovery,
+// a strict offset commit sent again.
+func doubling(first, limit time.Duration, attempt int) time.Duration {
+	return min(first<<min(attempt-1, 4), limit)
+}
+
 // reconnectBackoffMax caps the backoff while the database cannot be reached
 // at all. Asking again costs one connection attempt, and the moment it is
 // back (a failover: a standby promoted after seconds) is when every lane

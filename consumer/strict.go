@@ -274,7 +274,7 @@ func (p *preparedBatch) decide() error {
 			l.log.Warn(MsgStrictLeftPrepared, zap.String("gid", gid), zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Error(err))
 			return fmt.Errorf("%w: %w", errStopped, errStrictLeftPrepared)
 		}
-		t := time.NewTimer(min(strictResendAfter<<min(attempt-1, 4), 2*time.Second))
+		t := time.NewTimer(doubling(strictResendAfter, 2*time.Second, attempt))
 		select {
 		case <-t.C:
 		case <-l.ctx.Done():
