@@ -306,9 +306,10 @@ func laneConns(conns int32) int {
 	return int(max(1, conns-reserve))
 }
 
-// commitTx runs work in a transaction and commits it through the fence from
-// b.From to b.To. Errors of the transaction machinery come back marked as
-// infrastructure errors; work's own errors come back as they are.
+// commitTx runs work in a transaction and has the lane's committer end it
+// from b.From to b.To (commit.go: through the fence, strict, or unfenced).
+// Errors of the transaction machinery come back marked as infrastructure
+// errors; work's own errors come back as they are.
 //
 // The transaction is opened with a marker (SET LOCAL tenure.tx, a value
 // unique to this batch), checked just before the fence in the same
@@ -326,9 +327,8 @@ func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Con
 	opts := l.c.txOptions
 	// The claim id in application_name lets a newer owner that waits on
 	// this transaction's row locks recognise it as an older claimant's
-	// (sink.Store.EndStaleBlockers), and lets Resolve find the session.
-	appName := fence.ApplicationName(l.claimID)
-	opts.BeginQuery += "; SET LOCAL tenure.tx = '" + marker + "'; SET LOCAL application_name = '" + appName + "'"
+	// (fence.Store.EndStaleBlockers), and lets Resolve find the session.
+	opts.BeginQuery += "; SET LOCAL tenure.tx = '" + marker + "'; SET LOCAL application_name = '" + l.appName + "'"
 	// A slot first (laneConns), then a connection.
 	slots := l.c.txSlots()
 	select {
@@ -338,9 +338,9 @@ func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Con
 		return infraError{fmt.Errorf("begin: %w", ctx.Err())}
 	}
 	// The connection is acquired here, not by the transaction, because the
-	// COMMIT travels with the fence (sink.Store.CommitBatch) rather than
+	// COMMIT travels with the fence (fence.Store.CommitBatch) rather than
 	// through tx.Commit: the connection goes back to the pool afterwards.
-	conn, err := l.c.store.Pool().Acquire(ctx)
+	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
 		return infraError{fmt.Errorf("begin: %w", err)}
 	}
@@ -349,23 +349,23 @@ func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Con
 	if err != nil {
 		return infraError{fmt.Errorf("begin: %w", err)}
 	}
-	sess := fence.Session{PID: conn.Conn().PgConn().PID(), AppName: appName}
-	done := false
+	t := &openTx{b: b, conn: conn, tx: tx, marker: marker, sess: fence.Session{PID: conn.Conn().PgConn().PID(), AppName: l.appName}}
+	owner := laneOwnsTx
 	defer func() {
-		if !done {
+		if owner == laneOwnsTx {
 			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = tx.Rollback(rctx) // a failed rollback closes the connection: nothing survives
 		}
 	}()
-	if l.c.store.Pooled() {
+	if l.pooled {
 		// Through a transaction pooler the announced pid is the pooler's:
 		// ask the server backend that runs this transaction.
-		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&sess.PID); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&t.sess.PID); err != nil {
 			return infraError{fmt.Errorf("begin: %w", err)}
 		}
 	}
-	stopWatch := l.watchLocks(sess.PID)
+	stopWatch := l.watchLocks(t.sess.PID)
 	err = work(ctx, tx)
 	stopWatch()
 	if err != nil {
@@ -377,40 +377,11 @@ func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Con
 	defer cancel()
 	// One span for the fence statement and COMMIT: one round trip. It ends
 	// once the outcome is known (resolved, if the answer was lost).
-	cctx, fspan := l.c.trace.child(cctx, SpanFenceCommit)
-	defer func() { endSpan(fspan, err) }()
-	req := sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To, LogEpoch: l.logEpoch}
-	if l.c.cfg.UnsafeNoFence { // benchmarks only: see Config.UnsafeNoFence
-		done = true
-		if err := tx.Commit(cctx); err != nil {
-			return infraError{err}
-		}
-		return nil
-	}
-	if l.c.cfg.Strict {
-		return l.strictCommit(cctx, conn, tx, &done, req, marker, sess, b)
-	}
-	err = l.c.store.CommitBatch(cctx, tx, req, marker)
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-		done = true
-		return nil
-	case errors.Is(err, sink.ErrTxEnded):
-		return &HandlerBugError{FirstJob: JobID(b.Records[0]), LastJob: JobID(b.Records[len(b.Records)-1]), From: b.From, To: b.To}
-	case errors.Is(err, sink.ErrFenced):
-		return err
-	case errors.As(err, &pgErr):
-		return infraError{err} // the server refused: nothing committed
-	}
-	// The connection broke, or the answer did not come within the commit
-	// timeout: the outcome is unknown. The session is dropped (it may still
-	// be in its COMMIT), and Resolve finds the outcome out exactly, waiting
-	// while that session is still in the transaction.
-	done = true
-	_ = conn.Conn().Close(context.Background())
-	unknownOutcome(fspan, err)
-	return l.resolve(req, sess, err)
+	cctx, t.span = l.c.trace.child(cctx, SpanFenceCommit)
+	defer func() { endSpan(t.span, err) }()
+	t.req = sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To, LogEpoch: l.logEpoch}
+	owner, err = l.committer.commit(cctx, l, t)
+	return err
 }
 
 func (l *lane) resolve(req sink.CommitRequest, sess fence.Session, commitErr error) error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	mrand "math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -335,7 +334,7 @@ const maxClaimRounds = 8
 // their order is what keeps tokens ordered across group lifetimes:
 //
 //  1. register: read the group's incarnation I and raise its registered high
-//     epoch to ours (sink.Store.Register);
+//     epoch to ours (fence.Store.Register);
 //  2. confirm: the group coordinator says that our epoch is current and that
 //     we hold the partition (a zombie is refused here);
 //  3. claim with (I, epoch), which Postgres accepts only while I is the
@@ -358,7 +357,7 @@ const maxClaimRounds = 8
 //
 // A tie (the stored token is ours exactly, claimed by another claimant)
 // cannot be settled by the epoch: once the coordinator confirms us again,
-// we bump too. A bump never lets anyone in (sink.Store.BumpIncarnation).
+// we bump too. A bump never lets anyone in (fence.Store.BumpIncarnation).
 // docs/fencing.md walks through it; the Promela model in docs/model checks it.
 //
 // prepared says whether prepared batches may hold the partition's row
@@ -516,18 +515,6 @@ type claimFailedError struct{ err error }
 
 func (e claimFailedError) Error() string { return e.err.Error() }
 func (e claimFailedError) Unwrap() error { return e.err }
-
-// errStuck is matched by errors that retrying does not mend: retry gives
-// up on them at once, and the lane holds its partition as stalled.
-var errStuck = errors.New("stuck")
-
-type stuckError struct{ err error }
-
-func (e stuckError) Error() string        { return e.err.Error() }
-func (e stuckError) Unwrap() error        { return e.err }
-func (e stuckError) Is(target error) bool { return target == errStuck }
-
-func stuck(err error) error { return stuckError{err} }
 
 // bump moves the group's incarnation on from the one registered in r, once
 // the coordinator has confirmed epoch v after that registration: either an
@@ -785,60 +772,4 @@ func (c *Consumer) holdTopic(topic string, n int32) {
 			l.holdForLayout(n)
 		}
 	}
-}
-
-// retry runs fn until it succeeds, returns an error matching sink.ErrFenced
-// or errStuck, or ctx ends; between attempts it backs off like a failing
-// batch does.
-func (c *Consumer) retry(ctx context.Context, what string, log *zap.Logger, fn func() error) error {
-	for attempt := 1; ; attempt++ {
-		err := fn()
-		if err == nil || errors.Is(err, sink.ErrFenced) || errors.Is(err, errStuck) {
-			return err
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
-		}
-		d := c.retryDelay(attempt, err)
-		log.Warn(what+" failed, retrying", zap.Error(err), zap.Int("attempt", attempt), zap.Duration("backoff", d))
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
-		case <-t.C:
-		}
-	}
-}
-
-// backoff is the delay after the given failed attempt (1-based): capped
-// exponential.
-func (c *Consumer) backoff(attempt int) time.Duration {
-	d := c.cfg.RetryBackoff
-	for i := 1; i < attempt && d < c.cfg.RetryBackoffMax; i++ {
-		d *= 2
-	}
-	return min(d, c.cfg.RetryBackoffMax)
-}
-
-// reconnectBackoffMax caps the backoff while the database cannot be reached
-// at all. Asking again costs one connection attempt, and the moment it is
-// back (a failover: a standby promoted after seconds) is when every lane
-// should be at work; a database that answers with errors keeps the longer
-// backoff (RetryBackoffMax), which spares it.
-const reconnectBackoffMax = time.Second
-
-// retryDelay is backoff for a failure with error err, jittered.
-func (c *Consumer) retryDelay(attempt int, err error) time.Duration {
-	d := c.backoff(attempt)
-	if databaseAway(err) {
-		d = min(d, reconnectBackoffMax)
-	}
-	return jitter(d)
-}
-
-// jitter spreads d over [0.75d, 1.25d): waits that many lanes or workers
-// start together (a database back, a hand-off) do not stay in step.
-func jitter(d time.Duration) time.Duration {
-	return d*3/4 + time.Duration(mrand.Int64N(int64(d)/2+1))
 }

@@ -134,7 +134,7 @@ type Config struct {
 	// lane does not cancel: once the handler is done, the fence (not the
 	// worker's belief about ownership) decides whether the batch lands. Past
 	// the timeout the outcome is unknown, and the lane finds it out exactly
-	// (sink.Store.ResolveSession), waiting while the COMMIT is still running: a
+	// (fence.Store.ResolveSession), waiting while the COMMIT is still running: a
 	// short timeout costs nothing but a round trip to ask.
 	CommitTimeout time.Duration
 	// DatabaseTimeout is how long the database may go without answering
@@ -153,7 +153,7 @@ type Config struct {
 
 	// FenceLogRetention bounds the fence log (one entry per accepted claim
 	// and commit, so one per batch) of the partitions this worker holds: every
-	// FenceLogPruneInterval it runs sink.Store.PruneFenceLog on each, which
+	// FenceLogPruneInterval it runs fence.Store.PruneFenceLog on each, which
 	// keeps the claim holding the partition and records the cut. Zero fields
 	// take the defaults: MaxAge 7 days, MaxEntries 10,000 per partition. A
 	// negative field sets no limit of its kind; both negative keep the whole

@@ -53,7 +53,7 @@ const (
 	// (tenure admin topic acknowledge-partitions).
 	StateHeldPartitions State = "held-partitions"
 	// StateOwnerSilent: the member the coordinator assigns the partition
-	// has stopped: its heartbeat row (sink.Store.Heartbeat, every 2 s) is
+	// has stopped: its heartbeat row (fence.Store.Heartbeat, every 2 s) is
 	// older than 10 s, and its fencing row has not moved for as long; or it
 	// has no heartbeat row (a worker without heartbeats) while it holds the
 	// fencing row, jobs wait, and the row has not moved for 10 s. The

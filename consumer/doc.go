@@ -16,7 +16,8 @@
 //     to continue the partition's fetch position) and runs each in a
 //     transaction: Handler, fence, COMMIT (attempt.go), advancing the stored
 //     next offset only if the token, claimant and log epoch still hold the
-//     partition. A failing batch is retried, split, and its failing job
+//     partition. How the transaction ends is the lane's committer, chosen
+//     once as the lane starts (commit.go; strict.go for Config.Strict). A failing batch is retried, split, and its failing job
 //     dead-lettered in the fenced transaction that moves past it
 //     (attempt.go, errors.go); an older owner's session that holds locks the
 //     batch waits for is ended (handoff.go).

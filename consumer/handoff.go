@@ -15,7 +15,7 @@ import (
 // legal handler and so is often far longer than the session timeout. So a
 // batch that runs longer than lockWatchAfter looks, every lockWatchEvery,
 // at the sessions blocking it (pg_blocking_pids) and ends those that belong
-// to an older claimant of its own partition (sink.Store.EndStaleBlockers),
+// to an older claimant of its own partition (fence.Store.EndStaleBlockers),
 // provided its own claim is the current one. Walk-through:
 //
 //  1. A claims p and begins a batch that updates row r; it is frozen before

@@ -12,7 +12,7 @@ import (
 )
 
 // Heartbeats: every running member writes its row of the workers table
-// (sink.Store.Heartbeat) every heartbeatEvery, so that Describe can tell a
+// (fence.Store.Heartbeat) every heartbeatEvery, so that Describe can tell a
 // member that stopped (SIGKILL, a frozen VM) from one whose partitions are
 // merely idle, long before the coordinator's session timeout says so.
 // Variables, so that tests can shorten them.

@@ -8,9 +8,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -60,16 +62,47 @@ type lane struct {
 	// raised by every rebalance that leaves the partition here). Recovery
 	// claims only at an epoch the lane's own assignment is known to hold.
 	through atomic.Int32
+	topicID [16]byte    // the topic's id when the partition was assigned (zero: unknown)
+	log     *zap.Logger // with the token once claimed
+	baseLog *zap.Logger // log without the token; never replaced, so other goroutines may use it
 
+	laneCommit   // what the lane commits with, and how
+	laneRecovery // what the lane must sort out before it processes more
+	laneBuffer   // the records the poll loop hands the lane
+
+	quit     chan struct{} // soft stop: finish the current batch, start no other
+	quitOnce sync.Once
+	ctx      context.Context // hard stop: cancels the handler
+	cancel   context.CancelFunc
+	done     chan struct{}
+}
+
+// laneCommit is what a lane commits with (its claim) and how (its
+// committer): attempt.go, commit.go, strict.go.
+type laneCommit struct {
 	// Set by the claim, then read by the lane goroutine only.
 	claimedOnce bool // a claim of this lane was accepted
 	token       sink.Token
 	logEpoch    int64 // the partition's log epoch at the claim (sink.Claimed.LogEpoch)
 	next        int64 // the stored next offset as this lane knows it
-	log         *zap.Logger
-	baseLog     *zap.Logger // log without the token; never replaced, so other goroutines may use it
 
-	topicID    [16]byte     // the topic's id when the partition was assigned (zero: unknown)
+	// Fixed when the lane starts (startCommit), read by the lane goroutine.
+	committer committer     // fenced, strict or unfenced
+	pool      *pgxpool.Pool // the store's: batch transactions run on its connections
+	pooled    bool          // the pool leads through a transaction pooler (sink.Store.SetPooled)
+	appName   string        // the batch transactions' application_name (fence.ApplicationName)
+
+	// acked is the next offset after the lane's last acknowledged commit (or
+	// its claim), with the log epoch it belongs to; mirrored, the offset
+	// Kafka last accepted from the mirror for it (mirror.go).
+	acked    atomic.Pointer[ackState]
+	mirrored atomic.Int64
+}
+
+// laneRecovery is what a lane must sort out before it processes (more):
+// a hold, a changed partition count, a rejected claim, a moved fencing
+// row, and the fetch position it must seek to afterwards (recover.go).
+type laneRecovery struct {
 	blocked    bool         // claimed, then waiting for a partition count acknowledgement
 	held       *sink.Hold   // claimed, then waiting for an operator to acknowledge this hold
 	recovering error        // the claim was rejected: find out why and claim again (recover)
@@ -84,12 +117,11 @@ type lane struct {
 	// where kgo had fetched to.
 	seekTo    atomic.Int64
 	seekPause atomic.Bool // the seek keeps fetching paused (seekPaused)
-	// acked is the next offset after the lane's last acknowledged commit (or
-	// its claim), with the log epoch it belongs to; mirrored, the offset
-	// Kafka last accepted from the mirror for it (mirror.go).
-	acked    atomic.Pointer[ackState]
-	mirrored atomic.Int64
+}
 
+// laneBuffer is the lane's buffer and the partition's fetch state
+// (buffer.go): the poll loop pushes, the lane takes; under mu.
+type laneBuffer struct {
 	mu         sync.Mutex
 	queue      []*kgo.Record
 	queueBytes int64 // the buffered records' size (recordSize)
@@ -114,12 +146,7 @@ type lane struct {
 	logEvidence int64
 	logWhy      string
 
-	wake     chan struct{} // cap 1: records arrived
-	quit     chan struct{} // soft stop: finish the current batch, start no other
-	quitOnce sync.Once
-	ctx      context.Context // hard stop: cancels the handler
-	cancel   context.CancelFunc
-	done     chan struct{}
+	wake chan struct{} // cap 1: records arrived
 }
 
 // ackState is an offset acknowledged in Postgres and the log epoch it
@@ -134,13 +161,22 @@ func newLane(c *Consumer, cl *kgo.Client, key sink.Partition, owner string, epoc
 	log = log.With(zap.Int64("claim_id", claimID))
 	l := &lane{
 		c: c, cl: cl, key: key, owner: owner, epoch: epoch, partitions: partitions, claimID: claimID, log: log, baseLog: log,
-		wake: make(chan struct{}, 1), quit: make(chan struct{}),
-		ctx: ctx, cancel: cancel, done: make(chan struct{}),
-		logEvidence: -1,
+		quit: make(chan struct{}), ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		laneBuffer: laneBuffer{wake: make(chan struct{}, 1), logEvidence: -1},
 	}
 	l.through.Store(epoch)
 	l.seekTo.Store(-1)
 	return l
+}
+
+// startCommit fixes how the lane commits, once, as it starts: its
+// committer from the Config, and what every batch transaction needs of
+// the store and the claim.
+func (l *lane) startCommit() {
+	l.committer = newCommitter(l.c)
+	l.pool = l.c.store.Pool()
+	l.pooled = l.c.store.Pooled()
+	l.appName = fence.ApplicationName(l.claimID)
 }
 
 // setAcked records next as acknowledged in the lane's log epoch.
@@ -227,6 +263,7 @@ func (l *lane) run() {
 	l.c.stats.lanes.Add(1)
 	defer l.c.stats.lanes.Add(-1)
 	defer close(l.done)
+	l.startCommit()
 	if l.recovering != nil && !l.recover(l.recovering) {
 		return
 	}

@@ -20,7 +20,7 @@ import (
 // the coordinator and the fencing row agree. Variables, so that tests can
 // shorten them.
 var (
-	// silentAfter: a member whose heartbeat row (sink.Store.Heartbeat,
+	// silentAfter: a member whose heartbeat row (fence.Store.Heartbeat,
 	// every heartbeatEvery) is older than this, five missed beats, is
 	// silent.
 	silentAfter = 10 * time.Second

@@ -64,7 +64,7 @@ func (l *lane) recover(cause error) bool {
 	for attempt := 1; ; attempt++ {
 		// Jittered, so that the lanes of many partitions stuck alike do
 		// not try again in step.
-		d := jitter(min(recoverFirst<<min(attempt-1, 4), recoverMax))
+		d := jitter(doubling(recoverFirst, recoverMax, attempt))
 		if !l.sleep(d) {
 			return false
 		}

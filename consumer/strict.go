@@ -19,9 +19,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -86,52 +83,53 @@ func (e *StrictRolledBackError) Is(target error) bool { return target == sink.Er
 // coordinator's answer unknown; the next claim of the partition decides it.
 var errStrictLeftPrepared = errors.New("strict batch left prepared: the coordinator's answer is unknown; the next claim of the partition resolves it")
 
-// strictBatch names b as prepared by this lane.
-func (l *lane) strictBatch(b *Batch) fence.StrictBatch {
-	return fence.StrictBatch{Partition: l.key, Token: l.token, ClaimID: l.claimID, From: b.From, To: b.To}
+// strictCommitter is a strict lane's committer (Config.Strict): the fence
+// statement and PREPARE TRANSACTION in one round trip, then the batch's
+// offset commit and the decision (preparedBatch.decide).
+type strictCommitter struct {
+	schema string // the store's: a GID names it (fence.GID)
 }
 
-// strictCommit is commitTx's end for a strict lane: the fence statement and
-// PREPARE TRANSACTION in one round trip, then the offset commit and the
-// decision (strictDecide). done tells commitTx the transaction is no longer
-// its to roll back.
-func (l *lane) strictCommit(cctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, done *bool, req sink.CommitRequest, marker string,
-	sess fence.Session, b *Batch) error {
-	gid := fence.GID(l.c.store.Schema(), l.strictBatch(b))
-	err := l.c.store.PrepareBatch(cctx, tx, req, marker, gid)
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-		*done = true
-	case errors.Is(err, sink.ErrTxEnded):
-		return &HandlerBugError{FirstJob: JobID(b.Records[0]), LastJob: JobID(b.Records[len(b.Records)-1]), From: b.From, To: b.To}
-	case errors.Is(err, sink.ErrFenced):
-		return err
-	case errors.As(err, &pgErr):
-		return infraError{err}
-	default:
+func (s strictCommitter) commit(ctx context.Context, l *lane, t *openTx) (txOwner, error) {
+	b := t.b
+	p := &preparedBatch{l: l, b: b, sb: fence.StrictBatch{Partition: l.key, Token: l.token, ClaimID: l.claimID, From: b.From, To: b.To}}
+	p.gid = fence.GID(s.schema, p.sb)
+	err := l.c.store.PrepareBatch(ctx, t.tx, t.req, t.marker, p.gid)
+	if err != nil {
+		if ok, out := t.refused(err); ok {
+			return laneOwnsTx, out
+		}
 		// The answer to PREPARE was lost: find out whether it happened.
-		*done = true
-		_ = conn.Conn().Close(context.Background())
-		out, rerr := l.resolvePrepare(sess, gid)
+		t.dropSession()
+		out, rerr := p.resolvePrepare(t.sess)
 		switch {
 		case rerr != nil:
-			return rerr
+			return laneGaveUpTx, rerr
 		case out == fence.PreparedThenCommitted:
-			return nil
+			return laneGaveUpTx, nil
 		case out == fence.NotPrepared:
 			// Never prepared (or rolled back by a claim since): the row
 			// says whether to retry or recover, as after a lost COMMIT.
-			return l.resolve(req, sess, err)
+			return laneGaveUpTx, l.resolve(t.req, t.sess, err)
 		}
 	}
-	l.log.Debug(MsgStrictPrepared, zap.String("gid", gid), zap.Int64("from", b.From), zap.Int64("to", b.To))
-	return l.strictDecide(b, gid)
+	l.log.Debug(MsgStrictPrepared, zap.String("gid", p.gid), zap.Int64("from", b.From), zap.Int64("to", b.To))
+	return laneGaveUpTx, p.decide()
+}
+
+// preparedBatch is a strict lane's batch from its PREPARE TRANSACTION
+// until it is decided: what the steps of the decision share.
+type preparedBatch struct {
+	l   *lane
+	b   *Batch
+	sb  fence.StrictBatch // the batch as its GID names it
+	gid string
 }
 
 // resolvePrepare learns what became of a PREPARE whose answer was lost,
 // asking until the database answers or the lane is stopped.
-func (l *lane) resolvePrepare(sess fence.Session, gid string) (fence.PrepareOutcome, error) {
+func (p *preparedBatch) resolvePrepare(sess fence.Session) (fence.PrepareOutcome, error) {
+	l, gid := p.l, p.gid
 	ctx, cancel := l.quitContext()
 	defer cancel()
 	var out fence.PrepareOutcome
@@ -181,7 +179,7 @@ const (
 	strictRejected                     // refused: not accepted, and never will be at that member and generation
 )
 
-// strictDecide commits the batch's offset to the coordinator and decides
+// decide commits the batch's offset to the coordinator and decides
 // the prepared batch gid on the answer: COMMIT PREPARED if accepted; if
 // rejected at the lane's own assignment with no newer one known to keep
 // it, by the group's committed offset (decideByRecord). One request at a
@@ -229,8 +227,8 @@ const (
 // kgo's own resend is left on: it has no per-request retry setting
 // (RequestRetries is the whole client's), and the lane's resend makes the
 // same copies anyway; the decision by record covers both.
-func (l *lane) strictDecide(b *Batch, gid string) error {
-	sb := l.strictBatch(b)
+func (p *preparedBatch) decide() error {
+	l, b, gid := p.l, p.b, p.gid
 	meta := strictMetadata(l.logEpoch, gid)
 	if h := l.c.cfg.Hooks.BeforeOffsetCommit; h != nil {
 		h(l.ctx, b, gid)
@@ -244,7 +242,7 @@ func (l *lane) strictDecide(b *Batch, gid string) error {
 		if h := l.c.cfg.Hooks.OffsetCommitInFlight; h != nil && attempt == 1 {
 			h(l.ctx, b, gid)
 		}
-		ans, err := l.sendStrictCommit(member, gen, meta, b.To)
+		ans, err := p.send(member, gen, meta)
 		switch ans {
 		case strictAccepted:
 			l.log.Info(MsgStrictAnswered, zap.String("gid", gid), zap.Bool("accepted", true), zap.Int32("generation", gen),
@@ -252,7 +250,7 @@ func (l *lane) strictDecide(b *Batch, gid string) error {
 			if h := l.c.cfg.Hooks.BeforeCommitPrepared; h != nil {
 				h(l.ctx, b, gid)
 			}
-			return l.decideStrict(sb, gid, true, fmt.Sprintf("offset commit accepted at member %s generation %d", member, gen))
+			return p.finish(true, fmt.Sprintf("offset commit accepted at member %s generation %d", member, gen))
 		case strictRejected:
 			l.log.Info(MsgStrictAnswered, zap.String("gid", gid), zap.Bool("accepted", false), zap.Int32("generation", gen),
 				zap.Int("attempt", attempt), zap.Error(err))
@@ -264,7 +262,7 @@ func (l *lane) strictDecide(b *Batch, gid string) error {
 			}
 			// Never accepted at this member and generation from now on:
 			// whether a copy was accepted before is in the record.
-			return l.decideByRecord(sb, gid, fmt.Sprintf("offset commit rejected at member %s generation %d (%v)", member, gen, err))
+			return p.decideByRecord(fmt.Sprintf("offset commit rejected at member %s generation %d (%v)", member, gen, err))
 		}
 		if !sameError(err, last) {
 			l.log.Warn("strict offset commit: no answer; sending the identical request again (a prepared batch is never rolled back while an answer is unknown)",
@@ -277,7 +275,7 @@ func (l *lane) strictDecide(b *Batch, gid string) error {
 			l.log.Warn(MsgStrictLeftPrepared, zap.String("gid", gid), zap.Int64("from", b.From), zap.Int64("to", b.To), zap.Error(err))
 			return fmt.Errorf("%w: %w", errStopped, errStrictLeftPrepared)
 		}
-		t := time.NewTimer(min(strictResendAfter<<min(attempt-1, 4), 2*time.Second))
+		t := time.NewTimer(doubling(strictResendAfter, 2*time.Second, attempt))
 		select {
 		case <-t.C:
 		case <-l.ctx.Done():
@@ -286,10 +284,11 @@ func (l *lane) strictDecide(b *Batch, gid string) error {
 	}
 }
 
-// sendStrictCommit sends one raw OffsetCommit (kgo's CommitOffsets would
-// rewrite the generation and rejoin on ILLEGAL_GENERATION) and classifies
-// its answer for this partition.
-func (l *lane) sendStrictCommit(member string, gen int32, meta string, to int64) (strictAnswer, error) {
+// send sends one raw OffsetCommit of the batch's end (kgo's CommitOffsets
+// would rewrite the generation and rejoin on ILLEGAL_GENERATION) and
+// classifies its answer for this partition.
+func (p *preparedBatch) send(member string, gen int32, meta string) (strictAnswer, error) {
+	l, to := p.l, p.b.To
 	req := kmsg.NewPtrOffsetCommitRequest()
 	req.Group = l.key.Group
 	req.Generation = gen
@@ -297,12 +296,12 @@ func (l *lane) sendStrictCommit(member string, gen int32, meta string, to int64)
 	t := kmsg.NewOffsetCommitRequestTopic()
 	t.Topic = l.key.Topic
 	t.TopicID = l.topicID // v10 names topics by id
-	p := kmsg.NewOffsetCommitRequestTopicPartition()
-	p.Partition = l.key.Partition
-	p.Offset = to
-	p.LeaderEpoch = -1
-	p.Metadata = kmsg.StringPtr(meta)
-	t.Partitions = append(t.Partitions, p)
+	part := kmsg.NewOffsetCommitRequestTopicPartition()
+	part.Partition = l.key.Partition
+	part.Offset = to
+	part.LeaderEpoch = -1
+	part.Metadata = kmsg.StringPtr(meta)
+	t.Partitions = append(t.Partitions, part)
 	req.Topics = append(req.Topics, t)
 	// Not the lane's context: stopping the lane must not make an answer
 	// unknown that was about to come.
@@ -337,10 +336,11 @@ func (l *lane) sendStrictCommit(member string, gen int32, meta string, to int64)
 	return strictUnknown, errors.New("the offset commit response does not mention the partition")
 }
 
-// decideByRecord decides gid by the group's committed offset, read after a
-// rejection of its offset commit (strictDecide): commit iff it names gid
-// and is the batch's end.
-func (l *lane) decideByRecord(sb fence.StrictBatch, gid, why string) error {
+// decideByRecord decides the batch by the group's committed offset, read
+// after a rejection of its offset commit (decide): commit iff it names the
+// batch's GID and is the batch's end.
+func (p *preparedBatch) decideByRecord(why string) error {
+	l, sb, gid := p.l, p.sb, p.gid
 	ctx, cancel := l.recordContext()
 	defer cancel()
 	var off int64
@@ -357,7 +357,7 @@ func (l *lane) decideByRecord(sb fence.StrictBatch, gid, why string) error {
 		return fmt.Errorf("%w: %w", errStopped, errStrictLeftPrepared)
 	}
 	commit := strictGIDOf(meta) == gid && off == sb.To
-	return l.decideStrict(sb, gid, commit, fmt.Sprintf("%s; the group's committed offset is %d (metadata %q)", why, off, meta))
+	return p.finish(commit, fmt.Sprintf("%s; the group's committed offset is %d (metadata %q)", why, off, meta))
 }
 
 // recordContext bounds the record's read: as long as the lane runs, and
@@ -384,12 +384,13 @@ func (l *lane) recordContext() (context.Context, context.CancelFunc) {
 	return ctx, cancel
 }
 
-// decideStrict runs COMMIT PREPARED or ROLLBACK PREPARED for the lane's
-// own batch, records the decision, and says what became of the batch: nil
+// finish runs COMMIT PREPARED or ROLLBACK PREPARED for the lane's own
+// batch, records the decision, and says what became of the batch: nil
 // if it committed, a *StrictRolledBackError if not. A batch that is no
 // longer prepared was decided by a later claim first; the fence log says
 // which way, and the lane goes on as after a COMMIT of unknown outcome.
-func (l *lane) decideStrict(sb fence.StrictBatch, gid string, commit bool, evidence string) error {
+func (p *preparedBatch) finish(commit bool, evidence string) error {
+	l, sb, gid := p.l, p.sb, p.gid
 	ctx := context.Background()
 	var ferr error
 	for attempt := 1; ; attempt++ {
