@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -406,13 +407,16 @@ func TestOffsetsResetRefusals(t *testing.T) {
 	wantFailure(t, runCLI(t, 60*time.Second, "", e.resetArgs("--partition", "0", "--shift-by", "-11", "--execute")...),
 		1, "offset -1 (10 -11) is outside the log")
 	// A group no worker has run for (a worker claims every partition it is
-	// assigned, empty or not).
+	// assigned, empty or not), which the brokers do not know either: a name
+	// the schema has never seen, and where a new group starts.
 	fresh := replaceArg(e.resetArgs("--partition", "0", "--partition", "1", "--to-earliest", "--execute"), e.group, e.group+"-new")
 	wantFailure(t, runCLI(t, 60*time.Second, "", fresh...),
-		1, "partitions 0, 1 of topic "+e.topic+" have no fencing row for group "+e.group+"-new", "nothing was changed", "kafka-consumer-groups --reset-offsets")
+		1, fmt.Sprintf("no group %q in schema %s nor on the brokers; groups the schema has: %s", e.group+"-new", e.schema, e.group),
+		"nothing was changed", "kafka-consumer-groups --reset-offsets")
 	wantFailure(t, runCLI(t, 60*time.Second, "", e.resetArgs("--partition", "5", "--to-earliest")...),
 		2, "topic "+e.topic+" has 2 partitions: there is no partition 5")
-	wantFailure(t, runCLI(t, 60*time.Second, "", replaceArg(e.resetArgs("--partition", "0", "--to-earliest"), e.topic, e.topic+"-missing")...), 1, "does not exist")
+	wantFailure(t, runCLI(t, 60*time.Second, "", replaceArg(e.resetArgs("--partition", "0", "--to-earliest"), e.topic, e.topic+"-missing")...), 1,
+		fmt.Sprintf("no topic %q for group %q in schema %s nor on the brokers; its topics there: %s\n", e.topic+"-missing", e.group, e.schema, e.topic))
 	if after := fenceRow(t, e, 0); after != before || logEpoch(t, e, 0) != 0 {
 		t.Fatalf("a refused reset changed the row: %+v -> %+v", before, after)
 	}

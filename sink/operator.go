@@ -214,6 +214,20 @@ func (s *Store) Groups(ctx context.Context) ([]string, error) {
 	return s.f.Groups(ctx)
 }
 
+// KnownGroups returns every consumer group the schema has rows of, sorted:
+// fencing rows, recorded partition counts, holds, incarnations, or worker
+// heartbeats (a worker beats before it claims anything). A name not among
+// them is one the schema has never seen.
+func (s *Store) KnownGroups(ctx context.Context) ([]string, error) {
+	return s.f.KnownGroups(ctx)
+}
+
+// KnownTopics returns the topics the schema has rows of, sorted: those of
+// group, or of every group when group is "".
+func (s *Store) KnownTopics(ctx context.Context, group string) ([]string, error) {
+	return s.f.KnownTopics(ctx, group)
+}
+
 // PruneFenceLogs prunes the fence log of every partition of group (every
 // group when group is "") that has a fencing row. It returns the number of
 // entries removed and of partitions pruned.

@@ -118,6 +118,18 @@ func (l adminLeaf) run(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, adminTimeout)
 		defer cancel()
 	}
+	// A --group or --topic the database has never seen (known.go).
+	if nc, ok := l.c.(namesChecked); ok {
+		refs := nc.names()
+		err := a.checkNames(ctx, refs)
+		var unknown unknownNameError
+		switch {
+		case errors.As(err, &unknown) && refs.warnOnly:
+			fmt.Fprintf(a.stderr, "tenure: warning: %s\n", a.secrets.redact(unknown.msg))
+		case err != nil:
+			return err
+		}
+	}
 	return l.c.run(ctx)
 }
 

@@ -151,6 +151,7 @@ const envSASLPassword = "TENURE_SASL_PASSWORD"
 // required) and the TLS and SASL flags.
 func (k *kafkaFlags) define(f *flagSet, brokersUsage string, brokersOpts ...flagOpt) {
 	k.e = f.e
+	f.kafka = k
 	f.String(&k.brokers, "brokers", "", brokersUsage, append([]flagOpt{arg("HOST:PORT[,..]")}, brokersOpts...)...)
 
 	f.Bool(&k.tls, "tls", false, "connect to the brokers with TLS, verifying their certificates against the system's roots (or --tls-ca-file); any other --tls-* flag implies it", late)

@@ -26,6 +26,9 @@ type flagSet struct {
 	// fromEnv's result, once it ran.
 	envDone bool
 	envErr  error
+	// kafka are the command's Kafka flags (kafkaFlags.define), for the
+	// completion of names the brokers know.
+	kafka *kafkaFlags
 }
 
 func newFlagSet(e *env, fs *pflag.FlagSet) *flagSet {
@@ -268,8 +271,9 @@ func argName(fl *pflag.Flag) string {
 
 // flagError rewords pflag's parse errors the way tenure has always said
 // them: `invalid value "x" for --partitions: ...`, `flag provided but not
-// defined: --bogus`.
-func flagError(_ *cobra.Command, err error) error {
+// defined: --bogus`; a mistyped flag gets the flags it may have meant, as a
+// mistyped command does (`--gruop; did you mean --group?`).
+func flagError(c *cobra.Command, err error) error {
 	var (
 		notExist *pflag.NotExistError
 		noValue  *pflag.ValueRequiredError
@@ -280,7 +284,11 @@ func flagError(_ *cobra.Command, err error) error {
 		if s := notExist.GetSpecifiedShortnames(); s != "" {
 			return usagef("flag provided but not defined: -%s", s)
 		}
-		return usagef("flag provided but not defined: --%s", notExist.GetSpecifiedName())
+		name := notExist.GetSpecifiedName()
+		if hints := flagSuggestions(c, name); len(hints) > 0 {
+			return usagef("flag provided but not defined: --%s; did you mean %s?", name, strings.Join(hints, " or "))
+		}
+		return usagef("flag provided but not defined: --%s", name)
 	case errors.As(err, &noValue):
 		return usagef("flag needs an argument: --%s", noValue.GetFlag().Name)
 	case errors.As(err, &invalid):

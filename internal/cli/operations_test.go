@@ -301,9 +301,10 @@ func TestHoldsListPartitionsChanged(t *testing.T) {
 	if code != 0 || strings.Count(stdout, "\n") != 1 || !strings.Contains(stderr, "no held partitions in schema "+schema+"; topics whose partition count changed (kind partitions-changed) are not listed: give --brokers") {
 		t.Errorf("admin holds without --brokers: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
+	// A group neither the schema nor the brokers know is refused (known.go).
 	code, _, stderr = runIn(t, append([]string{"admin", "holds", "--brokers", brokers, "--group", "others"}, db...)...)
-	if code != 0 || stderr != "no held partitions in schema "+schema+"\n" {
-		t.Errorf("admin holds --group others: exit %d, stderr %q", code, stderr)
+	if want := `tenure admin holds: no group "others" in schema ` + schema + " nor on the brokers; groups the schema has: workers\n"; code != 1 || stderr != want {
+		t.Errorf("admin holds --group others: exit %d, stderr %q, want %q", code, stderr, want)
 	}
 }
 

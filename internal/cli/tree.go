@@ -94,6 +94,13 @@ func newTree(e *env) *tree {
 	// -help is known (oneDashFlags).
 	walk(t.root, func(c *cobra.Command) { c.InitDefaultHelpFlag() })
 	t.root.InitDefaultVersionFlag()
+	// Once every command has its path: --group and --topic complete with
+	// the names the database and brokers know (known.go).
+	walk(t.root, func(c *cobra.Command) {
+		if f := t.flags[c]; f != nil {
+			t.registerNameCompletion(c, f)
+		}
+	})
 	return t
 }
 
