@@ -206,3 +206,17 @@ func TestBrokersThatAreNotKafka(t *testing.T) {
 		}
 	}
 }
+
+// Brokers that accept and never answer: the bound named is the one that
+// ended the wait, here the 10s deadline runIn gives a command, not the 15s
+// of checkTopics.
+func TestSilentBrokersNameTheBoundInForce(t *testing.T) {
+	t.Parallel()
+	silent := fakePeer(t, peerSilent)
+	start := time.Now()
+	code, _, stderr := runIn(t, "produce", "--brokers", silent, "--topic", "t", "--key", "k", "--value", "v")
+	wantSentence(t, "produce, silent brokers", code, 1, stderr, "cannot reach the Kafka brokers "+silent+": no answer within 10s")
+	if d := time.Since(start); d > 12*time.Second {
+		t.Errorf("took %s", d)
+	}
+}
