@@ -706,7 +706,7 @@ func TestCLIPartitionCountsRefused(t *testing.T) {
 		append([]string{"admin", "topic", "acknowledge-partitions", "--brokers", brokers, "--group", e.group, "--topic", e.topic, "--partitions", "4294967298"}, db...),
 	} {
 		r := runCLI(t, 30*time.Second, "", args...)
-		wantFailure(t, r, 2, "for --partitions: a partition count is a whole number from 1 to 10000")
+		wantFailure(t, r, 2, "is not a partition count: a whole number from 1 to 10000")
 		if r.took > 5*time.Second {
 			t.Errorf("%v took %s", args, r.took)
 		}

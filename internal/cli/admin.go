@@ -246,11 +246,19 @@ func (a *admin) close() {
 // dbError turns a failed read or write of tenure's tables into one
 // sentence: what was being done, and why it failed.
 func (a *admin) dbError(what string, err error) error {
+	return a.dbErrorWithin(what, err, adminTimeout)
+}
+
+// dbErrorWithin is dbError for a round trip bounded by bound.
+func (a *admin) dbErrorWithin(what string, err error, bound time.Duration) error {
 	switch {
 	case sink.IsMissingTables(err):
 		return a.missingTables()
-	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
-		return fmt.Errorf("%s: the database did not answer within %s", what, adminTimeout)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: the database did not answer within %s", what, bound)
+	case pgconn.Timeout(err):
+		// The connection's own bounds (TCP's, not the command's).
+		return fmt.Errorf("%s: the connection to the database timed out (%s)", what, pgxCauseOf(err))
 	}
 	return fmt.Errorf("%s: %s", what, pgxCauseOf(err))
 }

@@ -551,7 +551,7 @@ func (a *admin) replayError(ctx context.Context, d sink.DeadLetter, err error) e
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) || errors.Is(err, context.DeadlineExceeded) {
-		return a.dbError(fmt.Sprintf("replaying dead letter %d (it stays dead; if the job was produced before the failure it may now be in Kafka twice)", d.ID), err)
+		return a.dbErrorWithin(fmt.Sprintf("replaying dead letter %d (it stays dead; if the job was produced before the failure it may now be in Kafka twice)", d.ID), err, replayTimeout)
 	}
 	return fmt.Errorf("replaying dead letter %d failed, it stays dead: %v", d.ID, err)
 }

@@ -153,7 +153,11 @@ func (l *partitionList) Set(s string) error {
 	for _, w := range strings.Split(s, ",") {
 		n, err := strconv.ParseInt(strings.TrimSpace(w), 10, 32)
 		if err != nil || n < 0 || n >= partition.MaxCount {
-			return fmt.Errorf("a partition is a whole number from 0 to %d", partition.MaxCount-1)
+			what := fmt.Sprintf("a partition number: a whole number from 0 to %d", partition.MaxCount-1)
+			if strings.TrimSpace(w) == strings.TrimSpace(s) {
+				return notA{what}
+			}
+			return fmt.Errorf("%q is %v", strings.TrimSpace(w), notA{what})
 		}
 		if slices.Contains(*l, int32(n)) {
 			return fmt.Errorf("partition %d is given twice", n)

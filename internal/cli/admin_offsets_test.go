@@ -90,7 +90,7 @@ func TestOffsetsResetUsage(t *testing.T) {
 		{[]string{"--partition", "0", "--to-datetime", "yesterday"}, `--to-datetime "yesterday" is not an RFC3339 time`},
 		{[]string{"--partition", "0", "--to-latest", "--dry-run", "--execute"}, "--dry-run and --execute do not go together"},
 		{[]string{"--partition", "0,0", "--to-latest"}, "partition 0 is given twice"},
-		{[]string{"--partition", "x", "--to-latest"}, "a partition is a whole number"},
+		{[]string{"--partition", "x", "--to-latest"}, `--partition "x" is not a partition number: a whole number from 0 to 9999`},
 		{[]string{"--partition", "0", "--to-latest", "--actor", " "}, "--actor must not be empty"},
 	} {
 		code, stdout, stderr := runIn(t, append(append([]string{}, base...), c.args...)...)

@@ -52,6 +52,10 @@ type env struct {
 	// kafkaFailure is a sentence about the brokers refusing the command's
 	// credentials (authWatch), printed instead of the command's own error.
 	kafkaFailure atomic.Pointer[string]
+	// notKafka is a sentence about addresses of --brokers that answered,
+	// but not as Kafka brokers (kafkaPeerWatch), printed instead of the
+	// command's own error when that error is their answer in kgo's words.
+	notKafka atomic.Pointer[string]
 }
 
 func (e *env) setKafkaFailure(msg string) { e.kafkaFailure.CompareAndSwap(nil, &msg) }
@@ -108,6 +112,8 @@ func (t *tree) exit(cmd *cobra.Command, err error) int {
 	}
 	msg := sentence(err)
 	if f := e.kafkaFailure.Load(); f != nil {
+		msg = *f
+	} else if f := e.notKafka.Load(); f != nil && notKafka(err) != "" {
 		msg = *f
 	}
 	fmt.Fprintf(e.stderr, "%s: %s\n", prefix, e.secrets.redact(msg))

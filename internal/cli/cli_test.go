@@ -190,7 +190,7 @@ func TestRefusedAtTheDoor(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", "t", "--partitions", "2147483647"}, `invalid value "2147483647" for --partitions: a partition count is a whole number from 1 to 10000`},
+		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", "t", "--partitions", "2147483647"}, `--partitions "2147483647" is not a partition count: a whole number from 1 to 10000`},
 		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", "t", "--partitions", "4294967297"}, "from 1 to 10000"},
 		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", "t", "--partitions", "0"}, "from 1 to 10000"},
 		{[]string{"admin", "topic", "create", "--brokers", "h:1", "--topic", "t"}, "--partitions is required"},

@@ -59,15 +59,27 @@ func openDB(ctx context.Context, url string, size ...poolSize) (*pgxpool.Pool, e
 	// A database that vanishes without a reset must not hang a statement
 	// for TCP's fifteen minutes (docs/fencing.md, "A network that drops").
 	sink.SetNetworkTimeouts(&cfg.ConnConfig.Config)
+	// What answers while the database is proven says what is there when
+	// it is not PostgreSQL.
+	peer := &pgPeer{direct: cfg.ConnConfig.SSLNegotiation == "direct"}
+	defer peer.done.Store(true)
+	cfg.ConnConfig.DialFunc = peer.dial(cfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("the database URL is not valid: %s", pgxCause(err))
 	}
-	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, connectError(cfg.ConnConfig.Config, err)
+		// The bound in force: the URL's connect_timeout (per address), or
+		// the ping's, or the command's deadline if it came first.
+		bound := cfg.ConnConfig.ConnectTimeout
+		if dl, ok := pctx.Deadline(); ok && errors.Is(pctx.Err(), context.DeadlineExceeded) {
+			bound = dl.Sub(start)
+		}
+		return nil, connectError(cfg.ConnConfig.Config, err, peer, bound)
 	}
 	if _, err := checkPooler(pctx, pool); err != nil {
 		pool.Close()
@@ -75,6 +87,9 @@ func openDB(ctx context.Context, url string, size ...poolSize) (*pgxpool.Pool, e
 	}
 	return pool, nil
 }
+
+// pingTimeout bounds openDB's proof that the database answers.
+const pingTimeout = 15 * time.Second
 
 // dbRefusedError is a database server that answered and refused the
 // connection (authentication, an unknown role or database, too many
@@ -84,8 +99,9 @@ type dbRefusedError struct{ msg string }
 func (e *dbRefusedError) Error() string { return e.msg }
 
 // connectError words a failed connection by what the server said, if it
-// said anything: a refusal is not a reachability problem.
-func connectError(cfg pgconn.Config, err error) error {
+// said anything: a refusal is not a reachability problem. peer is what
+// answered (nil: unknown); bound the time the attempt had.
+func connectError(cfg pgconn.Config, err error, peer *pgPeer, bound time.Duration) error {
 	where := fmt.Sprintf("%s:%d", cfg.Host, cfg.Port)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -102,8 +118,14 @@ func connectError(cfg pgconn.Config, err error) error {
 		}
 		return &dbRefusedError{msg}
 	}
-	if pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("cannot reach the database at %s: no answer within 15s", where)
+	timedOut := pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded)
+	if peer != nil && !errors.Is(err, context.Canceled) {
+		if msg := peer.failure(timedOut, bound); msg != "" {
+			return errors.New(msg)
+		}
+	}
+	if timedOut {
+		return fmt.Errorf("cannot reach the database at %s: no answer within %s", where, boundText(bound))
 	}
 	return fmt.Errorf("cannot reach the database at %s: %s", where, pgxCause(err))
 }
@@ -310,18 +332,18 @@ func (k *kafkaFlags) client(brokers []string, extra ...kgo.Opt) (*kgo.Client, er
 	if err != nil {
 		return nil, err
 	}
-	var cancel context.CancelFunc
+	// The watches end the client's requests (cancel) when what they saw
+	// makes them pointless: an address that is not a Kafka broker, a
+	// refusal of the SASL credentials.
+	ctx, cancel := context.WithCancel(context.Background())
+	hooks := []kgo.Hook{&kafkaPeerWatch{e: k.e, brokers: brokers, cancel: cancel}}
 	if k.saslMechanism != "" {
-		ctx, c := context.WithCancel(context.Background())
-		cancel = c
-		w := &authWatch{k: k, brokers: brokers, cancel: cancel}
-		opts = append(opts, kgo.WithContext(ctx), kgo.WithHooks(w))
+		hooks = append(hooks, &authWatch{k: k, brokers: brokers, cancel: cancel})
 	}
+	opts = append(opts, kgo.WithContext(ctx), kgo.WithHooks(hooks...))
 	cl, err := kafkaClient(brokers, append(opts, extra...)...)
 	if err != nil {
-		if cancel != nil {
-			cancel()
-		}
+		cancel()
 		return nil, err
 	}
 	return cl, nil
@@ -360,6 +382,8 @@ func (w *authWatch) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, conn 
 		// Not reached, or dropped before SASL (TLS on one side only):
 		// kgo's own error says so.
 		return
+	case notKafka(err) != "":
+		return // not a broker at all: kafkaPeerWatch says so
 	}
 	var ke *kerr.Error
 	if errors.As(err, &ke) && !errors.Is(err, kerr.SaslAuthenticationFailed) {
@@ -408,10 +432,14 @@ func producerClient(k *kafkaFlags, brokers []string, largest int, extra ...kgo.O
 // checkTopics returns the partition count of each topic, or one sentence:
 // unreachable brokers, or a missing topic and the command that creates it.
 func checkTopics(ctx context.Context, cl *kgo.Client, brokers, topics []string) (map[string]int32, error) {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	td, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
 	if err != nil {
+		if dl, ok := ctx.Deadline(); ok && errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("cannot reach the Kafka brokers %s: no answer within %s", strings.Join(brokers, ","), boundText(dl.Sub(start)))
+		}
 		return nil, fmt.Errorf("cannot reach the Kafka brokers %s: %v%s", strings.Join(brokers, ","), err, securityHint(err))
 	}
 	out := map[string]int32{}

@@ -150,7 +150,7 @@ func (b *bytesValue) Set(s string) error {
 	}
 	n, err := strconv.ParseInt(num, 10, 64)
 	if err != nil || n < 0 || n > (1<<40)/unit {
-		return fmt.Errorf("not a size: a whole number of bytes, or with KiB, MiB or GiB (\"4MiB\")")
+		return notA{`a size: a whole number of bytes, or one with KiB, MiB or GiB ("4MiB")`}
 	}
 	*b = bytesValue(n * unit)
 	return nil
@@ -179,7 +179,7 @@ func (c *countValue) String() string {
 func (c *countValue) Set(s string) error {
 	n, err := partition.ParseCount(s)
 	if err != nil {
-		return fmt.Errorf("a partition count is a whole number from 1 to %d", partition.MaxCount)
+		return notA{fmt.Sprintf("a partition count: a whole number from 1 to %d", partition.MaxCount)}
 	}
 	*c = countValue(n)
 	return nil
@@ -206,16 +206,7 @@ func (f *flagSet) fromEnv() error {
 			return
 		}
 		if err := fl.Value.Set(v); err != nil {
-			switch fl.Value.Type() {
-			case "int":
-				errs = append(errs, fmt.Sprintf("%s=%q is not an integer", name[0], v))
-			case "duration":
-				errs = append(errs, fmt.Sprintf("%s=%q is not a duration", name[0], v))
-			case "bool":
-				errs = append(errs, fmt.Sprintf("%s=%q is not a boolean", name[0], v))
-			default:
-				errs = append(errs, fmt.Sprintf("%s=%q: %v", name[0], v, err))
-			}
+			errs = append(errs, badEnvValue(name[0], v, fl.Value.Type(), err))
 			return
 		}
 		fl.DefValue = fl.Value.String()
@@ -270,9 +261,10 @@ func argName(fl *pflag.Flag) string {
 }
 
 // flagError rewords pflag's parse errors the way tenure has always said
-// them: `invalid value "x" for --partitions: ...`, `flag provided but not
-// defined: --bogus`; a mistyped flag gets the flags it may have meant, as a
-// mistyped command does (`--gruop; did you mean --group?`).
+// them: `--partitions "x" is not a partition count: ...` (badFlagValue),
+// `flag provided but not defined: --bogus`; a mistyped flag gets the flags
+// it may have meant, as a mistyped command does (`--gruop; did you mean
+// --group?`).
 func flagError(c *cobra.Command, err error) error {
 	var (
 		notExist *pflag.NotExistError
@@ -292,15 +284,7 @@ func flagError(c *cobra.Command, err error) error {
 	case errors.As(err, &noValue):
 		return usagef("flag needs an argument: --%s", noValue.GetFlag().Name)
 	case errors.As(err, &invalid):
-		cause := errors.Unwrap(invalid)
-		switch t := invalid.GetFlag().Value.Type(); {
-		case t != "int" && t != "duration" && t != "bool":
-		case errors.Is(cause, strconv.ErrRange):
-			cause = errors.New("value out of range")
-		default:
-			cause = errors.New("parse error")
-		}
-		return usagef("invalid value %q for --%s: %v", invalid.GetValue(), invalid.GetFlag().Name, cause)
+		return usageError{msg: badFlagValue(invalid.GetFlag().Name, invalid.GetValue(), invalid.GetFlag().Value.Type(), errors.Unwrap(invalid))}
 	}
 	return asUsage(err)
 }
