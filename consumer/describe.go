@@ -110,8 +110,12 @@ type Assignment struct {
 	// generation. DescribeGroups does not report the generation, so it is
 	// inferred from the members' join metadata (KIP-792): every member of a
 	// Stable generation G joined it either fresh or from generation G-1, so G
-	// is one more than the highest generation a member reports. It is null
-	// when every member joined fresh (G cannot be known then).
+	// is one more than the highest generation a member reports. When every
+	// member joined fresh (a single-member group, usually), it is the
+	// generation the members' workers recorded with their heartbeats
+	// (migration 018). It is null when neither tells (a group mid-rebalance,
+	// workers from before 018, a member whose first heartbeat is not
+	// written yet).
 	Epoch *int32 `json:"epoch"`
 
 	// FenceEpoch is the token of the fencing row, "incarnation.epoch"; the
@@ -289,6 +293,7 @@ func Describe(ctx context.Context, cl *kgo.Client, store *sink.Store, group stri
 	if err != nil {
 		return nil, fmt.Errorf("reading the heartbeats of group %q: %w", group, err)
 	}
+	view = view.withHeartbeatEpochs(workers)
 	rows := join(view, fences, ends, recorded, topics)
 	startLags(ctx, adm, group, topics, rows)
 	for i := range rows {
@@ -566,6 +571,45 @@ func classicView(d kadm.DescribedGroup) groupView {
 			g.members[i].epoch = gen
 		}
 	}
+	return g
+}
+
+// withHeartbeatEpochs gives the members of a Stable classic group whose
+// generation could not be inferred (every member joined it fresh: a
+// single-member group, usually) the generation their workers' heartbeats
+// recorded (sink.Worker.Epoch, migration 018): the highest among the
+// current members' rows, since every member of a Stable group is in the
+// same generation. A member that joined fresh wrote its row only after
+// joining, so that row holds the current generation, or none yet (the
+// first beat comes within a moment of the join). Other views are
+// returned as they are.
+func (g groupView) withHeartbeatEpochs(workers []sink.Worker) groupView {
+	if g.protocol != "classic" || g.state != "Stable" || len(g.members) == 0 {
+		return g
+	}
+	for _, m := range g.members {
+		if m.epoch != nil {
+			return g // inferred from the join metadata
+		}
+	}
+	current := map[string]bool{}
+	for _, m := range g.members {
+		current[m.id] = true
+	}
+	var gen *int32
+	for _, w := range workers {
+		if current[w.MemberID] && w.Epoch != nil && (gen == nil || *w.Epoch > *gen) {
+			gen = w.Epoch
+		}
+	}
+	if gen == nil {
+		return g
+	}
+	members := slices.Clone(g.members)
+	for i := range members {
+		members[i].epoch = ptr(*gen)
+	}
+	g.members = members
 	return g
 }
 

@@ -446,3 +446,102 @@ func allOK(rows []Assignment, parts map[string]int32) bool {
 	}
 	return true
 }
+
+// A Stable classic group whose members all joined it fresh has no
+// generation in its join metadata: the heartbeats' (migration 018) stand
+// in, the highest of the current members' rows; rows of members no longer
+// in the group, a generation already inferred, and groups mid-rebalance
+// are left alone.
+func TestWithHeartbeatEpochs(t *testing.T) {
+	e := func(v int32) *int32 { return &v }
+	fresh := groupView{protocol: "classic", state: "Stable", members: []memberView{{id: "A"}, {id: "B"}}}
+	workers := []sink.Worker{{MemberID: "A", Epoch: e(4)}, {MemberID: "B", Epoch: e(5)}, {MemberID: "gone", Epoch: e(9)}, {MemberID: "C"}}
+	got := fresh.withHeartbeatEpochs(workers)
+	for _, m := range got.members {
+		if m.epoch == nil || *m.epoch != 5 {
+			t.Errorf("member %s: epoch %v, want 5", m.id, m.epoch)
+		}
+	}
+	if fresh.members[0].epoch != nil {
+		t.Error("withHeartbeatEpochs changed the view it was given")
+	}
+	inferred := groupView{protocol: "classic", state: "Stable", members: []memberView{{id: "A", epoch: e(7)}}}
+	if m := inferred.withHeartbeatEpochs(workers).members[0]; *m.epoch != 7 {
+		t.Errorf("an inferred generation was replaced: %d", *m.epoch)
+	}
+	rebalancing := groupView{protocol: "classic", state: "PreparingRebalance", rebalancing: true, members: []memberView{{id: "A"}}}
+	if m := rebalancing.withHeartbeatEpochs(workers).members[0]; m.epoch != nil {
+		t.Errorf("a rebalancing group got epoch %d", *m.epoch)
+	}
+	if m := fresh.withHeartbeatEpochs([]sink.Worker{{MemberID: "A"}}).members[0]; m.epoch != nil {
+		t.Errorf("a row without an epoch (a worker before 018) gave %d", *m.epoch)
+	}
+}
+
+// A healthy single-member classic group: its member joined fresh, so
+// DescribeGroups and the join metadata do not give the generation, and
+// EPOCH used to be "-" beside token 0.N. The worker's heartbeat records
+// it: Describe shows the generation the partitions were claimed at.
+func TestDescribeSingleMemberClassicGroupEpoch(t *testing.T) {
+	t.Parallel()
+	c, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: 3 * time.Second, ConsumerHeartbeat: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t, pool)
+	store, err := sink.NewStore(pool, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 2, 1, nil, "solo"); err != nil {
+		t.Fatal(err)
+	}
+	group := "g-" + schema
+	cons, err := New(Config{
+		Brokers: c.ListenAddrs(), Group: group, Topics: []string{"solo"}, Store: store, Protocol: Classic, ClientID: "solo",
+		Handler:        HandlerFunc(func(context.Context, Tx, *Batch) error { return nil }),
+		SessionTimeout: 3 * time.Second, RebalanceTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Error("consumer did not stop")
+		}
+	})
+
+	var rows []Assignment
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		rows, err = Describe(ctx, cl, store, group, nil)
+		if err == nil && allOK(rows, map[string]int32{"solo": 2}) && rows[0].Epoch != nil && rows[1].Epoch != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no epoch for the single member within 60s (the partitions ok: %v): err %v, rows %+v", allOK(rows, map[string]int32{"solo": 2}), err, rows)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, r := range rows {
+		// One member, one generation: the one it claimed the partitions at.
+		if want := fmt.Sprintf("0.%d", *r.Epoch); r.FenceEpoch != want {
+			t.Errorf("solo/%d: epoch %d beside token %s, want token %s", r.Partition, *r.Epoch, r.FenceEpoch, want)
+		}
+	}
+}

@@ -71,12 +71,19 @@ func (c *Consumer) writeHeartbeats(ctx context.Context, cl *kgo.Client) {
 	for {
 		// A member fenced out of a classic group joins again under another
 		// id: the old id's row would read as a silent member.
-		member, _ := cl.GroupMetadata()
+		member, gen := cl.GroupMetadata()
 		if written != "" && member != written {
 			forget()
 		}
 		if member != "" {
 			w.MemberID = member
+			// The generation (classic) or member epoch (KIP-848): what
+			// Describe shows for a classic group the coordinator describes
+			// without one (every member joined it fresh).
+			w.Epoch = nil
+			if gen > 0 {
+				w.Epoch = &gen
+			}
 			bctx, cancel := context.WithTimeout(ctx, heartbeatEvery)
 			err := c.store.Heartbeat(bctx, w)
 			cancel()

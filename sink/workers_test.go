@@ -73,3 +73,42 @@ func TestWorkerHeartbeats(t *testing.T) {
 		t.Error("a heartbeat without a member id was accepted")
 	}
 }
+
+// A heartbeat records the member's epoch (migration 018), and a later one
+// replaces it; Workers reads it. On a schema before 018 (the admin
+// commands read schemas they do not migrate) Workers reads the rows
+// without epochs, and a heartbeat still lands.
+func TestWorkerEpochs(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	gen := int32(3)
+	if err := e.store.Heartbeat(e.ctx, sink.Worker{Group: "g", MemberID: "A", ClientID: "c", Host: "h", PID: 1, Epoch: &gen}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Heartbeat(e.ctx, sink.Worker{Group: "g", MemberID: "B", ClientID: "c", Host: "h", PID: 2}); err != nil {
+		t.Fatal(err)
+	}
+	ws, _, err := e.store.Workers(e.ctx, "g")
+	if err != nil || len(ws) != 2 || ws[0].Epoch == nil || *ws[0].Epoch != 3 || ws[1].Epoch != nil {
+		t.Fatalf("rows %+v, %v; want A at epoch 3, B without one", ws, err)
+	}
+	gen = 4
+	if err := e.store.Heartbeat(e.ctx, sink.Worker{Group: "g", MemberID: "A", ClientID: "c", Host: "h", PID: 1, Epoch: &gen}); err != nil {
+		t.Fatal(err)
+	}
+	if ws, _, err := e.store.Workers(e.ctx, "g"); err != nil || *ws[0].Epoch != 4 {
+		t.Fatalf("after a beat at epoch 4: %+v, %v", ws, err)
+	}
+
+	migrateBelow(t, e.ctx, e.pool, e.schema, 17)
+	ws, now, err := e.store.Workers(e.ctx, "g")
+	if err != nil || len(ws) != 2 || ws[0].Epoch != nil || ws[0].PID != 1 || now.IsZero() {
+		t.Fatalf("Workers on a schema before 018: %+v, %v", ws, err)
+	}
+	if err := e.store.Heartbeat(e.ctx, sink.Worker{Group: "g", MemberID: "C", ClientID: "c", Host: "h", PID: 5, Epoch: &gen}); err != nil {
+		t.Fatalf("a heartbeat on a schema before 018: %v", err)
+	}
+	if ws, _, err := e.store.Workers(e.ctx, "g"); err != nil || len(ws) != 3 {
+		t.Fatalf("after C's beat on a schema before 018: %+v, %v", ws, err)
+	}
+}

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tenure-dev/tenure/export"
-	"github.com/tenure-dev/tenure/sink"
+	"github.com/tenure-dev/tenure/internal/jobs"
 )
 
 const exportStoreUsage = "the object store (file:///path or s3://bucket/prefix?endpoint=URL&region=R)"
@@ -145,44 +145,37 @@ func (c *exportsList) run(ctx context.Context) error {
 // where the table's rows are, rather than "no exports" while it holds
 // some.
 
-// tableExport is a key's row in the exports table.
-type tableExport struct {
-	version, offset int64
-	topic           string
-	partition       int32
-	token           sink.Token
-}
-
-// tableNote says how many keys (under --prefix) the exports table holds,
-// and how to read them; "" when it holds none or cannot be read.
+// tableNote says how many rows (of --group, under --prefix) the exports
+// table holds, and how to read them; "" when it holds none or cannot be
+// read.
 func (c *exportsList) tableNote(ctx context.Context) string {
-	var n int64
-	q := pgx.Identifier{c.schema}.Sanitize() + ".exports"
-	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM `+q+` WHERE starts_with(job_key, $1)`, c.prefix).Scan(&n); err != nil || n == 0 {
+	n, err := jobs.CountTableExports(ctx, c.pool, c.schema, c.prefix, c.group)
+	if err != nil || n == 0 {
 		return ""
 	}
-	groups := ""
-	if c.group != "" {
-		groups = " (of every group: the table does not record them)"
-	}
-	return fmt.Sprintf("the exports table %s holds %s%s written by the export handler without --export-store, rows rather than objects in a store: "+
-		"read them with SELECT job_key, version, topic, partition, job_offset, document FROM %s ORDER BY job_key", q, plural(int(n), "key"), groups, q)
+	q := pgx.Identifier{c.schema}.Sanitize() + ".exports"
+	// One row per group, topic and key (migration 017).
+	return fmt.Sprintf("the exports table %s holds %s (one per group, topic and key) written by the export handler without --export-store, rows rather than objects in a store: "+
+		"read them with %s", q, plural(int(n), "export"), jobs.TableExportsQuery(c.schema))
 }
 
 // noExport says that the key has no published export in --schema, and
 // where it is if it is elsewhere: in the exports table (written without a
-// store), or published in another tenure schema of the database.
+// store; a row per group and topic that wrote the key), or published in
+// another tenure schema of the database.
 func (c *exportsGet) noExport(ctx context.Context) error {
 	key := printableString(c.key)
 	msg := fmt.Sprintf("key %q has no published export in schema %q", key, c.schema)
 	q := pgx.Identifier{c.schema}.Sanitize() + ".exports"
-	var te tableExport
-	err := c.pool.QueryRow(ctx, `SELECT version, topic, partition, job_offset, incarnation, epoch FROM `+q+` WHERE job_key = $1`, c.key).
-		Scan(&te.version, &te.topic, &te.partition, &te.offset, &te.token.Incarnation, &te.token.Epoch)
-	if err == nil {
+	if rows, err := jobs.ExportsOf(ctx, c.pool, c.schema, c.key); err == nil && len(rows) > 0 {
+		var each []string
+		for _, r := range rows {
+			each = append(each, fmt.Sprintf("group %s, topic %s: version %d, job %s/%d/%d, token %s",
+				printableString(r.Group), printableString(r.Topic), r.Version, printableString(r.Topic), r.Partition, r.Offset, r.Token))
+		}
 		return fmt.Errorf("%s (an object store's, which this command reads); the export handler without --export-store wrote it to the exports table %s "+
-			"(version %d, job %s/%d/%d, token %s): read it with SELECT job_value FROM %s WHERE job_key = '%s'",
-			msg, q, te.version, printableString(te.topic), te.partition, te.offset, te.token, q, strings.ReplaceAll(key, "'", "''"))
+			"(%s): read it with SELECT consumer_group, topic, job_value FROM %s WHERE job_key = '%s'",
+			msg, q, strings.Join(each, "; "), q, strings.ReplaceAll(key, "'", "''"))
 	}
 	if where := c.elsewhere(ctx); where != "" {
 		return fmt.Errorf("%s; %s", msg, where)

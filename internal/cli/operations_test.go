@@ -217,13 +217,15 @@ func TestAdminMissingSchemaAndExports(t *testing.T) {
 
 	// The exports table of the export handler without a store: said, not
 	// "no exports".
-	if _, err := pool.Exec(ctx, `INSERT INTO "`+a+`".exports (job_key, document, job_value, topic, partition, job_offset, incarnation, epoch, worker, version)
-		VALUES ('globex', '{}', 'v', 'jobs', 2, 7, 0, 3, 'w', 4), ('initech', '{}', 'v', 'jobs', 1, 8, 0, 3, 'w', 1)`); err != nil {
+	// A row per group, topic and key: globex from two groups on two topics.
+	if _, err := pool.Exec(ctx, `INSERT INTO "`+a+`".exports (consumer_group, job_key, document, job_value, topic, partition, job_offset, incarnation, epoch, worker, version)
+		VALUES ('g', 'globex', '{}', 'v', 'jobs', 2, 7, 0, 3, 'w', 4), ('g', 'initech', '{}', 'v', 'jobs', 1, 8, 0, 3, 'w', 1),
+		('h', 'globex', '{}', 'v', 'faults', 0, 1, 0, 1, 'w', 1)`); err != nil {
 		t.Fatal(err)
 	}
 	code, stdout, stderr := runIn(t, "admin", "exports", "list", "--database-url", db, "--schema", a)
-	if code != 0 || !strings.HasPrefix(stderr, "no exports in an object store in schema "+a+`; the exports table "`+a+`".exports holds 2 keys written by the export handler without --export-store`) ||
-		!strings.Contains(stderr, `SELECT job_key, version, topic, partition, job_offset, document FROM "`+a+`".exports`) {
+	if code != 0 || !strings.HasPrefix(stderr, "no exports in an object store in schema "+a+`; the exports table "`+a+`".exports holds 3 exports (one per group, topic and key) written by the export handler without --export-store`) ||
+		!strings.Contains(stderr, `SELECT consumer_group, topic, job_key, version, partition, job_offset, document FROM "`+a+`".exports`) {
 		t.Errorf("exports list with table rows: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 	code, stdout, stderr = runIn(t, "admin", "exports", "list", "--database-url", db, "--schema", a, "--output", "json")
@@ -234,8 +236,13 @@ func TestAdminMissingSchemaAndExports(t *testing.T) {
 	if code != 0 || stderr != "no exports in schema "+a+"\n" {
 		t.Errorf("exports list --prefix zzz: exit %d, stderr %q", code, stderr)
 	}
+	code, _, stderr = runIn(t, "admin", "exports", "list", "--database-url", db, "--schema", a, "--group", "h")
+	if code != 0 || !strings.Contains(stderr, `".exports holds 1 export (one per group, topic and key) written by`) {
+		t.Errorf("exports list --group h with table rows: exit %d, stderr %q", code, stderr)
+	}
 	code, _, stderr = runIn(t, "admin", "exports", "get", "globex", "--database-url", db, "--schema", a)
-	if code != 1 || !strings.Contains(stderr, `the export handler without --export-store wrote it to the exports table "`+a+`".exports (version 4, job jobs/2/7, token 0.3)`) {
+	if code != 1 || !strings.Contains(stderr, `the export handler without --export-store wrote it to the exports table "`+a+`".exports `+
+		`(group g, topic jobs: version 4, job jobs/2/7, token 0.3; group h, topic faults: version 1, job faults/0/1, token 0.1)`) {
 		t.Errorf("exports get of a table export: exit %d, %q", code, stderr)
 	}
 	code, _, stderr = runIn(t, "admin", "exports", "list", "--database-url", db, "--schema", b)

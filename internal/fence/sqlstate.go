@@ -21,6 +21,7 @@ const (
 	CodeReadOnlyTransaction   = "25006" // read_only_sql_transaction: a standby
 	CodeInsufficientPrivilege = "42501" // insufficient_privilege
 	CodeUndefinedTable        = "42P01" // undefined_table
+	CodeUndefinedColumn       = "42703" // undefined_column: a schema before a migration that added it
 	CodeInvalidSchemaName     = "3F000" // invalid_schema_name
 	CodeInvalidCatalogName    = "3D000" // invalid_catalog_name: no such database
 	CodeInvalidPassword       = "28P01" // invalid_password

@@ -324,7 +324,7 @@ func CheckWrites(writes, deadLetters []Write, fences []sink.Fence, produced map[
 		next[TopicPartition{f.Topic, f.Partition.Partition}] = f.NextOffset
 	}
 	count := map[TopicPartition]map[int64]int{}
-	byKey := map[string][]Write{}
+	byKey := map[topicKey][]Write{}
 	for _, w := range writes {
 		tp := TopicPartition{w.Topic, w.Partition}
 		if count[tp] == nil {
@@ -337,7 +337,8 @@ func CheckWrites(writes, deadLetters []Write, fences []sink.Fence, produced map[
 			out = append(out, Violation{"G1", fmt.Sprintf("%s/%d: job at offset %d has a committed effect but the next offset is %d", w.Topic, w.Partition, w.Offset, n)})
 		}
 		if w.Version > 0 {
-			byKey[w.Key] = append(byKey[w.Key], w)
+			k := topicKey{w.Topic, w.Key}
+			byKey[k] = append(byKey[k], w)
 		}
 	}
 	dead := map[TopicPartition]map[int64]bool{}
@@ -382,7 +383,7 @@ func CheckWrites(writes, deadLetters []Write, fences []sink.Fence, produced map[
 			a, b := ws[i-1], ws[i]
 			if b.Partition == a.Partition && b.Topic == a.Topic && b.Offset <= a.Offset {
 				out = append(out, Violation{"export-regressed", fmt.Sprintf("key %q: version %d (offset %d, token %s) follows version %d (offset %d, token %s)",
-					key, b.Version, b.Offset, b.Token, a.Version, a.Offset, a.Token)})
+					key.key, b.Version, b.Offset, b.Token, a.Version, a.Offset, a.Token)})
 			}
 		}
 	}
@@ -443,6 +444,11 @@ func CheckWriteTokens(log []Entry, writes, deadLetters []Write, cuts ...sink.Fen
 	return out
 }
 
+// topicKey is what an export version counts within: the export handler
+// keeps a row per group, topic and key (migration 017), and a History is
+// one group's.
+type topicKey struct{ topic, key string }
+
 // TopicPartition names a partition of a topic.
 type TopicPartition struct {
 	Topic     string
@@ -490,11 +496,13 @@ func Load(ctx context.Context, pool *pgxpool.Pool, schema, group string, ledger 
 	if h.Prepared, err = store.PreparedGIDs(ctx, group); err != nil {
 		return nil, err
 	}
-	sql := `SELECT job_key, version, topic, partition, job_offset, incarnation, epoch FROM ` + q + `.export_versions`
+	// The export versions of group only (a row per group since migration
+	// 017); the ledger does not record groups.
+	sql, args := `SELECT job_key, version, topic, partition, job_offset, incarnation, epoch FROM `+q+`.export_versions WHERE consumer_group = $1`, []any{group}
 	if ledger {
-		sql = `SELECT job_key, 0, topic, partition, job_offset, incarnation, epoch FROM ` + q + `.ledger`
+		sql, args = `SELECT job_key, 0, topic, partition, job_offset, incarnation, epoch FROM `+q+`.ledger`, nil
 	}
-	rows, err := pool.Query(ctx, sql)
+	rows, err := pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -689,10 +697,11 @@ func CheckWritesAcrossResets(log []Entry, writes, deadLetters []Write, fences []
 			}
 		}
 	}
-	byKey := map[string][]Write{}
+	byKey := map[topicKey][]Write{}
 	for _, w := range writes {
 		if w.Version > 0 {
-			byKey[w.Key] = append(byKey[w.Key], w)
+			k := topicKey{w.Topic, w.Key}
+			byKey[k] = append(byKey[k], w)
 		}
 	}
 	for key, ws := range byKey {
@@ -707,7 +716,7 @@ func CheckWritesAcrossResets(log []Entry, writes, deadLetters []Write, fences []
 				continue // a reset moved the offsets back over both: b ran again after a
 			}
 			out = append(out, Violation{"export-regressed", fmt.Sprintf("key %q: version %d (offset %d, token %s) follows version %d (offset %d, token %s)",
-				key, b.Version, b.Offset, b.Token, a.Version, a.Offset, a.Token)})
+				key.key, b.Version, b.Offset, b.Token, a.Version, a.Offset, a.Token)})
 		}
 	}
 	sortViolations(out)

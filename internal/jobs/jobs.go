@@ -3,7 +3,8 @@
 //
 //   - export: the paused-worker story's export. For each job's key it overwrites the key's
 //     current export (the job's exact value bytes, and a JSON document) and
-//     appends a row to export_versions. The write is deliberately naive, a
+//     appends a row to export_versions. A row is one per group, topic and
+//     key: groups and topics that share a key do not overwrite each other. The write is deliberately naive, a
 //     plain overwrite: the fence in the same transaction is what keeps a
 //     paused, superseded worker from moving a key's export backwards.
 //     With an object store (Options.ExportStore, `--export-store URL`) it is
@@ -86,8 +87,8 @@ func NewWith(name, schema, worker string, o Options) (consumer.Handler, error) {
 // partition and so its owner, and the export is kept per key.
 var ErrNoKey = errors.New("job has no key")
 
-// Export keeps, per job key, the current export document and the job and
-// token that produced it.
+// Export keeps, per group, topic and job key, the current export document
+// and the job and token that produced it.
 type Export struct {
 	schema string // quoted
 	worker string
@@ -95,19 +96,21 @@ type Export struct {
 
 // Handle writes one export per record, in one round trip.
 func (e *Export) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
+	// A row per (group, topic, key) (migration 017): another topic's or
+	// another group's job of the same key has a row of its own.
 	sql := `WITH up AS (
 	INSERT INTO ` + e.schema + `.exports AS e
-		(job_key, document, job_value, topic, partition, job_offset, incarnation, epoch, worker, version)
-	VALUES ($1, $2, $9, $3, $4, $5, $6, $7, $8, 1)
-	ON CONFLICT (job_key) DO UPDATE SET
-		document = excluded.document, job_value = excluded.job_value, topic = excluded.topic, partition = excluded.partition,
+		(consumer_group, job_key, document, job_value, topic, partition, job_offset, incarnation, epoch, worker, version)
+	VALUES ($10, $1, $2, $9, $3, $4, $5, $6, $7, $8, 1)
+	ON CONFLICT (consumer_group, topic, job_key) DO UPDATE SET
+		document = excluded.document, job_value = excluded.job_value, partition = excluded.partition,
 		job_offset = excluded.job_offset, incarnation = excluded.incarnation, epoch = excluded.epoch,
 		worker = excluded.worker, version = e.version + 1, updated_at = now()
 	RETURNING version
 )
 INSERT INTO ` + e.schema + `.export_versions
-	(job_key, version, topic, partition, job_offset, incarnation, epoch, worker)
-SELECT $1, version, $3, $4, $5, $6, $7, $8 FROM up`
+	(consumer_group, job_key, version, topic, partition, job_offset, incarnation, epoch, worker)
+SELECT $10, $1, version, $3, $4, $5, $6, $7, $8 FROM up`
 	var batch pgx.Batch
 	for _, r := range b.Records {
 		// A job without a usable key can never succeed: park it at once.
@@ -125,7 +128,7 @@ SELECT $1, version, $3, $4, $5, $6, $7, $8 FROM up`
 			return err
 		}
 		batch.Queue(sql, string(r.Key), dj, r.Topic, r.Partition, r.Offset,
-			b.Token.Incarnation, b.Token.Epoch, e.worker, r.Value)
+			b.Token.Incarnation, b.Token.Epoch, e.worker, r.Value, b.Group)
 	}
 	return tx.SendBatch(ctx, &batch).Close()
 }

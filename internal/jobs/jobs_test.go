@@ -139,3 +139,71 @@ func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
 }
+
+// The export handler keeps a row per group, topic and key: two groups on
+// two topics writing key acme keep a row each (before migration 017 the
+// second replaced the first), as do two groups on one topic; a group's
+// next write of its key moves its own row on. ExportsOf reads them all.
+func TestExportRowPerGroupTopicAndKey(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t, pool)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := jobs.New("export", schema, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(group, topic string, offset int64, value string) {
+		t.Helper()
+		b := &consumer.Batch{Group: group, Topic: topic, Partition: 0, Token: sink.Token{Epoch: 1}, Owner: "o", From: offset, To: offset + 1,
+			Records: []*kgo.Record{{Topic: topic, Partition: 0, Offset: offset, Key: []byte("acme"), Value: []byte(value)}}}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h.Handle(ctx, txOf{tx}, b) }); err != nil {
+			t.Fatalf("%s on %s: %v", group, topic, err)
+		}
+	}
+	write("readme-workers", "readme-jobs", 0, `{"invoice":42}`)
+	write("readme-faults", "readme-faults", 0, `{"seq":1}`)
+	write("audit", "readme-jobs", 0, `{"invoice":42}`)
+	write("readme-workers", "readme-jobs", 5, `{"invoice":43}`)
+
+	got, err := jobs.ExportsOf(ctx, pool, schema, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		group, topic string
+		version      int64
+		offset       int64
+	}
+	var rows []row
+	for _, e := range got {
+		rows = append(rows, row{e.Group, e.Topic, e.Version, e.Offset})
+	}
+	want := []row{{"audit", "readme-jobs", 1, 0}, {"readme-faults", "readme-faults", 1, 0}, {"readme-workers", "readme-jobs", 2, 5}}
+	if len(rows) != len(want) {
+		t.Fatalf("rows of acme %v, want %v", rows, want)
+	}
+	for i := range want {
+		if rows[i] != want[i] {
+			t.Errorf("rows of acme %v, want %v", rows, want)
+			break
+		}
+	}
+	var value string
+	if err := pool.QueryRow(ctx, `SELECT convert_from(job_value, 'UTF8') FROM `+pgx.Identifier{schema, "exports"}.Sanitize()+
+		` WHERE consumer_group = 'readme-faults' AND topic = 'readme-faults' AND job_key = 'acme'`).Scan(&value); err != nil || value != `{"seq":1}` {
+		t.Errorf("readme-faults' acme: %q, %v", value, err)
+	}
+	var versions int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "export_versions"}.Sanitize()+
+		` WHERE job_key = 'acme'`).Scan(&versions); err != nil || versions != 4 {
+		t.Errorf("export_versions of acme: %d, %v; want 4", versions, err)
+	}
+	if n, err := jobs.CountTableExports(ctx, pool, schema, "ac", "audit"); err != nil || n != 1 {
+		t.Errorf("CountTableExports(ac, audit) = %d, %v; want 1", n, err)
+	}
+	if n, err := jobs.CountTableExports(ctx, pool, schema, "", ""); err != nil || n != 3 {
+		t.Errorf("CountTableExports of every group = %d, %v; want 3", n, err)
+	}
+}

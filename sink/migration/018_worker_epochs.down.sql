@@ -1,0 +1,1 @@
+ALTER TABLE {{schema}}.workers DROP COLUMN epoch;
