@@ -223,6 +223,12 @@ func TestAdminMissingSchemaAndExports(t *testing.T) {
 		('h', 'globex', '{}', 'v', 'faults', 0, 1, 0, 1, 'w', 1)`); err != nil {
 		t.Fatal(err)
 	}
+	// The schema knows both groups (a worker's heartbeat row each), as it
+	// would once they had run: --group refuses a group it has never seen.
+	if _, err := pool.Exec(ctx, `INSERT INTO "`+a+`".workers (consumer_group, member_id, client_id, host, pid)
+		VALUES ('g', 'm1', 'c', 'h', 1), ('h', 'm2', 'c', 'h', 2)`); err != nil {
+		t.Fatal(err)
+	}
 	code, stdout, stderr := runIn(t, "admin", "exports", "list", "--database-url", db, "--schema", a)
 	if code != 0 || !strings.HasPrefix(stderr, "no exports in an object store in schema "+a+`; the exports table "`+a+`".exports holds 3 exports (one per group, topic and key) written by the export handler without --export-store`) ||
 		!strings.Contains(stderr, `SELECT consumer_group, topic, job_key, version, partition, job_offset, document FROM "`+a+`".exports`) {
