@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/internal/pgproxy"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgproxy"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 

@@ -27,9 +27,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/freeport"
-	"github.com/tenure-dev/tenure/internal/pgtest"
-	"github.com/tenure-dev/tenure/internal/testcert"
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/testcert"
 )
 
 // TestFirstDeploy rehearses the first deploy of README.md as an operator

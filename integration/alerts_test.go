@@ -21,7 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/tenure-dev/tenure/internal/freeport"
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 )
 
 // rulesPath is the alerting rules shipped for Prometheus.

@@ -15,9 +15,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/netfault"
-	"github.com/tenure-dev/tenure/internal/pgtest"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 

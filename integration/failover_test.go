@@ -14,12 +14,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/pgha"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgha"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // Failover tests: tenure on a real highly available Postgres, a
-// pg_auto_failover formation (internal/pgha: a monitor, a primary and a
+// pg_auto_failover formation (internal/testinfra/pgha: a monitor, a primary and a
 // standby on loopback), its primary killed outright while ledger workers
 // commit, the workers connected through the formation's multi-host URL
 // (target_session_attrs=read-write).

@@ -25,8 +25,8 @@ import (
 	"github.com/tenure-dev/tenure/internal/childproc"
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
-	"github.com/tenure-dev/tenure/internal/netfault"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // tenureBin is the `tenure` binary built once for the package.
@@ -179,7 +179,7 @@ func (e *env) startWorker(name string, extra ...string) *worker {
 }
 
 // startWorkerIn starts a worker inside a network namespace of its own
-// (internal/netfault): it reaches the broker and the database through the
+// (internal/testinfra/netfault): it reaches the broker and the database through the
 // namespace's forwarders, on the same addresses as every worker, and a
 // fault injected there drops its packets.
 func (e *env) startWorkerIn(ns *netfault.Namespace, name string, extra ...string) *worker {

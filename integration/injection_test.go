@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // canary is a table in the shared database that an injection through any

@@ -6,11 +6,11 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/internal/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 )
 
 // A network that fails without a reset. Each test runs one worker inside a
-// network namespace of its own (internal/netfault: the worker reaches the
+// network namespace of its own (internal/testinfra/netfault: the worker reaches the
 // broker and the database through forwarders inside the namespace, on the
 // usual addresses) and drops its packets with nftables: a vanished host or
 // a firewall, not a killed process whose kernel resets every connection.

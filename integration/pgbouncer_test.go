@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/internal/freeport"
-	"github.com/tenure-dev/tenure/internal/pgtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
 )
 
 // PgBouncer in transaction pooling mode in front of a throwaway Postgres

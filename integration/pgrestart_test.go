@@ -15,8 +15,8 @@ import (
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
-	"github.com/tenure-dev/tenure/internal/pgtest"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 

@@ -20,8 +20,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/testcert"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testcert"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // The secrets of the tests below: none may appear in any output.

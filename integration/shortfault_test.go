@@ -10,7 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tenure-dev/tenure/internal/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 )
 
 // shortFaultBound is how soon after a fault shorter than the session

@@ -15,14 +15,14 @@ import (
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/history"
-	"github.com/tenure-dev/tenure/internal/pgtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
 	"github.com/tenure-dev/tenure/sink"
 )
 
 // Strict hand-off (--strict, G3-strict) with real worker processes. The
 // machine's shared Postgres runs with max_prepared_transactions = 0, so
 // these tests run against a throwaway cluster started with prepared
-// transactions enabled (internal/pgtest); the broker is kfake's, and the
+// transactions enabled (internal/testinfra/pgtest); the broker is kfake's, and the
 // group protocol classic: kfake's KIP-848 offset commit rule cannot carry
 // strict hand-off (docs/model/strict.pml, kip848-kfake), and the worker
 // refuses it there. On a real cluster (TENURE_TEST_BROKERS) the KIP-848
