@@ -216,7 +216,7 @@ type failoverRun struct {
 func runFailover(t *testing.T, f *pgha.Formation, sync bool, freeze time.Duration) *failoverRun {
 	t.Helper()
 	e := newFailoverEnv(t, f)
-	common := []string{"--handler", "ledger", "--max-attempts", "1", "--fence-log-max-age", "0", "--fence-log-max-entries", "0"}
+	common := []string{"--handler", "ledger", "--max-attempts", "1", "--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	if sync {
 		common = append(common, "--require-sync-standby")
 	}

@@ -55,7 +55,7 @@ func testCutOffFromPostgres(t *testing.T, protocol string, kind netfault.Kind) {
 		t.Fatal(err)
 	}
 	common := []string{"--handler", "ledger", "--protocol", protocol, "--session-timeout", "6s",
-		"--fence-log-max-age", "0", "--fence-log-max-entries", "0"}
+		"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	cut := e.startWorkerIn(ns, "CUT", common...)
 	healthy := e.startWorker("OK", common...)
 	waitForMembers(t, e, 2)
@@ -149,7 +149,7 @@ func TestWorkerCutOffFromKafkaIsFencedByItsSuccessor(t *testing.T) {
 		t.Fatal(err)
 	}
 	common := []string{"--handler", "ledger", "--session-timeout", "6s",
-		"--fence-log-max-age", "0", "--fence-log-max-entries", "0", "--batch-max", "20"}
+		"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1", "--batch-max", "20"}
 	zombie := e.startWorkerIn(ns, "ZOMBIE", common...)
 	healthy := e.startWorker("OK", common...)
 	waitForMembers(t, e, 2)

@@ -39,7 +39,7 @@ func TestShortFaultsMoveNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	common := []string{"--fence-log-max-age", "0", "--fence-log-max-entries", "0"}
+	common := []string{"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	w := e.startWorkerIn(ns, "SHORT", common...)
 	e.startWorker("OTHER", common...)
 	waitForMembers(t, e, 2)
