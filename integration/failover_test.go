@@ -9,10 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/testinfra/pgha"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
@@ -38,41 +34,16 @@ const failoverPartitions = 4
 // multi-host URL, and the schema is created by `tenure migrate` through it.
 func newFailoverEnv(t *testing.T, f *pgha.Formation) *env {
 	t.Helper()
-	br, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: sessionTimeout, ConsumerHeartbeat: 500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(br.Close)
+	br := startBroker(t, devbroker.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(f.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.ConnConfig.RuntimeParams["application_name"] = "tenure-test"
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close) // registered after the formation's cleanup: runs before it
+	pool := testPool(t, ctx, f.URL()) // registered after the formation's cleanup: closed before it
 	schema := testdb.NewSchemaName("tenure_ha")
 	if r := runCLI(t, 60*time.Second, "", "migrate", "--database-url", f.URL(), "--schema", schema, "up"); r.code != 0 {
 		t.Fatalf("tenure migrate through the multi-host URL: %s", r)
 	}
-	suffix := strings.TrimPrefix(schema, "tenure_ha_")
-	e := &env{t: t, brokers: br.ListenAddrs(), pool: pool, schema: schema, dbURL: f.URL(),
-		topic: "jobs-" + suffix, group: "workers-" + suffix, cluster: br}
-	e.cl, err = kgo.NewClient(kgo.SeedBrokers(e.brokers...),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.cl.Close)
-	if _, err := kadm.NewClient(e.cl).CreateTopic(ctx, failoverPartitions, 1, nil, e.topic); err != nil {
-		t.Fatalf("creating topic: %v", err)
-	}
+	e := &env{t: t, brokers: br.ListenAddrs(), pool: pool, schema: schema, dbURL: f.URL(), cluster: br}
+	e.createTopic(failoverPartitions)
 	return e
 }
 

@@ -324,21 +324,7 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 // batch's tenure:<claim> while it runs).
 func terminateServerBackends(t *testing.T, e *env, d time.Duration) int {
 	t.Helper()
-	n := 0
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		var k int
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
-			FROM pg_stat_activity WHERE (application_name = $1 OR application_name LIKE 'tenure:%') AND pid <> pg_backend_pid()`, workerApp).Scan(&k)
-		cancel()
-		if err != nil {
-			t.Fatalf("terminating server backends: %v", err)
-		}
-		n += k
-		time.Sleep(10 * time.Millisecond)
-	}
-	return n
+	return terminateSessions(t, e, d, workerApp, "tenure:%")
 }
 
 // Strict hand-off (--strict: PREPARE TRANSACTION, offset commit, COMMIT

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
@@ -42,16 +41,7 @@ func newStrictEnv(t *testing.T, partitions int32) *env {
 	if err := c.Restart(ctx, "fast"); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := pgxpool.ParseConfig(c.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testPool(t, ctx, c.URL())
 	if _, err := sink.Migrate(ctx, pool, e.schema); err != nil {
 		t.Fatalf("migrating the throwaway cluster: %v", err)
 	}
