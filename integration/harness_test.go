@@ -103,6 +103,24 @@ func newEnvWith(t *testing.T, partitions int32, brokerConfigs map[string]string)
 	return e
 }
 
+// eachProtocol runs test once per group protocol, in parallel subtests,
+// each on a fresh env with a topic of the given partitions. On a real
+// cluster it runs the classic protocol only: the KIP-848 tests need
+// kfake's short session timeout.
+func eachProtocol(t *testing.T, partitions int32, test func(t *testing.T, e *env, proto string)) {
+	t.Helper()
+	for _, proto := range []string{"classic", "consumer"} {
+		t.Run(proto, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, partitions)
+			if proto == "consumer" && e.real {
+				t.Skip("needs kfake's short KIP-848 session timeout")
+			}
+			test(t, e, proto)
+		})
+	}
+}
+
 // startBroker starts the in-process broker the tests' environments use,
 // closed when the test ends.
 func startBroker(t *testing.T, c devbroker.Config) *kfake.Cluster {
@@ -241,6 +259,23 @@ func (e *env) startWorker(name string, extra ...string) *worker {
 func (e *env) startWorkerIn(ns *netfault.Namespace, name string, extra ...string) *worker {
 	e.t.Helper()
 	return e.startWorkerCmd(name, func(args []string) *exec.Cmd { return ns.Command(tenureBin, args...) }, extra...)
+}
+
+// newNamespacedEnv is newEnv with a network namespace whose forwarders
+// carry a worker started in it to the broker and the database (on the
+// in-process broker only: the forwarders reach loopback services).
+func newNamespacedEnv(t *testing.T, partitions int32) (*env, *netfault.Namespace, netfault.Services) {
+	t.Helper()
+	e := newEnv(t, partitions)
+	if e.real {
+		t.Skip("the namespace forwards to loopback services only")
+	}
+	svc := e.services()
+	ns, err := netfault.NewT(t, svc.Ports()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, ns, svc
 }
 
 // services are the ports a worker reaches: the brokers' and the database's.

@@ -45,15 +45,7 @@ func TestWorkerCutOffFromPostgresGivesItsPartitionsUp(t *testing.T) {
 }
 
 func testCutOffFromPostgres(t *testing.T, protocol string, kind netfault.Kind) {
-	e := newEnv(t, 6)
-	if e.real {
-		t.Skip("the namespace forwards to loopback services only")
-	}
-	svc := e.services()
-	ns, err := netfault.NewT(t, svc.Ports()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ns, svc := newNamespacedEnv(t, 6)
 	common := []string{"--handler", "ledger", "--protocol", protocol, "--session-timeout", "6s",
 		"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	cut := e.startWorkerIn(ns, "CUT", common...)
@@ -139,15 +131,7 @@ func testCutOffFromPostgres(t *testing.T, protocol string, kind netfault.Kind) {
 // job exactly once, and nothing of it accepted after the new owner's claim.
 func TestWorkerCutOffFromKafkaIsFencedByItsSuccessor(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 6)
-	if e.real {
-		t.Skip("the namespace forwards to loopback services only")
-	}
-	svc := e.services()
-	ns, err := netfault.NewT(t, svc.Ports()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ns, svc := newNamespacedEnv(t, 6)
 	common := []string{"--handler", "ledger", "--session-timeout", "6s",
 		"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1", "--batch-max", "20"}
 	zombie := e.startWorkerIn(ns, "ZOMBIE", common...)

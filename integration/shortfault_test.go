@@ -30,15 +30,7 @@ const shortFaultBound = 5 * time.Second
 // time was kfake's: docs/fencing.md, "In-flight work".)
 func TestShortFaultsMoveNothing(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 4)
-	if e.real {
-		t.Skip("the namespace forwards to loopback services only")
-	}
-	svc := e.services()
-	ns, err := netfault.NewT(t, svc.Ports()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ns, svc := newNamespacedEnv(t, 4)
 	common := []string{"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	w := e.startWorkerIn(ns, "SHORT", common...)
 	e.startWorker("OTHER", common...)
