@@ -387,6 +387,25 @@ func TestFailoverSynchronous(t *testing.T) {
 // commits are gone is held as `diverged` (an ERROR with "hold":"diverged"),
 // `tenure admin assignments` shows it so, and no commit on the new primary
 // covers the lost ranges.
+// commitsOverLost describes the commits made after killAt that cover a
+// lost range (per partition).
+func commitsOverLost(t *testing.T, e *env, killAt time.Time, lost map[int32][][2]int64) []string {
+	t.Helper()
+	var again []string
+	for _, c := range loadFenceCommits(t, e) {
+		if !c.at.After(killAt) || c.topic != e.topic {
+			continue
+		}
+		for _, lr := range lost[c.partition] {
+			if c.from < lr[1] && lr[0] < c.to {
+				again = append(again, fmt.Sprintf("%d [%d,%d) over lost [%d,%d)", c.partition, c.from, c.to, lr[0], lr[1]))
+				break
+			}
+		}
+	}
+	return again
+}
+
 func TestFailoverAsynchronousLosesAcknowledgedCommits(t *testing.T) {
 	f := pgha.Start(t, pgha.Config{Async: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -450,19 +469,7 @@ func TestFailoverAsynchronousLosesAcknowledgedCommits(t *testing.T) {
 		}
 		// Nothing processed again in silence: no commit on the new primary
 		// covers a lost range.
-		var again []string
-		for _, c := range loadFenceCommits(t, e) {
-			if !c.at.After(r.killAt) || c.topic != e.topic {
-				continue
-			}
-			for _, lr := range lostRanges[c.partition] {
-				if c.from < lr[1] && lr[0] < c.to {
-					again = append(again, fmt.Sprintf("%d [%d,%d) over lost [%d,%d)", c.partition, c.from, c.to, lr[0], lr[1]))
-					break
-				}
-			}
-		}
-		if len(again) > 0 {
+		if again := commitsOverLost(t, e, r.killAt, lostRanges); len(again) > 0 {
 			t.Errorf("%d commits on the new primary processed lost acknowledged jobs again, silently; first: %s", len(again), again[0])
 		}
 		// tenure admin assignments shows the hold.
