@@ -963,121 +963,137 @@ func TestComposeFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, s := range services {
-		if str(get(s, "image")) != "tenure:dev" {
-			continue
-		}
-		if str(get(s, "build", "dockerfile")) != "deploy/Dockerfile" || str(get(s, "build", "context")) != "../.." {
-			t.Errorf("%s: does not build deploy/Dockerfile from the repository root", name)
-		}
-		// As on Kubernetes: the image's numeric user, a read-only root,
-		// no capabilities, no privilege escalation.
-		if u := str(get(s, "user")); u != fmt.Sprintf("%d:%d", uid, gid) {
-			t.Errorf("%s: user %q, want the image's %d:%d", name, u, uid, gid)
-		}
-		if ro, _ := get(s, "read_only").(bool); !ro {
-			t.Errorf("%s: no read_only: true", name)
-		}
-		if c := strs(get(s, "cap_drop")); len(c) != 1 || c[0] != "ALL" {
-			t.Errorf("%s: cap_drop %v, want [ALL]", name, c)
-		}
-		if o := strs(get(s, "security_opt")); !slices.Contains(o, "no-new-privileges:true") {
-			t.Errorf("%s: security_opt %v lacks no-new-privileges:true", name, o)
-		}
-		env, _ := get(s, "environment").(map[string]any)
-		var vars []string
-		for v := range env {
-			if !strings.HasPrefix(v, "TENURE_") {
-				t.Errorf("%s: %s is not a tenure variable", name, v)
+	t.Run("TenureServices", func(t *testing.T) {
+		for name, s := range services {
+			if str(get(s, "image")) == "tenure:dev" {
+				checkComposeService(t, bin, uid, gid, string(dockerfile), name, s)
 			}
-			vars = append(vars, v)
 		}
-		if name == "cli" {
-			// `docker compose run --rm cli <command>`: every command that
-			// talks to both.
-			for _, words := range [][]string{{"admin", "assignments"}, {"produce"}} {
-				h := help(t, bin, words)
-				for _, v := range vars {
-					if v != "TENURE_DATABASE_URL" && v != "TENURE_SCHEMA" || words[0] == "admin" {
-						if !strings.Contains(h, "["+v+"]") {
-							t.Errorf("cli: `tenure %s` has no flag for %s", strings.Join(words, " "), v)
-						}
+	})
+	servePort := httpPort(t, str(get(services, "serve", "environment", "TENURE_HTTP_ADDR")))
+	t.Run("Ports", func(t *testing.T) {
+		// The host reaches each worker's HTTP port (/metrics) and the
+		// ownership page, on loopback only (neither has authentication). The
+		// workers' host ports are Docker's to pick: a fixed one would clash
+		// between replicas, and Compose does not spread a range over them.
+		workerPort := httpPort(t, str(get(services, "worker", "environment", "TENURE_HTTP_ADDR")))
+		if ports, _ := get(services, "worker", "ports").([]any); len(ports) != 1 {
+			t.Errorf("worker: publishes %d ports, want its HTTP port", len(ports))
+		} else if str(get(ports[0], "target")) != workerPort || str(get(ports[0], "host_ip")) != "127.0.0.1" || get(ports[0], "published") != nil {
+			t.Errorf("worker: publishes %v; want target %s on host_ip 127.0.0.1 with no fixed published port", ports[0], workerPort)
+		}
+		serveCmd := strs(get(services, "serve", "command"))
+		if len(serveCmd) < 2 || serveCmd[0] != "admin" || serveCmd[1] != "serve" || !slices.Contains(serveCmd, "--listen-any") {
+			t.Errorf("serve: command %v, want admin serve --listen-any (the page listens on every interface of its container)", serveCmd)
+		}
+		if ports := strs(get(services, "serve", "ports")); len(ports) != 1 || ports[0] != "127.0.0.1:"+servePort+":"+servePort {
+			t.Errorf("serve: publishes %v, want 127.0.0.1:%s:%s", ports, servePort, servePort)
+		}
+	})
+	t.Run("READMEAndTopic", func(t *testing.T) {
+		readme, err := os.ReadFile("compose/README.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The README's alias: -T, so that `produce --input -` reads the pipe.
+		alias := regexp.MustCompile(`alias tenure='([^']*)'`).FindSubmatch(readme)
+		if alias == nil || !strings.HasSuffix(string(alias[1]), " run --rm -T cli") {
+			t.Errorf("compose/README.md's alias %q: want docker compose ... run --rm -T cli", bytes.Join(alias, nil))
+		}
+		if !strings.Contains(string(readme), "http://127.0.0.1:"+servePort+"/") {
+			t.Errorf("compose/README.md does not give the ownership page's address, http://127.0.0.1:%s/", servePort)
+		}
+
+		// The one-shot topic step can run again (restart: on-failure, a second
+		// `up`): it must succeed when the topic exists.
+		if !strings.Contains(strings.Join(strs(get(services, "topic", "command")), " "), "--if-not-exists") {
+			t.Error("the topic step fails on a second run without --if-not-exists")
+		}
+	})
+}
+
+// checkComposeService checks a service that runs the tenure image: how it
+// is built and confined (as on Kubernetes), and its command's variables;
+// the cli's, for every command that talks to both; the worker's, its
+// stop, health check, replicas and dependencies.
+func checkComposeService(t *testing.T, bin string, uid, gid int64, dockerfile, name string, s any) {
+	if str(get(s, "build", "dockerfile")) != "deploy/Dockerfile" || str(get(s, "build", "context")) != "../.." {
+		t.Errorf("%s: does not build deploy/Dockerfile from the repository root", name)
+	}
+	// As on Kubernetes: the image's numeric user, a read-only root,
+	// no capabilities, no privilege escalation.
+	if u := str(get(s, "user")); u != fmt.Sprintf("%d:%d", uid, gid) {
+		t.Errorf("%s: user %q, want the image's %d:%d", name, u, uid, gid)
+	}
+	if ro, _ := get(s, "read_only").(bool); !ro {
+		t.Errorf("%s: no read_only: true", name)
+	}
+	if c := strs(get(s, "cap_drop")); len(c) != 1 || c[0] != "ALL" {
+		t.Errorf("%s: cap_drop %v, want [ALL]", name, c)
+	}
+	if o := strs(get(s, "security_opt")); !slices.Contains(o, "no-new-privileges:true") {
+		t.Errorf("%s: security_opt %v lacks no-new-privileges:true", name, o)
+	}
+	env, _ := get(s, "environment").(map[string]any)
+	var vars []string
+	for v := range env {
+		if !strings.HasPrefix(v, "TENURE_") {
+			t.Errorf("%s: %s is not a tenure variable", name, v)
+		}
+		vars = append(vars, v)
+	}
+	if name == "cli" {
+		// `docker compose run --rm cli <command>`: every command that
+		// talks to both.
+		for _, words := range [][]string{{"admin", "assignments"}, {"produce"}} {
+			h := help(t, bin, words)
+			for _, v := range vars {
+				if v != "TENURE_DATABASE_URL" && v != "TENURE_SCHEMA" || words[0] == "admin" {
+					if !strings.Contains(h, "["+v+"]") {
+						t.Errorf("cli: `tenure %s` has no flag for %s", strings.Join(words, " "), v)
 					}
 				}
 			}
-			continue
 		}
-		// Variables a command does not take would be ignored: the one-shot
-		// steps only get those of their command.
-		cmd := strs(get(s, "command"))
-		words, _ := commandWords(cmd)
-		h := help(t, bin, words)
-		var own []string
-		for _, v := range vars {
-			if strings.Contains(h, "["+v+"]") || name == "worker" {
-				own = append(own, v)
-			}
-		}
-		checkCommand(t, bin, "service "+name, cmd, own)
-		if name != "worker" {
-			continue
-		}
-		stop := gracefulStop(t, bin, str(env["TENURE_SHUTDOWN_TIMEOUT"]))
-		grace, err := time.ParseDuration(str(get(s, "stop_grace_period")))
-		if err != nil || grace < stop+5*time.Second {
-			t.Errorf("worker: stop_grace_period %v does not cover a graceful stop (%s) and a margin", get(s, "stop_grace_period"), stop)
-		}
-		test := strs(get(s, "healthcheck", "test"))
-		port := httpPort(t, str(env["TENURE_HTTP_ADDR"]))
-		if len(test) != 4 || test[0] != "CMD" || test[2] != "probe" || test[3] != "http://127.0.0.1:"+port+"/readyz" {
-			t.Errorf("worker: health check %v, want CMD <tenure> probe http://127.0.0.1:%s/readyz", test, port)
-		} else if !strings.Contains(string(dockerfile), "/out/tenure "+test[1]) {
-			t.Errorf("worker: the health check runs %s, which the Dockerfile does not install", test[1])
-		}
-		if r, _ := get(s, "deploy", "replicas").(int); r != 3 {
-			t.Errorf("worker: %d replicas, want 3", r)
-		}
-		for _, dep := range []string{"topic", "migrate"} {
-			if c := str(get(s, "depends_on", dep, "condition")); c != "service_completed_successfully" {
-				t.Errorf("worker: depends on %s with %q, want service_completed_successfully", dep, c)
-			}
+		return
+	}
+	// Variables a command does not take would be ignored: the one-shot
+	// steps only get those of their command.
+	cmd := strs(get(s, "command"))
+	words, _ := commandWords(cmd)
+	h := help(t, bin, words)
+	var own []string
+	for _, v := range vars {
+		if strings.Contains(h, "["+v+"]") || name == "worker" {
+			own = append(own, v)
 		}
 	}
-	// The host reaches each worker's HTTP port (/metrics) and the
-	// ownership page, on loopback only (neither has authentication). The
-	// workers' host ports are Docker's to pick: a fixed one would clash
-	// between replicas, and Compose does not spread a range over them.
-	workerPort := httpPort(t, str(get(services, "worker", "environment", "TENURE_HTTP_ADDR")))
-	if ports, _ := get(services, "worker", "ports").([]any); len(ports) != 1 {
-		t.Errorf("worker: publishes %d ports, want its HTTP port", len(ports))
-	} else if str(get(ports[0], "target")) != workerPort || str(get(ports[0], "host_ip")) != "127.0.0.1" || get(ports[0], "published") != nil {
-		t.Errorf("worker: publishes %v; want target %s on host_ip 127.0.0.1 with no fixed published port", ports[0], workerPort)
+	checkCommand(t, bin, "service "+name, cmd, own)
+	if name == "worker" {
+		checkComposeWorker(t, bin, dockerfile, s, env)
 	}
-	serveCmd := strs(get(services, "serve", "command"))
-	if len(serveCmd) < 2 || serveCmd[0] != "admin" || serveCmd[1] != "serve" || !slices.Contains(serveCmd, "--listen-any") {
-		t.Errorf("serve: command %v, want admin serve --listen-any (the page listens on every interface of its container)", serveCmd)
-	}
-	servePort := httpPort(t, str(get(services, "serve", "environment", "TENURE_HTTP_ADDR")))
-	if ports := strs(get(services, "serve", "ports")); len(ports) != 1 || ports[0] != "127.0.0.1:"+servePort+":"+servePort {
-		t.Errorf("serve: publishes %v, want 127.0.0.1:%s:%s", ports, servePort, servePort)
-	}
-	readme, err := os.ReadFile("compose/README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The README's alias: -T, so that `produce --input -` reads the pipe.
-	alias := regexp.MustCompile(`alias tenure='([^']*)'`).FindSubmatch(readme)
-	if alias == nil || !strings.HasSuffix(string(alias[1]), " run --rm -T cli") {
-		t.Errorf("compose/README.md's alias %q: want docker compose ... run --rm -T cli", bytes.Join(alias, nil))
-	}
-	if !strings.Contains(string(readme), "http://127.0.0.1:"+servePort+"/") {
-		t.Errorf("compose/README.md does not give the ownership page's address, http://127.0.0.1:%s/", servePort)
-	}
+}
 
-	// The one-shot topic step can run again (restart: on-failure, a second
-	// `up`): it must succeed when the topic exists.
-	if !strings.Contains(strings.Join(strs(get(services, "topic", "command")), " "), "--if-not-exists") {
-		t.Error("the topic step fails on a second run without --if-not-exists")
+func checkComposeWorker(t *testing.T, bin, dockerfile string, s any, env map[string]any) {
+	stop := gracefulStop(t, bin, str(env["TENURE_SHUTDOWN_TIMEOUT"]))
+	grace, err := time.ParseDuration(str(get(s, "stop_grace_period")))
+	if err != nil || grace < stop+5*time.Second {
+		t.Errorf("worker: stop_grace_period %v does not cover a graceful stop (%s) and a margin", get(s, "stop_grace_period"), stop)
+	}
+	test := strs(get(s, "healthcheck", "test"))
+	port := httpPort(t, str(env["TENURE_HTTP_ADDR"]))
+	if len(test) != 4 || test[0] != "CMD" || test[2] != "probe" || test[3] != "http://127.0.0.1:"+port+"/readyz" {
+		t.Errorf("worker: health check %v, want CMD <tenure> probe http://127.0.0.1:%s/readyz", test, port)
+	} else if !strings.Contains(dockerfile, "/out/tenure "+test[1]) {
+		t.Errorf("worker: the health check runs %s, which the Dockerfile does not install", test[1])
+	}
+	if r, _ := get(s, "deploy", "replicas").(int); r != 3 {
+		t.Errorf("worker: %d replicas, want 3", r)
+	}
+	for _, dep := range []string{"topic", "migrate"} {
+		if c := str(get(s, "depends_on", dep, "condition")); c != "service_completed_successfully" {
+			t.Errorf("worker: depends on %s with %q, want service_completed_successfully", dep, c)
+		}
 	}
 }
 
