@@ -14,10 +14,7 @@ import (
 func TestCLIFencesPrune(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	store, err := sink.NewStore(e.pool, e.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := e.store()
 	ctx := context.Background()
 	p := sink.Partition{Group: e.group, Topic: e.topic}
 	tk := sink.Token{Epoch: 1}

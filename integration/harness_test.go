@@ -27,6 +27,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
+	"github.com/tenure-dev/tenure/sink"
 )
 
 // tenureBin is the `tenure` binary built once for the package.
@@ -118,6 +119,36 @@ func eachProtocol(t *testing.T, partitions int32, test func(t *testing.T, e *env
 			}
 			test(t, e, proto)
 		})
+	}
+}
+
+// store is e's schema as a sink.Store.
+func (e *env) store() *sink.Store {
+	e.t.Helper()
+	store, err := sink.NewStore(e.pool, e.schema)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return store
+}
+
+// recreateTopic deletes e's topic and creates it again with one partition:
+// a new log under the old name.
+func (e *env) recreateTopic() {
+	t := e.t
+	t.Helper()
+	adm := kadm.NewClient(e.cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := adm.DeleteTopics(ctx, e.topic); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the topic to be gone", func() bool {
+		td, err := adm.ListTopics(ctx, e.topic)
+		return err == nil && !td.Has(e.topic)
+	})
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, e.topic); err != nil {
+		t.Fatal(err)
 	}
 }
 

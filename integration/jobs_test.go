@@ -119,10 +119,7 @@ func TestAdminJob(t *testing.T) {
 	t.Logf("admin job %s/0/2:\n%s", e.topic, r.stdout)
 
 	// Pruned: the commit's entry is gone, and the command says so.
-	store, err := sink.NewStore(e.pool, e.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := e.store()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if n, err := store.PruneFenceLog(ctx, sink.Partition{Group: e.group, Topic: e.topic, Partition: 0}, sink.FenceLogRetention{MaxEntries: 1}); err != nil || n == 0 {

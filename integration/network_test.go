@@ -98,18 +98,8 @@ func testCutOffFromPostgres(t *testing.T, protocol string, kind netfault.Kind) {
 	}
 	cut.waitLog(60*time.Second, map[string]any{"msg": "the database answers again: joining the group"})
 	prod.stop()
-	end := map[int32]int64{}
-	for p := range int32(6) {
-		end[p] = e.highWatermark(p)
-	}
-	waitFor(t, 90*time.Second, "every job to be committed", func() bool {
-		for p, hwm := range end {
-			if fenceRow(t, e, p).next < hwm {
-				return false
-			}
-		}
-		return true
-	})
+	end := e.highWatermarks()
+	e.waitEveryPartitionCommitted(end, 90*time.Second)
 	requireWorkersRunning(t, cut, healthy)
 	// It joined as a new member: the group gives it partitions again.
 	waitFor(t, 30*time.Second, "the worker that joined again to hold partitions", func() bool {
@@ -163,18 +153,8 @@ func TestWorkerCutOffFromKafkaIsFencedByItsSuccessor(t *testing.T) {
 	if err := ns.Heal(); err != nil {
 		t.Fatal(err)
 	}
-	end := map[int32]int64{}
-	for p := range int32(6) {
-		end[p] = e.highWatermark(p)
-	}
-	waitFor(t, 90*time.Second, "every job to be committed", func() bool {
-		for p, hwm := range end {
-			if fenceRow(t, e, p).next < hwm {
-				return false
-			}
-		}
-		return true
-	})
+	end := e.highWatermarks()
+	e.waitEveryPartitionCommitted(end, 90*time.Second)
 	fenced, lastTry := 0, time.Time{}
 	for _, m := range zombie.logs() {
 		if m["fenced"] == true {

@@ -14,19 +14,24 @@ import (
 // Postgres. New workers must resume on their own (the incarnation moves on
 // once the coordinator confirms their epoch), and a zombie from before the
 // reset must stay fenced.
+// raiseEpochs produces 20 jobs and raises the group's epochs: a worker
+// (with args) commits them, a second joins, and both leave, so that the
+// stored token is above what a fresh group starts at.
+func (e *env) raiseEpochs(args ...string) {
+	e.t.Helper()
+	e.produce(jobsFor(keys, 0, 20)...)
+	w1 := e.startWorker("W1", args...)
+	waitCommitted(e.t, e, 0, 20, "")
+	w2 := e.startWorker("W2", args...)
+	waitForMembers(e.t, e, 2)
+	w2.stop(30 * time.Second)
+	w1.stop(30 * time.Second)
+}
+
 func TestGroupDeletedWorkersResumeAndZombieStaysFenced(t *testing.T) {
 	t.Parallel()
 	eachProtocol(t, 1, func(t *testing.T, e *env, proto string) {
-		e.produce(jobsFor(keys, 0, 20)...)
-
-		// Raise the group's epochs: a worker commits, a second joins and
-		// leaves, so the stored token is above what a fresh group starts at.
-		w1 := e.startWorker("W1", "--protocol", proto)
-		waitCommitted(t, e, 0, 20, "")
-		w2 := e.startWorker("W2", "--protocol", proto)
-		waitForMembers(t, e, 2)
-		w2.stop(30 * time.Second)
-		w1.stop(30 * time.Second)
+		e.raiseEpochs("--protocol", proto)
 
 		// The zombie: takes the partition, holds a batch, and is frozen.
 		e.produce(jobsFor(keys, 20, 10)...)
@@ -66,13 +71,7 @@ func TestExpiredGroupWorkersResume(t *testing.T) {
 	if e.real {
 		t.Skip("group expiry takes ten minutes on a real cluster")
 	}
-	e.produce(jobsFor(keys, 0, 20)...)
-	w1 := e.startWorker("W1")
-	waitCommitted(t, e, 0, 20, "")
-	w2 := e.startWorker("W2")
-	waitForMembers(t, e, 2)
-	w2.stop(30 * time.Second)
-	w1.stop(30 * time.Second)
+	e.raiseEpochs()
 
 	// Nothing holds the group now: no members, and no committed offsets once
 	// the mirror's have expired (offsets.retention.minutes; here deleted).
@@ -122,13 +121,7 @@ func deleteGroupWhenEmpty(t *testing.T, e *env) {
 func TestZombieFrozenBeforeClaimAcrossReset(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	e.produce(jobsFor(keys, 0, 20)...)
-	w1 := e.startWorker("W1")
-	waitCommitted(t, e, 0, 20, "")
-	w2 := e.startWorker("W2")
-	waitForMembers(t, e, 2)
-	w2.stop(30 * time.Second)
-	w1.stop(30 * time.Second)
+	e.raiseEpochs()
 
 	z := e.startWorker("Z", "--hold-once", "before-claim")
 	zAssigned := z.waitLog(30*time.Second, map[string]any{"msg": "partitions assigned"})
