@@ -541,97 +541,83 @@ func rowsByPartition(rows []map[string]any) map[int]map[string]any {
 // held before its claim) while the previous owner is still in the group:
 // claim-pending. Once it claims: ok.
 func TestCLIAssignmentsClaimPending(t *testing.T) {
-	for _, proto := range []string{"classic", "consumer"} {
-		t.Run(proto, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t, 2)
-			if proto == "consumer" && e.real {
-				t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
-			}
-			e.produce(jobsFor(keys, 0, 20)...)
-			a := e.startWorker("A", "--protocol", proto)
-			waitFor(t, 60*time.Second, "A to own both partitions", func() bool {
-				return fenceRow(t, e, 0).owner != "" && fenceRow(t, e, 1).owner != ""
-			})
-			owner := fenceRow(t, e, 0).owner
-			b := e.startWorker("B", "--protocol", proto, "--hold-once", "before-claim")
-			b.waitLog(60*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
-
-			var last []map[string]any
-			waitFor(t, 60*time.Second, "one partition claim-pending for B, the other ok for A", func() bool {
-				last = assignmentsJSON(t, e)
-				var pending, ok int
-				for _, r := range last {
-					switch {
-					case r["state"] == "claim-pending" && r["client_id"] == "tenure-B" && r["fence_owner"] == owner:
-						pending++
-					case r["state"] == "ok" && r["client_id"] == "tenure-A" && r["member_id"] == owner:
-						ok++
-					}
-				}
-				return pending == 1 && ok == 1
-			})
-			t.Logf("during the hand-off: %v", last)
-
-			b.resume() // releases the hold: B claims
-			waitFor(t, 60*time.Second, "both partitions ok, one per worker", func() bool {
-				last = assignmentsJSON(t, e)
-				clients := map[any]bool{}
-				for _, r := range last {
-					if r["state"] != "ok" || r["member_id"] != r["fence_owner"] {
-						return false
-					}
-					clients[r["client_id"]] = true
-				}
-				return len(last) == 2 && len(clients) == 2
-			})
-			b.stop(30 * time.Second)
-			a.stop(30 * time.Second)
+	eachProtocol(t, 2, func(t *testing.T, e *env, proto string) {
+		e.produce(jobsFor(keys, 0, 20)...)
+		a := e.startWorker("A", "--protocol", proto)
+		waitFor(t, 60*time.Second, "A to own both partitions", func() bool {
+			return fenceRow(t, e, 0).owner != "" && fenceRow(t, e, 1).owner != ""
 		})
-	}
+		owner := fenceRow(t, e, 0).owner
+		b := e.startWorker("B", "--protocol", proto, "--hold-once", "before-claim")
+		b.waitLog(60*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
+
+		var last []map[string]any
+		waitFor(t, 60*time.Second, "one partition claim-pending for B, the other ok for A", func() bool {
+			last = assignmentsJSON(t, e)
+			var pending, ok int
+			for _, r := range last {
+				switch {
+				case r["state"] == "claim-pending" && r["client_id"] == "tenure-B" && r["fence_owner"] == owner:
+					pending++
+				case r["state"] == "ok" && r["client_id"] == "tenure-A" && r["member_id"] == owner:
+					ok++
+				}
+			}
+			return pending == 1 && ok == 1
+		})
+		t.Logf("during the hand-off: %v", last)
+
+		b.resume() // releases the hold: B claims
+		waitFor(t, 60*time.Second, "both partitions ok, one per worker", func() bool {
+			last = assignmentsJSON(t, e)
+			clients := map[any]bool{}
+			for _, r := range last {
+				if r["state"] != "ok" || r["member_id"] != r["fence_owner"] {
+					return false
+				}
+				clients[r["client_id"]] = true
+			}
+			return len(last) == 2 && len(clients) == 2
+		})
+		b.stop(30 * time.Second)
+		a.stop(30 * time.Second)
+	})
 }
 
 // The owner in Postgres was evicted (paused past its session timeout); the
 // coordinator gave its partition to B, which has not claimed yet:
 // stale-owner. Once B claims: ok, with B as the fence owner.
 func TestCLIAssignmentsStaleOwner(t *testing.T) {
-	for _, proto := range []string{"classic", "consumer"} {
-		t.Run(proto, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t, 1)
-			if proto == "consumer" && e.real {
-				t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
-			}
-			e.produce(jobsFor(keys, 0, 20)...)
-			a := e.startWorker("A", "--protocol", proto)
-			waitCommitted(t, e, 0, 20, "A")
-			owner := fenceRow(t, e, 0).owner
-			b := e.startWorker("B", "--protocol", proto, "--hold-once", "before-claim")
-			b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
-			waitForMembers(t, e, 2)
-			a.pause()
-			b.waitLog(60*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
+	eachProtocol(t, 1, func(t *testing.T, e *env, proto string) {
+		e.produce(jobsFor(keys, 0, 20)...)
+		a := e.startWorker("A", "--protocol", proto)
+		waitCommitted(t, e, 0, 20, "A")
+		owner := fenceRow(t, e, 0).owner
+		b := e.startWorker("B", "--protocol", proto, "--hold-once", "before-claim")
+		b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+		waitForMembers(t, e, 2)
+		a.pause()
+		b.waitLog(60*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
 
-			var row map[string]any
-			waitFor(t, 30*time.Second, "stale-owner: assigned to B, fenced by the evicted A", func() bool {
-				row = rowsByPartition(assignmentsJSON(t, e))[0]
-				return row["state"] == "stale-owner"
-			})
-			if row["client_id"] != "tenure-B" || row["fence_owner"] != owner || row["member_id"] == owner {
-				t.Errorf("stale-owner row: %v (A was %s)", row, owner)
-			}
-			t.Logf("stale owner: %v", row)
-
-			b.resume()
-			waitFor(t, 60*time.Second, "B to claim: ok", func() bool {
-				row = rowsByPartition(assignmentsJSON(t, e))[0]
-				return row["state"] == "ok" && row["client_id"] == "tenure-B"
-			})
-			a.resume()
-			b.stop(30 * time.Second)
-			a.stop(30 * time.Second)
+		var row map[string]any
+		waitFor(t, 30*time.Second, "stale-owner: assigned to B, fenced by the evicted A", func() bool {
+			row = rowsByPartition(assignmentsJSON(t, e))[0]
+			return row["state"] == "stale-owner"
 		})
-	}
+		if row["client_id"] != "tenure-B" || row["fence_owner"] != owner || row["member_id"] == owner {
+			t.Errorf("stale-owner row: %v (A was %s)", row, owner)
+		}
+		t.Logf("stale owner: %v", row)
+
+		b.resume()
+		waitFor(t, 60*time.Second, "B to claim: ok", func() bool {
+			row = rowsByPartition(assignmentsJSON(t, e))[0]
+			return row["state"] == "ok" && row["client_id"] == "tenure-B"
+		})
+		a.resume()
+		b.stop(30 * time.Second)
+		a.stop(30 * time.Second)
+	})
 }
 
 // suggested returns the tenure commands a message suggests (`tenure ...`
@@ -1009,17 +995,7 @@ func TestCLIReplayOfExplicitPartition(t *testing.T) {
 	db := []string{"--database-url", e.dbURL, "--schema", e.schema}
 	key := "acme"
 	other := 1 - partition.For([]byte(key), 2)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: e.topic, Partition: other, Key: []byte(key),
-		Value: []byte(`{"seq":1,"tenure-fault":"error"}`)}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	e.produceTo(other, [2]string{key, `{"seq":1,"tenure-fault":"error"}`})
 	w := e.startWorker("W", "--inject-faults", "--max-attempts", "1")
 	waitCommitted(t, e, other, 1, "")
 	dead := deadLetterRows(t, e)

@@ -14,10 +14,10 @@ import (
 // Postgres. New workers must resume on their own (the incarnation moves on
 // once the coordinator confirms their epoch), and a zombie from before the
 // reset must stay fenced.
-// raiseEpochs produces 20 jobs and raises the group's epochs: a worker
+// storeAHighToken produces 20 jobs and raises the group's epochs: a worker
 // (with args) commits them, a second joins, and both leave, so that the
 // stored token is above what a fresh group starts at.
-func (e *env) raiseEpochs(args ...string) {
+func (e *env) storeAHighToken(args ...string) {
 	e.t.Helper()
 	e.produce(jobsFor(keys, 0, 20)...)
 	w1 := e.startWorker("W1", args...)
@@ -31,7 +31,7 @@ func (e *env) raiseEpochs(args ...string) {
 func TestGroupDeletedWorkersResumeAndZombieStaysFenced(t *testing.T) {
 	t.Parallel()
 	eachProtocol(t, 1, func(t *testing.T, e *env, proto string) {
-		e.raiseEpochs("--protocol", proto)
+		e.storeAHighToken("--protocol", proto)
 
 		// The zombie: takes the partition, holds a batch, and is frozen.
 		e.produce(jobsFor(keys, 20, 10)...)
@@ -71,7 +71,7 @@ func TestExpiredGroupWorkersResume(t *testing.T) {
 	if e.real {
 		t.Skip("group expiry takes ten minutes on a real cluster")
 	}
-	e.raiseEpochs()
+	e.storeAHighToken()
 
 	// Nothing holds the group now: no members, and no committed offsets once
 	// the mirror's have expired (offsets.retention.minutes; here deleted).
@@ -121,7 +121,7 @@ func deleteGroupWhenEmpty(t *testing.T, e *env) {
 func TestZombieFrozenBeforeClaimAcrossReset(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	e.raiseEpochs()
+	e.storeAHighToken()
 
 	z := e.startWorker("Z", "--hold-once", "before-claim")
 	zAssigned := z.waitLog(30*time.Second, map[string]any{"msg": "partitions assigned"})

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/history"
@@ -266,24 +265,14 @@ func testStrictRevokedLane(t *testing.T, unsafeCurrent bool) (*history.History, 
 // produceTo writes n jobs to partition p.
 func produceTo(t *testing.T, e *env, p int32, n int) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	recs := make([]*kgo.Record, n)
-	for i := range recs {
+	jobs := make([][2]string, n)
+	for i := range jobs {
 		// Keys of their own per partition: a prepared batch holds its
 		// exports' row locks until it is decided, and another partition's
 		// batch writing the same keys would wait for it.
-		key := fmt.Sprintf("p%d-%s", p, keys[i%len(keys)])
-		recs[i] = &kgo.Record{Topic: e.topic, Partition: p, Key: []byte(key), Value: []byte(fmt.Sprintf(`{"p":%d,"seq":%d}`, p, i))}
+		jobs[i] = [2]string{fmt.Sprintf("p%d-%s", p, keys[i%len(keys)]), fmt.Sprintf(`{"p":%d,"seq":%d}`, p, i)}
 	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatalf("producing: %v", err)
-	}
+	e.produceTo(p, jobs...)
 }
 
 // A strict worker refuses to start, in one sentence, on a server whose
