@@ -64,13 +64,7 @@ func TestSuccessorEndsAFrozenOwnersTransaction(t *testing.T) {
 // LeaveGroup). It used to wait 10s for the leave and 10s more for Close.
 func TestGracefulStopIsBoundedWhenTheCoordinatorHangs(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	if e.real {
-		t.Skip("holds a LeaveGroup at the coordinator (kfake's ControlKey)")
-	}
-	e.produce(jobsFor(keys, 0, 10)...)
-	w := e.startWorker("W")
-	waitCommitted(t, e, 0, 10, "")
+	e, w := oneWorkerCaughtUp(t, "holds a LeaveGroup at the coordinator (kfake's ControlKey)")
 	release := make(chan struct{})
 	defer close(release)
 	c := e.cluster

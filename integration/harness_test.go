@@ -152,6 +152,21 @@ func (e *env) recreateTopic() {
 	}
 }
 
+// oneWorkerCaughtUp is an env of one partition on the in-process broker
+// (a test that does what why says is skipped on a real cluster) whose
+// worker W has committed the topic's first 10 jobs.
+func oneWorkerCaughtUp(t *testing.T, why string) (*env, *worker) {
+	t.Helper()
+	e := newEnv(t, 1)
+	if e.real {
+		t.Skip(why)
+	}
+	e.produce(jobsFor(keys, 0, 10)...)
+	w := e.startWorker("W")
+	waitCommitted(t, e, 0, 10, "")
+	return e, w
+}
+
 // startBroker starts the in-process broker the tests' environments use,
 // closed when the test ends.
 func startBroker(t *testing.T, c devbroker.Config) *kfake.Cluster {

@@ -24,13 +24,7 @@ import (
 // The topic is deleted and re-created while its worker runs.
 func TestTopicRecreatedIsHeldUntilAcknowledged(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	if e.real {
-		t.Skip("deletes and re-creates a topic; kept to the development broker")
-	}
-	e.produce(jobsFor(keys, 0, 10)...)
-	w := e.startWorker("W")
-	waitCommitted(t, e, 0, 10, "")
+	e, w := oneWorkerCaughtUp(t, "deletes and re-creates a topic; kept to the development broker")
 
 	e.recreateTopic()
 	e.produceTo(0, jobsFor(keys, 100, 3)...) // offsets 0-2 of the new log (a fresh client: the old one knows the old topic id)
@@ -84,13 +78,7 @@ func TestTopicRecreatedIsHeldUntilAcknowledged(t *testing.T) {
 // acknowledged.
 func TestTruncatedLogIsHeldAndCounted(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	if e.real {
-		t.Skip("deletes records; kept to the development broker")
-	}
-	e.produce(jobsFor(keys, 0, 10)...)
-	w := e.startWorker("W")
-	waitCommitted(t, e, 0, 10, "")
+	e, w := oneWorkerCaughtUp(t, "deletes records; kept to the development broker")
 	w.stop(30 * time.Second)
 
 	e.produce(jobsFor(keys, 10, 10)...) // offsets 10-19
