@@ -308,6 +308,24 @@ const (
 	DefaultWorkerBufferBytes    = 64 << 20
 )
 
+// The defaults of Config's other fields, exported so that a command line
+// or a configuration file can show them without repeating the numbers.
+// DefaultSessionTimeout is kgo's own, which Config leaves to kgo.
+const (
+	DefaultSessionTimeout        = 45 * time.Second
+	DefaultRebalanceTimeout      = 60 * time.Second
+	DefaultFetchMaxWait          = 100 * time.Millisecond
+	DefaultMaxAttempts           = 5
+	DefaultHandlerTimeout        = 60 * time.Second
+	DefaultRetryBackoff          = 100 * time.Millisecond
+	DefaultRetryBackoffMax       = 5 * time.Second
+	DefaultClaimTimeout          = 30 * time.Second
+	DefaultCommitTimeout         = 15 * time.Second
+	DefaultShutdownTimeout       = 30 * time.Second
+	DefaultFenceLogPruneInterval = 10 * time.Minute
+	DefaultClientID              = "tenure"
+)
+
 // DefaultTraceLinksMax is Config.TraceLinksMax's default: the
 // OpenTelemetry SDK's default span link count limit.
 const DefaultTraceLinksMax = 128
@@ -334,7 +352,7 @@ func (c *Config) setDefaults() {
 		c.Protocol = Classic
 	}
 	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = 60 * time.Second
+		c.RebalanceTimeout = DefaultRebalanceTimeout
 	}
 	if c.BatchMax == 0 {
 		c.BatchMax = DefaultBatchMax
@@ -349,34 +367,34 @@ func (c *Config) setDefaults() {
 		c.WorkerBufferBytes = DefaultWorkerBufferBytes
 	}
 	if c.FetchMaxWait == 0 {
-		c.FetchMaxWait = 100 * time.Millisecond
+		c.FetchMaxWait = DefaultFetchMaxWait
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 5
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.HandlerTimeout == 0 {
-		c.HandlerTimeout = 60 * time.Second
+		c.HandlerTimeout = DefaultHandlerTimeout
 	}
 	if c.RetryBackoff == 0 {
-		c.RetryBackoff = 100 * time.Millisecond
+		c.RetryBackoff = DefaultRetryBackoff
 	}
 	if c.RetryBackoffMax == 0 {
-		c.RetryBackoffMax = 5 * time.Second
+		c.RetryBackoffMax = DefaultRetryBackoffMax
 	}
 	if c.ClaimTimeout == 0 {
-		c.ClaimTimeout = 30 * time.Second
+		c.ClaimTimeout = DefaultClaimTimeout
 	}
 	if c.IdleInTxTimeout == 0 {
 		c.IdleInTxTimeout = DefaultIdleInTxTimeout(c.HandlerTimeout)
 	}
 	if c.CommitTimeout == 0 {
-		c.CommitTimeout = 15 * time.Second
+		c.CommitTimeout = DefaultCommitTimeout
 	}
 	if c.DatabaseTimeout == 0 {
 		c.DatabaseTimeout = DefaultDatabaseTimeout(c.SessionTimeout)
 	}
 	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = 30 * time.Second
+		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if c.FenceLogRetention.MaxAge == 0 {
 		c.FenceLogRetention.MaxAge = DefaultFenceLogMaxAge
@@ -385,10 +403,10 @@ func (c *Config) setDefaults() {
 		c.FenceLogRetention.MaxEntries = DefaultFenceLogMaxEntries
 	}
 	if c.FenceLogPruneInterval == 0 {
-		c.FenceLogPruneInterval = 10 * time.Minute
+		c.FenceLogPruneInterval = DefaultFenceLogPruneInterval
 	}
 	if c.ClientID == "" {
-		c.ClientID = "tenure"
+		c.ClientID = DefaultClientID
 	}
 	if c.TraceLinksMax == 0 {
 		c.TraceLinksMax = DefaultTraceLinksMax
@@ -406,7 +424,7 @@ func (c *Config) setDefaults() {
 // standby usually takes (docs/fencing.md, "A network that drops").
 func DefaultDatabaseTimeout(session time.Duration) time.Duration {
 	if session <= 0 {
-		session = 45 * time.Second
+		session = DefaultSessionTimeout
 	}
 	return max(session, 10*time.Second)
 }

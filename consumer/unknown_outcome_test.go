@@ -17,8 +17,8 @@ import (
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/fence"
-	"github.com/tenure-dev/tenure/internal/pgproxy"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgproxy"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 

@@ -344,19 +344,40 @@ var (
 	workerLargestPeak = resource.NewQuantity(261_000_000, resource.DecimalSI)
 )
 
-func TestKubernetesManifests(t *testing.T) {
-	bin := tenureBin(t)
-	uid, gid := imageUser(t)
-	doc, _, run, cl := staticDeploy(t)
+// manifests is what TestKubernetesManifests checks: the manifests'
+// objects, and the Secrets and ConfigMaps the first deploy creates beside
+// them.
+type manifests struct {
+	bin        string
+	uid, gid   int64
+	doc        firstDeployDoc
+	run        deployRun
+	cl         cluster
+	objs       []any
+	secrets    map[string]map[string]string // name: key: value
+	configMaps map[string]map[string]bool   // name: keys
+	dep        *appsv1.Deployment
+	pdb        *policyv1.PodDisruptionBudget
+	svc        *corev1.Service
+	sm         *serviceMonitor
+	// The Deployment's init container that migrates, and its worker (nil:
+	// none).
+	migrate, worker *corev1.Container
+}
+
+func readManifests(t *testing.T) *manifests {
+	t.Helper()
+	m := &manifests{bin: tenureBin(t)}
+	m.uid, m.gid = imageUser(t)
+	m.doc, _, m.run, m.cl = staticDeploy(t)
 	workerYAML, err := os.ReadFile("kubernetes/worker.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// With README.md's IMAGE (tenure:dev) the manifest applied is the file.
-	if len(cl.applied) != 1 || !bytes.Equal(cl.applied[0], workerYAML) {
-		t.Errorf("the first deploy applies %d manifests; want kubernetes/worker.yaml, unchanged with README.md's IMAGE", len(cl.applied))
+	if len(m.cl.applied) != 1 || !bytes.Equal(m.cl.applied[0], workerYAML) {
+		t.Errorf("the first deploy applies %d manifests; want kubernetes/worker.yaml, unchanged with README.md's IMAGE", len(m.cl.applied))
 	}
-	var objs []any
 	for _, path := range []string{"kubernetes/worker.yaml", "kubernetes/servicemonitor.yaml"} {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -366,31 +387,39 @@ func TestKubernetesManifests(t *testing.T) {
 		if err != nil {
 			t.Errorf("not valid Kubernetes objects:\n%v", err)
 		}
-		objs = append(objs, o...)
+		m.objs = append(m.objs, o...)
 	}
 	// The Secrets and the ConfigMap are the first deploy's (kubectl
 	// create, from the operator's values).
-	secrets := map[string]map[string]string{}
-	for name, o := range cl.secrets {
-		secrets[name] = map[string]string{}
+	m.secrets = map[string]map[string]string{}
+	for name, o := range m.cl.secrets {
+		m.secrets[name] = map[string]string{}
 		for k, v := range o.Data {
-			secrets[name][k] = string(v)
+			m.secrets[name][k] = string(v)
 		}
 	}
-	configMaps := map[string]map[string]bool{}
-	for name, o := range cl.configMaps {
-		configMaps[name] = map[string]bool{}
+	m.configMaps = map[string]map[string]bool{}
+	for name, o := range m.cl.configMaps {
+		m.configMaps[name] = map[string]bool{}
 		for k := range o.Data {
-			configMaps[name][k] = true
+			m.configMaps[name][k] = true
 		}
 	}
+	m.sortObjects(t)
+	return m
+}
+
+// sortObjects finds the one worker Deployment, PodDisruptionBudget,
+// Service and ServiceMonitor, and refuses what must not be in a manifest.
+func (m *manifests) sortObjects(t *testing.T) {
+	t.Helper()
 	var (
 		deployments []*appsv1.Deployment
 		pdbs        []*policyv1.PodDisruptionBudget
 		services    []*corev1.Service
 		monitors    []*serviceMonitor
 	)
-	for _, o := range objs {
+	for _, o := range m.objs {
 		switch o := o.(type) {
 		case *corev1.Secret:
 			t.Errorf("Secret/%s is in a manifest: its placeholder values would be applied as they are; the first deploy's commands create it from the operator's", o.Name)
@@ -415,237 +444,313 @@ func TestKubernetesManifests(t *testing.T) {
 	if len(deployments) != 1 || len(pdbs) != 1 || len(services) != 1 || len(monitors) != 1 {
 		t.Fatalf("want one worker Deployment, PodDisruptionBudget, Service and ServiceMonitor; got %d, %d, %d, %d", len(deployments), len(pdbs), len(services), len(monitors))
 	}
-
-	for _, p := range podTemplates(objs) {
-		if v := restrictedViolations(t, &p.meta, &p.spec); len(v) > 0 {
-			t.Errorf("%s: the %q Pod Security level (latest) refuses its pods:\n  %s", p.where, psaapi.LevelRestricted, strings.Join(v, "\n  "))
-		}
-		psc := p.spec.SecurityContext
-		if psc == nil {
-			psc = &corev1.PodSecurityContext{}
-		}
-		// Volumes hold keys this file defines; a secret readable by its
-		// group only needs the image's group as fsGroup.
-		for _, v := range p.spec.Volumes {
-			var keys map[string]bool
-			var items []corev1.KeyToPath
-			var mode *int32
-			switch {
-			case v.Secret != nil:
-				if s := secrets[v.Secret.SecretName]; s != nil {
-					keys = map[string]bool{}
-					for k := range s {
-						keys[k] = true
-					}
-				}
-				items, mode = v.Secret.Items, v.Secret.DefaultMode
-			case v.ConfigMap != nil:
-				keys, items, mode = configMaps[v.ConfigMap.Name], v.ConfigMap.Items, v.ConfigMap.DefaultMode
-			default:
-				continue
-			}
-			if keys == nil {
-				t.Errorf("%s: volume %s refers to a Secret or ConfigMap this file does not define", p.where, v.Name)
-			}
-			for _, it := range items {
-				if keys != nil && !keys[it.Key] {
-					t.Errorf("%s: volume %s refers to key %s, which its Secret or ConfigMap lacks", p.where, v.Name, it.Key)
-				}
-			}
-			if mode != nil && *mode&0o004 == 0 && (psc.FSGroup == nil || *psc.FSGroup != gid) {
-				t.Errorf("%s: volume %s (mode %#o) is readable by its group only, and the pod's fsGroup is not the image's group %d", p.where, v.Name, *mode, gid)
-			}
-		}
-		for i, c := range append(append([]corev1.Container{}, p.spec.InitContainers...), p.spec.Containers...) {
-			where := p.where + " container " + c.Name
-			if len(c.Command) > 0 {
-				t.Errorf("%s: command %v replaces the image's entrypoint; pass args to tenure", where, c.Command)
-			}
-			if len(c.Args) == 0 {
-				t.Errorf("%s: no args", where)
-				continue
-			}
-			// The flags and variables are the command's; credentials
-			// come from Secrets and files from volumes.
-			env := map[string]string{}
-			var vars []string
-			dbURL := ""
-			for _, e := range c.Env {
-				vars = append(vars, e.Name)
-				env[e.Name] = e.Value
-				if strings.Contains(e.Name, "PASSWORD") && !strings.HasSuffix(e.Name, "_FILE") {
-					t.Errorf("%s: %s is in the environment; mount it as a file (--sasl-password-file)", where, e.Name)
-				}
-				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
-					ref := e.ValueFrom.SecretKeyRef
-					v, ok := secrets[ref.Name][ref.Key]
-					if !ok {
-						t.Errorf("%s: %s refers to secret %s key %s, which this file does not define", where, e.Name, ref.Name, ref.Key)
-					}
-					if e.Name == "TENURE_DATABASE_URL" {
-						dbURL = v
-					}
-				} else if e.Name == "TENURE_DATABASE_URL" {
-					t.Errorf("%s: the database URL (and its password) must come from a Secret", where)
-				}
-			}
-			checkCommand(t, bin, where, c.Args, vars)
-			mounted := func(file string) bool {
-				for _, m := range c.VolumeMounts {
-					if strings.HasPrefix(file, m.MountPath+"/") {
-						return true
-					}
-				}
-				return false
-			}
-			for name, v := range env {
-				if strings.HasSuffix(name, "_FILE") && !mounted(v) {
-					t.Errorf("%s: %s=%s is not under a mounted volume", where, name, v)
-				}
-			}
-			if u, err := url.Parse(dbURL); err == nil && u.Query().Get("sslrootcert") != "" && !mounted(u.Query().Get("sslrootcert")) {
-				t.Errorf("%s: the database URL's sslrootcert %s is not under a mounted volume", where, u.Query().Get("sslrootcert"))
-			}
-
-			// Beyond "restricted": the image's user, a read-only root,
-			// resources.
-			csc := c.SecurityContext
-			if csc == nil {
-				csc = &corev1.SecurityContext{}
-			}
-			for _, id := range []struct {
-				name     string
-				pod, ctr *int64
-				want     int64
-			}{{"runAsUser", psc.RunAsUser, csc.RunAsUser, uid}, {"runAsGroup", psc.RunAsGroup, csc.RunAsGroup, gid}} {
-				got := id.pod
-				if id.ctr != nil {
-					got = id.ctr
-				}
-				if got == nil || *got != id.want {
-					t.Errorf("%s: %s is not %d, the image's USER (Dockerfile)", where, id.name, id.want)
-				}
-			}
-			if csc.ReadOnlyRootFilesystem == nil || !*csc.ReadOnlyRootFilesystem {
-				t.Errorf("%s: no readOnlyRootFilesystem: true", where)
-			}
-			req, lim := c.Resources.Requests, c.Resources.Limits
-			for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
-				if _, ok := req[r]; !ok {
-					t.Errorf("%s: no %s request", where, r)
-				}
-			}
-			if l, ok := lim[corev1.ResourceMemory]; !ok {
-				t.Errorf("%s: no memory limit", where)
-			} else if l.Cmp(req[corev1.ResourceMemory]) < 0 {
-				t.Errorf("%s: memory limit %s below its request %s", where, l.String(), req.Memory().String())
-			}
-
-			if c.Args[0] != "worker" {
-				continue
-			}
-			// The worker: a main container, its probes on its HTTP port, a
-			// grace period above a graceful stop, no static membership,
-			// memory for a backlog.
-			if i < len(p.spec.InitContainers) {
-				t.Errorf("%s: the worker is an init container", where)
-			}
-			port := httpPort(t, env["TENURE_HTTP_ADDR"])
-			portName := ""
-			for _, cp := range c.Ports {
-				if strconv.Itoa(int(cp.ContainerPort)) == port {
-					portName = cp.Name
-				}
-			}
-			if portName == "" {
-				t.Errorf("%s: no container port %s (TENURE_HTTP_ADDR)", where, port)
-			}
-			for _, pr := range []struct {
-				name, path string
-				probe      *corev1.Probe
-			}{{"readinessProbe", "/readyz", c.ReadinessProbe}, {"livenessProbe", "/healthz", c.LivenessProbe}} {
-				if pr.probe == nil || pr.probe.HTTPGet == nil {
-					t.Errorf("%s: no %s on %s", where, pr.name, pr.path)
-					continue
-				}
-				if got := pr.probe.HTTPGet.Path; got != pr.path {
-					t.Errorf("%s: %s path %q, want %s", where, pr.name, got, pr.path)
-				}
-				if got := pr.probe.HTTPGet.Port.String(); got != portName && got != port {
-					t.Errorf("%s: %s port %q, want %s", where, pr.name, got, portName)
-				}
-			}
-			grace := int64(0)
-			if p.spec.TerminationGracePeriodSeconds != nil {
-				grace = *p.spec.TerminationGracePeriodSeconds
-			}
-			if stop := gracefulStop(t, bin, env["TENURE_SHUTDOWN_TIMEOUT"]); time.Duration(grace)*time.Second < stop+5*time.Second {
-				t.Errorf("%s: terminationGracePeriodSeconds %d does not cover a graceful stop (%s) and a margin", where, grace, stop)
-			}
-			for _, v := range vars {
-				if strings.Contains(v, "INSTANCE") {
-					t.Errorf("%s: static membership (%s) must not be configured", where, v)
-				}
-			}
-			if r := req[corev1.ResourceMemory]; r.Cmp(*workerDrainPeak) < 0 {
-				t.Errorf("%s: memory request %s is below a worker's peak draining a backlog (%s)", where, r.String(), workerDrainPeak)
-			}
-			if l := lim[corev1.ResourceMemory]; l.Cmp(*workerLargestPeak) < 0 {
-				t.Errorf("%s: memory limit %s is below the largest measured peak (%s)", where, l.String(), workerLargestPeak)
-			}
-		}
-	}
-
-	dep := deployments[0]
-	pod := dep.Spec.Template.Spec
-	workers := labels.Set(dep.Spec.Template.Labels)
-	selects := func(sel *metav1.LabelSelector) bool {
-		s, err := metav1.LabelSelectorAsSelector(sel)
-		return err == nil && !s.Empty() && s.Matches(workers)
-	}
-	envOf := func(c corev1.Container) map[string]corev1.EnvVar {
-		m := map[string]corev1.EnvVar{}
-		for _, e := range c.Env {
-			m[e.Name] = e
-		}
-		return m
-	}
-	dbUser := func(e corev1.EnvVar) string {
-		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
-			return ""
-		}
-		u, err := url.Parse(secrets[e.ValueFrom.SecretKeyRef.Name][e.ValueFrom.SecretKeyRef.Key])
-		if err != nil || u.User == nil {
-			return ""
-		}
-		return u.User.Username()
-	}
-
-	// The schema is migrated before a worker starts: an init container
-	// (not a sidecar) runs `tenure migrate up` as the schema's owner; the
-	// worker, under its own role, does not migrate.
-	var migrate, worker *corev1.Container
+	m.dep, m.pdb, m.svc, m.sm = deployments[0], pdbs[0], services[0], monitors[0]
+	pod := m.dep.Spec.Template.Spec
 	for i, c := range pod.InitContainers {
 		if len(c.Args) > 0 && c.Args[0] == "migrate" && (len(c.Args) == 1 || c.Args[1] == "up") && c.RestartPolicy == nil {
-			migrate = &pod.InitContainers[i]
+			m.migrate = &pod.InitContainers[i]
 		}
 	}
 	for i, c := range pod.Containers {
 		if len(c.Args) > 0 && c.Args[0] == "worker" {
-			worker = &pod.Containers[i]
+			m.worker = &pod.Containers[i]
 		}
 	}
+}
+
+// selects says whether sel selects the worker pods.
+func (m *manifests) selects(sel *metav1.LabelSelector) bool {
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	return err == nil && !s.Empty() && s.Matches(labels.Set(m.dep.Spec.Template.Labels))
+}
+
+func envOf(c corev1.Container) map[string]corev1.EnvVar {
+	m := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		m[e.Name] = e
+	}
+	return m
+}
+
+// dbUser is the user of the database URL e takes from a Secret ("": none).
+func (m *manifests) dbUser(e corev1.EnvVar) string {
+	if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+		return ""
+	}
+	u, err := url.Parse(m.secrets[e.ValueFrom.SecretKeyRef.Name][e.ValueFrom.SecretKeyRef.Key])
+	if err != nil || u.User == nil {
+		return ""
+	}
+	return u.User.Username()
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	m := readManifests(t)
+	t.Run("Pods", func(t *testing.T) {
+		for _, p := range podTemplates(m.objs) {
+			m.checkPod(t, p)
+		}
+	})
+	t.Run("Deployment", m.checkDeployment)
+	t.Run("Selectors", m.checkSelectors)
+	t.Run("Image", func(t *testing.T) {
+		// The image is the one README.md builds, and a node that has it (a
+		// kind or minikube cluster it was loaded into) runs it: with a
+		// :latest tag and no policy, Kubernetes pulls Always.
+		tag := builtTag(t)
+		for _, p := range podTemplates(m.objs) {
+			for _, c := range append(append([]corev1.Container{}, p.spec.InitContainers...), p.spec.Containers...) {
+				if c.Image != tag {
+					t.Errorf("%s container %s: image %q, want %q, the tag README.md builds", p.where, c.Name, c.Image, tag)
+				}
+				if c.ImagePullPolicy != corev1.PullIfNotPresent {
+					t.Errorf("%s container %s: imagePullPolicy %q, want IfNotPresent (a locally built image is in no registry)", p.where, c.Name, c.ImagePullPolicy)
+				}
+			}
+		}
+	})
+	t.Run("Roles", func(t *testing.T) {
+		if m.migrate == nil || m.worker == nil {
+			t.Skip("no migrating init container or no worker (Deployment says which)")
+		}
+		m.checkRoles(t)
+	})
+	t.Run("Rollout", func(t *testing.T) {
+		// Every rollout the first deploy waits for is of a Deployment it
+		// applies.
+		if len(m.cl.rollouts) == 0 {
+			t.Error("the first deploy does not wait for the rollout (kubectl rollout status)")
+		}
+		for _, r := range m.cl.rollouts {
+			if r != "deployment/"+m.dep.Name {
+				t.Errorf("the first deploy waits for %s; the Deployment is %s", r, m.dep.Name)
+			}
+		}
+	})
+	t.Run("NamesTable", func(t *testing.T) {
+		checkNamesTable(t, namesTable(t, m.doc.section), m.objs, m.cl, parseBootstrap(t, heredoc(t, m.doc.commands)))
+	})
+}
+
+// checkPod checks a pod template: the "restricted" Pod Security level, its
+// volumes and its containers.
+func (m *manifests) checkPod(t *testing.T, p podTemplate) {
+	if v := restrictedViolations(t, &p.meta, &p.spec); len(v) > 0 {
+		t.Errorf("%s: the %q Pod Security level (latest) refuses its pods:\n  %s", p.where, psaapi.LevelRestricted, strings.Join(v, "\n  "))
+	}
+	psc := p.spec.SecurityContext
+	if psc == nil {
+		psc = &corev1.PodSecurityContext{}
+	}
+	m.checkVolumes(t, p, psc)
+	for i, c := range append(append([]corev1.Container{}, p.spec.InitContainers...), p.spec.Containers...) {
+		m.checkContainer(t, p, psc, c, i < len(p.spec.InitContainers))
+	}
+}
+
+// checkVolumes: volumes hold keys the first deploy defines; a secret
+// readable by its group only needs the image's group as fsGroup.
+func (m *manifests) checkVolumes(t *testing.T, p podTemplate, psc *corev1.PodSecurityContext) {
+	for _, v := range p.spec.Volumes {
+		var keys map[string]bool
+		var items []corev1.KeyToPath
+		var mode *int32
+		switch {
+		case v.Secret != nil:
+			if s := m.secrets[v.Secret.SecretName]; s != nil {
+				keys = map[string]bool{}
+				for k := range s {
+					keys[k] = true
+				}
+			}
+			items, mode = v.Secret.Items, v.Secret.DefaultMode
+		case v.ConfigMap != nil:
+			keys, items, mode = m.configMaps[v.ConfigMap.Name], v.ConfigMap.Items, v.ConfigMap.DefaultMode
+		default:
+			continue
+		}
+		if keys == nil {
+			t.Errorf("%s: volume %s refers to a Secret or ConfigMap this file does not define", p.where, v.Name)
+		}
+		for _, it := range items {
+			if keys != nil && !keys[it.Key] {
+				t.Errorf("%s: volume %s refers to key %s, which its Secret or ConfigMap lacks", p.where, v.Name, it.Key)
+			}
+		}
+		if mode != nil && *mode&0o004 == 0 && (psc.FSGroup == nil || *psc.FSGroup != m.gid) {
+			t.Errorf("%s: volume %s (mode %#o) is readable by its group only, and the pod's fsGroup is not the image's group %d", p.where, v.Name, *mode, m.gid)
+		}
+	}
+}
+
+// checkContainer checks how a container runs tenure: its arguments and
+// variables, where its credentials and files come from, its user, root
+// filesystem and resources; a worker's, what a worker needs besides.
+func (m *manifests) checkContainer(t *testing.T, p podTemplate, psc *corev1.PodSecurityContext, c corev1.Container, init bool) {
+	where := p.where + " container " + c.Name
+	if len(c.Command) > 0 {
+		t.Errorf("%s: command %v replaces the image's entrypoint; pass args to tenure", where, c.Command)
+	}
+	if len(c.Args) == 0 {
+		t.Errorf("%s: no args", where)
+		return
+	}
+	// The flags and variables are the command's; credentials
+	// come from Secrets and files from volumes.
+	env := map[string]string{}
+	var vars []string
+	dbURL := ""
+	for _, e := range c.Env {
+		vars = append(vars, e.Name)
+		env[e.Name] = e.Value
+		if strings.Contains(e.Name, "PASSWORD") && !strings.HasSuffix(e.Name, "_FILE") {
+			t.Errorf("%s: %s is in the environment; mount it as a file (--sasl-password-file)", where, e.Name)
+		}
+		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			ref := e.ValueFrom.SecretKeyRef
+			v, ok := m.secrets[ref.Name][ref.Key]
+			if !ok {
+				t.Errorf("%s: %s refers to secret %s key %s, which this file does not define", where, e.Name, ref.Name, ref.Key)
+			}
+			if e.Name == "TENURE_DATABASE_URL" {
+				dbURL = v
+			}
+		} else if e.Name == "TENURE_DATABASE_URL" {
+			t.Errorf("%s: the database URL (and its password) must come from a Secret", where)
+		}
+	}
+	checkCommand(t, m.bin, where, c.Args, vars)
+	mounted := func(file string) bool {
+		for _, m := range c.VolumeMounts {
+			if strings.HasPrefix(file, m.MountPath+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	for name, v := range env {
+		if strings.HasSuffix(name, "_FILE") && !mounted(v) {
+			t.Errorf("%s: %s=%s is not under a mounted volume", where, name, v)
+		}
+	}
+	if u, err := url.Parse(dbURL); err == nil && u.Query().Get("sslrootcert") != "" && !mounted(u.Query().Get("sslrootcert")) {
+		t.Errorf("%s: the database URL's sslrootcert %s is not under a mounted volume", where, u.Query().Get("sslrootcert"))
+	}
+	m.checkSecurity(t, where, psc, c)
+	if c.Args[0] != "worker" {
+		return
+	}
+	if init {
+		t.Errorf("%s: the worker is an init container", where)
+	}
+	m.checkWorker(t, p, where, c, env, vars)
+}
+
+// checkSecurity checks, beyond "restricted", the image's user, a read-only
+// root, resources.
+func (m *manifests) checkSecurity(t *testing.T, where string, psc *corev1.PodSecurityContext, c corev1.Container) {
+	csc := c.SecurityContext
+	if csc == nil {
+		csc = &corev1.SecurityContext{}
+	}
+	for _, id := range []struct {
+		name     string
+		pod, ctr *int64
+		want     int64
+	}{{"runAsUser", psc.RunAsUser, csc.RunAsUser, m.uid}, {"runAsGroup", psc.RunAsGroup, csc.RunAsGroup, m.gid}} {
+		got := id.pod
+		if id.ctr != nil {
+			got = id.ctr
+		}
+		if got == nil || *got != id.want {
+			t.Errorf("%s: %s is not %d, the image's USER (Dockerfile)", where, id.name, id.want)
+		}
+	}
+	if csc.ReadOnlyRootFilesystem == nil || !*csc.ReadOnlyRootFilesystem {
+		t.Errorf("%s: no readOnlyRootFilesystem: true", where)
+	}
+	req, lim := c.Resources.Requests, c.Resources.Limits
+	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if _, ok := req[r]; !ok {
+			t.Errorf("%s: no %s request", where, r)
+		}
+	}
+	if l, ok := lim[corev1.ResourceMemory]; !ok {
+		t.Errorf("%s: no memory limit", where)
+	} else if l.Cmp(req[corev1.ResourceMemory]) < 0 {
+		t.Errorf("%s: memory limit %s below its request %s", where, l.String(), req.Memory().String())
+	}
+}
+
+// checkWorker: the worker is a main container, its probes on its HTTP
+// port, a grace period above a graceful stop, no static membership,
+// memory for a backlog.
+func (m *manifests) checkWorker(t *testing.T, p podTemplate, where string, c corev1.Container, env map[string]string, vars []string) {
+	req, lim := c.Resources.Requests, c.Resources.Limits
+	port := httpPort(t, env["TENURE_HTTP_ADDR"])
+	portName := ""
+	for _, cp := range c.Ports {
+		if strconv.Itoa(int(cp.ContainerPort)) == port {
+			portName = cp.Name
+		}
+	}
+	if portName == "" {
+		t.Errorf("%s: no container port %s (TENURE_HTTP_ADDR)", where, port)
+	}
+	for _, pr := range []struct {
+		name, path string
+		probe      *corev1.Probe
+	}{{"readinessProbe", "/readyz", c.ReadinessProbe}, {"livenessProbe", "/healthz", c.LivenessProbe}} {
+		if pr.probe == nil || pr.probe.HTTPGet == nil {
+			t.Errorf("%s: no %s on %s", where, pr.name, pr.path)
+			continue
+		}
+		if got := pr.probe.HTTPGet.Path; got != pr.path {
+			t.Errorf("%s: %s path %q, want %s", where, pr.name, got, pr.path)
+		}
+		if got := pr.probe.HTTPGet.Port.String(); got != portName && got != port {
+			t.Errorf("%s: %s port %q, want %s", where, pr.name, got, portName)
+		}
+	}
+	grace := int64(0)
+	if p.spec.TerminationGracePeriodSeconds != nil {
+		grace = *p.spec.TerminationGracePeriodSeconds
+	}
+	if stop := gracefulStop(t, m.bin, env["TENURE_SHUTDOWN_TIMEOUT"]); time.Duration(grace)*time.Second < stop+5*time.Second {
+		t.Errorf("%s: terminationGracePeriodSeconds %d does not cover a graceful stop (%s) and a margin", where, grace, stop)
+	}
+	for _, v := range vars {
+		if strings.Contains(v, "INSTANCE") {
+			t.Errorf("%s: static membership (%s) must not be configured", where, v)
+		}
+	}
+	if r := req[corev1.ResourceMemory]; r.Cmp(*workerDrainPeak) < 0 {
+		t.Errorf("%s: memory request %s is below a worker's peak draining a backlog (%s)", where, r.String(), workerDrainPeak)
+	}
+	if l := lim[corev1.ResourceMemory]; l.Cmp(*workerLargestPeak) < 0 {
+		t.Errorf("%s: memory limit %s is below the largest measured peak (%s)", where, l.String(), workerLargestPeak)
+	}
+}
+
+// checkDeployment: the schema is migrated before the workers start, a
+// rollout keeps the old workers until the new ones run, the replicas
+// spread.
+func (m *manifests) checkDeployment(t *testing.T) {
+	dep, pod := m.dep, m.dep.Spec.Template.Spec
+	// The schema is migrated before a worker starts: an init container
+	// (not a sidecar) runs `tenure migrate up` as the schema's owner; the
+	// worker, under its own role, does not migrate.
 	switch {
-	case worker == nil:
+	case m.worker == nil:
 		t.Errorf("Deployment/%s runs no worker", dep.Name)
-	case migrate == nil:
+	case m.migrate == nil:
 		t.Errorf("Deployment/%s: no init container runs `tenure migrate up`: nothing migrates the schema before the workers start", dep.Name)
 	default:
-		me, we := envOf(*migrate), envOf(*worker)
+		me, we := envOf(*m.migrate), envOf(*m.worker)
 		if me["TENURE_SCHEMA"].Value != we["TENURE_SCHEMA"].Value {
 			t.Errorf("Deployment/%s: the init container migrates schema %q, the worker uses %q", dep.Name, me["TENURE_SCHEMA"].Value, we["TENURE_SCHEMA"].Value)
 		}
-		if mu, wu := dbUser(me["TENURE_DATABASE_URL"]), dbUser(we["TENURE_DATABASE_URL"]); mu == "" || mu == wu {
+		if mu, wu := m.dbUser(me["TENURE_DATABASE_URL"]), m.dbUser(we["TENURE_DATABASE_URL"]); mu == "" || mu == wu {
 			t.Errorf("Deployment/%s: the migration connects as %q, the worker as %q: want the schema's owner and the workers' least-privilege role", dep.Name, mu, wu)
 		}
 		if v, _ := strconv.ParseBool(we["TENURE_NO_MIGRATE"].Value); !v {
@@ -662,7 +767,7 @@ func TestKubernetesManifests(t *testing.T) {
 	// zones.
 	spread := map[string]corev1.TopologySpreadConstraint{}
 	for _, c := range pod.TopologySpreadConstraints {
-		if !selects(c.LabelSelector) {
+		if !m.selects(c.LabelSelector) {
 			t.Errorf("Deployment/%s: the topology spread constraint on %s does not select the workers", dep.Name, c.TopologyKey)
 		}
 		spread[c.TopologyKey] = c
@@ -675,17 +780,18 @@ func TestKubernetesManifests(t *testing.T) {
 	} else if c.WhenUnsatisfiable != corev1.ScheduleAnyway {
 		t.Errorf("Deployment/%s: spreading over zones is %s: in a cluster with fewer zones than replicas some would never run; want ScheduleAnyway", dep.Name, c.WhenUnsatisfiable)
 	}
+}
 
-	// The PodDisruptionBudget, the Service and the ServiceMonitor select
-	// the workers.
-	if pdb := pdbs[0]; !selects(pdb.Spec.Selector) || pdb.Spec.MaxUnavailable == nil {
+// checkSelectors: the PodDisruptionBudget, the Service and the
+// ServiceMonitor select the workers, and a Prometheus the ServiceMonitor.
+func (m *manifests) checkSelectors(t *testing.T) {
+	if pdb := m.pdb; !m.selects(pdb.Spec.Selector) || pdb.Spec.MaxUnavailable == nil {
 		t.Errorf("PodDisruptionBudget/%s does not select the workers with a maxUnavailable", pdb.Name)
 	}
-	svc := services[0]
-	if len(svc.Spec.Selector) == 0 || !labels.SelectorFromSet(svc.Spec.Selector).Matches(workers) || len(svc.Spec.Ports) == 0 || svc.Spec.Ports[0].TargetPort.String() != "http" {
+	svc, sm := m.svc, m.sm
+	if len(svc.Spec.Selector) == 0 || !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(m.dep.Spec.Template.Labels)) || len(svc.Spec.Ports) == 0 || svc.Spec.Ports[0].TargetPort.String() != "http" {
 		t.Errorf("Service/%s does not reach the workers' http port", svc.Name)
 	}
-	sm := monitors[0]
 	if s, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector); err != nil || s.Empty() || !s.Matches(labels.Set(svc.Labels)) {
 		t.Errorf("ServiceMonitor/%s does not select Service/%s", sm.Name, svc.Name)
 	}
@@ -700,115 +806,87 @@ func TestKubernetesManifests(t *testing.T) {
 	if !labels.SelectorFromSet(labels.Set{"release": "kube-prometheus-stack"}).Matches(labels.Set(sm.Labels)) {
 		t.Errorf("ServiceMonitor/%s has labels %v: kube-prometheus-stack's default selector (release: kube-prometheus-stack) does not select it", sm.Name, sm.Labels)
 	}
+}
 
-	// The image is the one README.md builds, and a node that has it (a
-	// kind or minikube cluster it was loaded into) runs it: with a
-	// :latest tag and no policy, Kubernetes pulls Always.
-	tag := builtTag(t)
-	for _, p := range podTemplates(objs) {
-		for _, c := range append(append([]corev1.Container{}, p.spec.InitContainers...), p.spec.Containers...) {
-			if c.Image != tag {
-				t.Errorf("%s container %s: image %q, want %q, the tag README.md builds", p.where, c.Name, c.Image, tag)
-			}
-			if c.ImagePullPolicy != corev1.PullIfNotPresent {
-				t.Errorf("%s container %s: imagePullPolicy %q, want IfNotPresent (a locally built image is in no registry)", p.where, c.Name, c.ImagePullPolicy)
-			}
+// The roles: the init container grants them after migrating, as the
+// owner; the administrator's script creates the roles the Secret's
+// URLs log in as, with LOGIN and the passwords the URLs carry, and the
+// admin role the grants name (the owner may not create roles); the
+// URLs' database is one the owner may create schemas in.
+func (m *manifests) checkRoles(t *testing.T) {
+	if !slices.Contains(m.migrate.Args, "--grant-roles") {
+		t.Errorf("Deployment/%s: the init container migrates without --grant-roles: nothing grants the workers' role its rights on the tables", m.dep.Name)
+	}
+	boot := parseBootstrap(t, heredoc(t, m.doc.commands))
+	vars := map[string]string{}
+	for i, a := range m.run.psqlArgs {
+		if a == "-v" && i+1 < len(m.run.psqlArgs) {
+			k, v, _ := strings.Cut(m.run.psqlArgs[i+1], "=")
+			vars[k] = v
 		}
 	}
-
-	// The roles: the init container grants them after migrating, as the
-	// owner; the administrator's script creates the roles the Secret's
-	// URLs log in as, with LOGIN and the passwords the URLs carry, and the
-	// admin role the grants name (the owner may not create roles); the
-	// URLs' database is one the owner may create schemas in.
-	if migrate != nil && worker != nil {
-		if !slices.Contains(migrate.Args, "--grant-roles") {
-			t.Errorf("Deployment/%s: the init container migrates without --grant-roles: nothing grants the workers' role its rights on the tables", dep.Name)
-		}
-		boot := parseBootstrap(t, heredoc(t, doc.commands))
-		vars := map[string]string{}
-		for i, a := range run.psqlArgs {
-			if a == "-v" && i+1 < len(run.psqlArgs) {
-				k, v, _ := strings.Cut(run.psqlArgs[i+1], "=")
-				vars[k] = v
+	if m.run.psqlStdin != heredoc(t, m.doc.commands)+"\n" {
+		t.Errorf("psql did not receive the administrator's script on its standard input:\n%s", m.run.psqlStdin)
+	}
+	if vars["ON_ERROR_STOP"] != "1" {
+		t.Error("psql runs the administrator's script without -v ON_ERROR_STOP=1: a failing statement would not stop it")
+	}
+	roleFlag := func(flag string) string {
+		for i, a := range m.migrate.Args {
+			if v, ok := strings.CutPrefix(a, "--"+flag+"="); ok {
+				return v
+			}
+			if a == "--"+flag && i+1 < len(m.migrate.Args) {
+				return m.migrate.Args[i+1]
 			}
 		}
-		if run.psqlStdin != heredoc(t, doc.commands)+"\n" {
-			t.Errorf("psql did not receive the administrator's script on its standard input:\n%s", run.psqlStdin)
+		m := regexp.MustCompile(`\n  --` + flag + ` R\n[^\n]*\(default (\w+)\)`).FindStringSubmatch(help(t, m.bin, []string{"migrate"}))
+		if m == nil {
+			t.Fatalf("tenure migrate --help shows no default for --%s", flag)
 		}
-		if vars["ON_ERROR_STOP"] != "1" {
-			t.Error("psql runs the administrator's script without -v ON_ERROR_STOP=1: a failing statement would not stop it")
+		return m[1]
+	}
+	workerRole, adminRole := roleFlag("worker-role"), roleFlag("admin-role")
+	if _, ok := boot.roles[adminRole]; !ok {
+		t.Errorf("the administrator's script does not create role %s: --grant-roles would, and the owner may not create roles", adminRole)
+	}
+	owner := ""
+	for _, c := range []struct {
+		name string
+		e    corev1.EnvVar
+	}{{"migrate", envOf(*m.migrate)["TENURE_DATABASE_URL"]}, {"worker", envOf(*m.worker)["TENURE_DATABASE_URL"]}} {
+		if c.e.ValueFrom == nil || c.e.ValueFrom.SecretKeyRef == nil {
+			continue // reported above
 		}
-		roleFlag := func(flag string) string {
-			for i, a := range migrate.Args {
-				if v, ok := strings.CutPrefix(a, "--"+flag+"="); ok {
-					return v
-				}
-				if a == "--"+flag && i+1 < len(migrate.Args) {
-					return migrate.Args[i+1]
-				}
-			}
-			m := regexp.MustCompile(`\n  --` + flag + ` R\n[^\n]*\(default (\w+)\)`).FindStringSubmatch(help(t, bin, []string{"migrate"}))
-			if m == nil {
-				t.Fatalf("tenure migrate --help shows no default for --%s", flag)
-			}
-			return m[1]
+		ref := c.e.ValueFrom.SecretKeyRef
+		u, err := url.Parse(m.secrets[ref.Name][ref.Key])
+		if err != nil || u.User == nil {
+			t.Errorf("Secret %s key %s: not a database URL with a user: %v", ref.Name, ref.Key, err)
+			continue
 		}
-		workerRole, adminRole := roleFlag("worker-role"), roleFlag("admin-role")
-		if _, ok := boot.roles[adminRole]; !ok {
-			t.Errorf("the administrator's script does not create role %s: --grant-roles would, and the owner may not create roles", adminRole)
+		user := u.User.Username()
+		pw, _ := u.User.Password()
+		if login, ok := boot.roles[user]; !ok || !login {
+			t.Errorf("container %s logs in as %s, which the administrator's script does not create with LOGIN", c.name, user)
+		} else if v := boot.passwords[user]; vars[v] == "" || vars[v] != pw {
+			t.Errorf("container %s: the password of %s in Secret %s is not the one the administrator's script sets (psql -v %s)", c.name, user, ref.Name, v)
 		}
-		owner := ""
-		for _, c := range []struct {
-			name string
-			e    corev1.EnvVar
-		}{{"migrate", envOf(*migrate)["TENURE_DATABASE_URL"]}, {"worker", envOf(*worker)["TENURE_DATABASE_URL"]}} {
-			if c.e.ValueFrom == nil || c.e.ValueFrom.SecretKeyRef == nil {
-				continue // reported above
-			}
-			ref := c.e.ValueFrom.SecretKeyRef
-			u, err := url.Parse(secrets[ref.Name][ref.Key])
-			if err != nil || u.User == nil {
-				t.Errorf("Secret %s key %s: not a database URL with a user: %v", ref.Name, ref.Key, err)
-				continue
-			}
-			user := u.User.Username()
-			pw, _ := u.User.Password()
-			if login, ok := boot.roles[user]; !ok || !login {
-				t.Errorf("container %s logs in as %s, which the administrator's script does not create with LOGIN", c.name, user)
-			} else if v := boot.passwords[user]; vars[v] == "" || vars[v] != pw {
-				t.Errorf("container %s: the password of %s in Secret %s is not the one the administrator's script sets (psql -v %s)", c.name, user, ref.Name, v)
-			}
-			db := strings.TrimPrefix(u.Path, "/")
-			if !slices.Contains(boot.databases, db) {
-				t.Errorf("container %s: database %q is not one the administrator's script creates (%v)", c.name, db, boot.databases)
-			}
-			if c.name == "migrate" {
-				owner = user
-				if !slices.Contains(boot.creators[db], user) {
-					t.Errorf("the owner %s may not create schemas in database %s (GRANT CREATE ON DATABASE)", user, db)
-				}
-			} else if user != workerRole {
-				t.Errorf("the worker logs in as %s; the init container grants %s (--worker-role)", user, workerRole)
-			}
+		db := strings.TrimPrefix(u.Path, "/")
+		if !slices.Contains(boot.databases, db) {
+			t.Errorf("container %s: database %q is not one the administrator's script creates (%v)", c.name, db, boot.databases)
 		}
-		if owner == workerRole || owner == adminRole {
-			t.Errorf("the owner %s is also a role the grants are for", owner)
+		if c.name == "migrate" {
+			owner = user
+			if !slices.Contains(boot.creators[db], user) {
+				t.Errorf("the owner %s may not create schemas in database %s (GRANT CREATE ON DATABASE)", user, db)
+			}
+		} else if user != workerRole {
+			t.Errorf("the worker logs in as %s; the init container grants %s (--worker-role)", user, workerRole)
 		}
 	}
-
-	// Every rollout the first deploy waits for is of a Deployment it
-	// applies.
-	if len(cl.rollouts) == 0 {
-		t.Error("the first deploy does not wait for the rollout (kubectl rollout status)")
+	if owner == workerRole || owner == adminRole {
+		t.Errorf("the owner %s is also a role the grants are for", owner)
 	}
-	for _, r := range cl.rollouts {
-		if r != "deployment/"+dep.Name {
-			t.Errorf("the first deploy waits for %s; the Deployment is %s", r, dep.Name)
-		}
-	}
-
-	checkNamesTable(t, namesTable(t, doc.section), objs, cl, parseBootstrap(t, heredoc(t, doc.commands)))
 }
 
 // The checks above can fail: the evaluator names each fault the manifest
@@ -885,121 +963,137 @@ func TestComposeFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, s := range services {
-		if str(get(s, "image")) != "tenure:dev" {
-			continue
-		}
-		if str(get(s, "build", "dockerfile")) != "deploy/Dockerfile" || str(get(s, "build", "context")) != "../.." {
-			t.Errorf("%s: does not build deploy/Dockerfile from the repository root", name)
-		}
-		// As on Kubernetes: the image's numeric user, a read-only root,
-		// no capabilities, no privilege escalation.
-		if u := str(get(s, "user")); u != fmt.Sprintf("%d:%d", uid, gid) {
-			t.Errorf("%s: user %q, want the image's %d:%d", name, u, uid, gid)
-		}
-		if ro, _ := get(s, "read_only").(bool); !ro {
-			t.Errorf("%s: no read_only: true", name)
-		}
-		if c := strs(get(s, "cap_drop")); len(c) != 1 || c[0] != "ALL" {
-			t.Errorf("%s: cap_drop %v, want [ALL]", name, c)
-		}
-		if o := strs(get(s, "security_opt")); !slices.Contains(o, "no-new-privileges:true") {
-			t.Errorf("%s: security_opt %v lacks no-new-privileges:true", name, o)
-		}
-		env, _ := get(s, "environment").(map[string]any)
-		var vars []string
-		for v := range env {
-			if !strings.HasPrefix(v, "TENURE_") {
-				t.Errorf("%s: %s is not a tenure variable", name, v)
+	t.Run("TenureServices", func(t *testing.T) {
+		for name, s := range services {
+			if str(get(s, "image")) == "tenure:dev" {
+				checkComposeService(t, bin, uid, gid, string(dockerfile), name, s)
 			}
-			vars = append(vars, v)
 		}
-		if name == "cli" {
-			// `docker compose run --rm cli <command>`: every command that
-			// talks to both.
-			for _, words := range [][]string{{"admin", "assignments"}, {"produce"}} {
-				h := help(t, bin, words)
-				for _, v := range vars {
-					if v != "TENURE_DATABASE_URL" && v != "TENURE_SCHEMA" || words[0] == "admin" {
-						if !strings.Contains(h, "["+v+"]") {
-							t.Errorf("cli: `tenure %s` has no flag for %s", strings.Join(words, " "), v)
-						}
+	})
+	servePort := httpPort(t, str(get(services, "serve", "environment", "TENURE_HTTP_ADDR")))
+	t.Run("Ports", func(t *testing.T) {
+		// The host reaches each worker's HTTP port (/metrics) and the
+		// ownership page, on loopback only (neither has authentication). The
+		// workers' host ports are Docker's to pick: a fixed one would clash
+		// between replicas, and Compose does not spread a range over them.
+		workerPort := httpPort(t, str(get(services, "worker", "environment", "TENURE_HTTP_ADDR")))
+		if ports, _ := get(services, "worker", "ports").([]any); len(ports) != 1 {
+			t.Errorf("worker: publishes %d ports, want its HTTP port", len(ports))
+		} else if str(get(ports[0], "target")) != workerPort || str(get(ports[0], "host_ip")) != "127.0.0.1" || get(ports[0], "published") != nil {
+			t.Errorf("worker: publishes %v; want target %s on host_ip 127.0.0.1 with no fixed published port", ports[0], workerPort)
+		}
+		serveCmd := strs(get(services, "serve", "command"))
+		if len(serveCmd) < 2 || serveCmd[0] != "admin" || serveCmd[1] != "serve" || !slices.Contains(serveCmd, "--listen-any") {
+			t.Errorf("serve: command %v, want admin serve --listen-any (the page listens on every interface of its container)", serveCmd)
+		}
+		if ports := strs(get(services, "serve", "ports")); len(ports) != 1 || ports[0] != "127.0.0.1:"+servePort+":"+servePort {
+			t.Errorf("serve: publishes %v, want 127.0.0.1:%s:%s", ports, servePort, servePort)
+		}
+	})
+	t.Run("READMEAndTopic", func(t *testing.T) {
+		readme, err := os.ReadFile("compose/README.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The README's alias: -T, so that `produce --input -` reads the pipe.
+		alias := regexp.MustCompile(`alias tenure='([^']*)'`).FindSubmatch(readme)
+		if alias == nil || !strings.HasSuffix(string(alias[1]), " run --rm -T cli") {
+			t.Errorf("compose/README.md's alias %q: want docker compose ... run --rm -T cli", bytes.Join(alias, nil))
+		}
+		if !strings.Contains(string(readme), "http://127.0.0.1:"+servePort+"/") {
+			t.Errorf("compose/README.md does not give the ownership page's address, http://127.0.0.1:%s/", servePort)
+		}
+
+		// The one-shot topic step can run again (restart: on-failure, a second
+		// `up`): it must succeed when the topic exists.
+		if !strings.Contains(strings.Join(strs(get(services, "topic", "command")), " "), "--if-not-exists") {
+			t.Error("the topic step fails on a second run without --if-not-exists")
+		}
+	})
+}
+
+// checkComposeService checks a service that runs the tenure image: how it
+// is built and confined (as on Kubernetes), and its command's variables;
+// the cli's, for every command that talks to both; the worker's, its
+// stop, health check, replicas and dependencies.
+func checkComposeService(t *testing.T, bin string, uid, gid int64, dockerfile, name string, s any) {
+	if str(get(s, "build", "dockerfile")) != "deploy/Dockerfile" || str(get(s, "build", "context")) != "../.." {
+		t.Errorf("%s: does not build deploy/Dockerfile from the repository root", name)
+	}
+	// As on Kubernetes: the image's numeric user, a read-only root,
+	// no capabilities, no privilege escalation.
+	if u := str(get(s, "user")); u != fmt.Sprintf("%d:%d", uid, gid) {
+		t.Errorf("%s: user %q, want the image's %d:%d", name, u, uid, gid)
+	}
+	if ro, _ := get(s, "read_only").(bool); !ro {
+		t.Errorf("%s: no read_only: true", name)
+	}
+	if c := strs(get(s, "cap_drop")); len(c) != 1 || c[0] != "ALL" {
+		t.Errorf("%s: cap_drop %v, want [ALL]", name, c)
+	}
+	if o := strs(get(s, "security_opt")); !slices.Contains(o, "no-new-privileges:true") {
+		t.Errorf("%s: security_opt %v lacks no-new-privileges:true", name, o)
+	}
+	env, _ := get(s, "environment").(map[string]any)
+	var vars []string
+	for v := range env {
+		if !strings.HasPrefix(v, "TENURE_") {
+			t.Errorf("%s: %s is not a tenure variable", name, v)
+		}
+		vars = append(vars, v)
+	}
+	if name == "cli" {
+		// `docker compose run --rm cli <command>`: every command that
+		// talks to both.
+		for _, words := range [][]string{{"admin", "assignments"}, {"produce"}} {
+			h := help(t, bin, words)
+			for _, v := range vars {
+				if v != "TENURE_DATABASE_URL" && v != "TENURE_SCHEMA" || words[0] == "admin" {
+					if !strings.Contains(h, "["+v+"]") {
+						t.Errorf("cli: `tenure %s` has no flag for %s", strings.Join(words, " "), v)
 					}
 				}
 			}
-			continue
 		}
-		// Variables a command does not take would be ignored: the one-shot
-		// steps only get those of their command.
-		cmd := strs(get(s, "command"))
-		words, _ := commandWords(cmd)
-		h := help(t, bin, words)
-		var own []string
-		for _, v := range vars {
-			if strings.Contains(h, "["+v+"]") || name == "worker" {
-				own = append(own, v)
-			}
-		}
-		checkCommand(t, bin, "service "+name, cmd, own)
-		if name != "worker" {
-			continue
-		}
-		stop := gracefulStop(t, bin, str(env["TENURE_SHUTDOWN_TIMEOUT"]))
-		grace, err := time.ParseDuration(str(get(s, "stop_grace_period")))
-		if err != nil || grace < stop+5*time.Second {
-			t.Errorf("worker: stop_grace_period %v does not cover a graceful stop (%s) and a margin", get(s, "stop_grace_period"), stop)
-		}
-		test := strs(get(s, "healthcheck", "test"))
-		port := httpPort(t, str(env["TENURE_HTTP_ADDR"]))
-		if len(test) != 4 || test[0] != "CMD" || test[2] != "probe" || test[3] != "http://127.0.0.1:"+port+"/readyz" {
-			t.Errorf("worker: health check %v, want CMD <tenure> probe http://127.0.0.1:%s/readyz", test, port)
-		} else if !strings.Contains(string(dockerfile), "/out/tenure "+test[1]) {
-			t.Errorf("worker: the health check runs %s, which the Dockerfile does not install", test[1])
-		}
-		if r, _ := get(s, "deploy", "replicas").(int); r != 3 {
-			t.Errorf("worker: %d replicas, want 3", r)
-		}
-		for _, dep := range []string{"topic", "migrate"} {
-			if c := str(get(s, "depends_on", dep, "condition")); c != "service_completed_successfully" {
-				t.Errorf("worker: depends on %s with %q, want service_completed_successfully", dep, c)
-			}
+		return
+	}
+	// Variables a command does not take would be ignored: the one-shot
+	// steps only get those of their command.
+	cmd := strs(get(s, "command"))
+	words, _ := commandWords(cmd)
+	h := help(t, bin, words)
+	var own []string
+	for _, v := range vars {
+		if strings.Contains(h, "["+v+"]") || name == "worker" {
+			own = append(own, v)
 		}
 	}
-	// The host reaches each worker's HTTP port (/metrics) and the
-	// ownership page, on loopback only (neither has authentication). The
-	// workers' host ports are Docker's to pick: a fixed one would clash
-	// between replicas, and Compose does not spread a range over them.
-	workerPort := httpPort(t, str(get(services, "worker", "environment", "TENURE_HTTP_ADDR")))
-	if ports, _ := get(services, "worker", "ports").([]any); len(ports) != 1 {
-		t.Errorf("worker: publishes %d ports, want its HTTP port", len(ports))
-	} else if str(get(ports[0], "target")) != workerPort || str(get(ports[0], "host_ip")) != "127.0.0.1" || get(ports[0], "published") != nil {
-		t.Errorf("worker: publishes %v; want target %s on host_ip 127.0.0.1 with no fixed published port", ports[0], workerPort)
+	checkCommand(t, bin, "service "+name, cmd, own)
+	if name == "worker" {
+		checkComposeWorker(t, bin, dockerfile, s, env)
 	}
-	serveCmd := strs(get(services, "serve", "command"))
-	if len(serveCmd) < 2 || serveCmd[0] != "admin" || serveCmd[1] != "serve" || !slices.Contains(serveCmd, "--listen-any") {
-		t.Errorf("serve: command %v, want admin serve --listen-any (the page listens on every interface of its container)", serveCmd)
-	}
-	servePort := httpPort(t, str(get(services, "serve", "environment", "TENURE_HTTP_ADDR")))
-	if ports := strs(get(services, "serve", "ports")); len(ports) != 1 || ports[0] != "127.0.0.1:"+servePort+":"+servePort {
-		t.Errorf("serve: publishes %v, want 127.0.0.1:%s:%s", ports, servePort, servePort)
-	}
-	readme, err := os.ReadFile("compose/README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The README's alias: -T, so that `produce --input -` reads the pipe.
-	alias := regexp.MustCompile(`alias tenure='([^']*)'`).FindSubmatch(readme)
-	if alias == nil || !strings.HasSuffix(string(alias[1]), " run --rm -T cli") {
-		t.Errorf("compose/README.md's alias %q: want docker compose ... run --rm -T cli", bytes.Join(alias, nil))
-	}
-	if !strings.Contains(string(readme), "http://127.0.0.1:"+servePort+"/") {
-		t.Errorf("compose/README.md does not give the ownership page's address, http://127.0.0.1:%s/", servePort)
-	}
+}
 
-	// The one-shot topic step can run again (restart: on-failure, a second
-	// `up`): it must succeed when the topic exists.
-	if !strings.Contains(strings.Join(strs(get(services, "topic", "command")), " "), "--if-not-exists") {
-		t.Error("the topic step fails on a second run without --if-not-exists")
+func checkComposeWorker(t *testing.T, bin, dockerfile string, s any, env map[string]any) {
+	stop := gracefulStop(t, bin, str(env["TENURE_SHUTDOWN_TIMEOUT"]))
+	grace, err := time.ParseDuration(str(get(s, "stop_grace_period")))
+	if err != nil || grace < stop+5*time.Second {
+		t.Errorf("worker: stop_grace_period %v does not cover a graceful stop (%s) and a margin", get(s, "stop_grace_period"), stop)
+	}
+	test := strs(get(s, "healthcheck", "test"))
+	port := httpPort(t, str(env["TENURE_HTTP_ADDR"]))
+	if len(test) != 4 || test[0] != "CMD" || test[2] != "probe" || test[3] != "http://127.0.0.1:"+port+"/readyz" {
+		t.Errorf("worker: health check %v, want CMD <tenure> probe http://127.0.0.1:%s/readyz", test, port)
+	} else if !strings.Contains(dockerfile, "/out/tenure "+test[1]) {
+		t.Errorf("worker: the health check runs %s, which the Dockerfile does not install", test[1])
+	}
+	if r, _ := get(s, "deploy", "replicas").(int); r != 3 {
+		t.Errorf("worker: %d replicas, want 3", r)
+	}
+	for _, dep := range []string{"topic", "migrate"} {
+		if c := str(get(s, "depends_on", dep, "condition")); c != "service_completed_successfully" {
+			t.Errorf("worker: depends on %s with %q, want service_completed_successfully", dep, c)
+		}
 	}
 }
 

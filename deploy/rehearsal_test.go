@@ -27,9 +27,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/freeport"
-	"github.com/tenure-dev/tenure/internal/pgtest"
-	"github.com/tenure-dev/tenure/internal/testcert"
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/testcert"
 )
 
 // TestFirstDeploy rehearses the first deploy of README.md as an operator
@@ -57,6 +57,143 @@ func TestFirstDeploy(t *testing.T) {
 	defer cancel()
 	bin := tenureBin(t)
 	doc := readFirstDeploy(t)
+	fileDep, fileEnv := rehearsalManifest(t)
+
+	// PostgreSQL: TLS with a certificate for 127.0.0.1 from the operator's
+	// CA, passwords (SCRAM) for every role but the test's superuser.
+	files := t.TempDir()
+	pg, pgCA := rehearsalPostgres(t, ctx, files)
+
+	// Kafka: TLS from the operator's Kafka CA, SASL SCRAM-SHA-512 for the
+	// manifest's user, the manifest's topic with a partition per replica.
+	const saslPassword = "sasl-pw-rehearsal-5d1e"
+	replicas := int32(1)
+	if fileDep.Spec.Replicas != nil {
+		replicas = *fileDep.Spec.Replicas
+	}
+	topic := fileEnv["TENURE_TOPIC"]
+	br, kcl, kCA := rehearsalKafka(t, ctx, files, fileEnv["TENURE_SASL_USERNAME"], saslPassword, topic, replicas)
+
+	// The operator's settings, and the commands as written.
+	passwordFile := filepath.Join(files, "kafka-password.txt")
+	if err := os.WriteFile(passwordFile, []byte(saslPassword+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const image = "registry.example.com/team/tenure:rehearsal"
+	settings := map[string]string{
+		"IMAGE":          image,
+		"ADMIN_URL":      fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=verify-full&sslrootcert=%s", pg.Port, pgCA.File),
+		"DB_HOST":        fmt.Sprintf("127.0.0.1:%d", pg.Port),
+		"POSTGRES_CA":    pgCA.File,
+		"KAFKA_CA":       kCA.File,
+		"KAFKA_PASSWORD": passwordFile,
+	}
+	for _, name := range doc.settingNames() {
+		if _, ok := settings[name]; !ok {
+			t.Fatalf("README.md's settings have %s, which this rehearsal does not set: add it", name)
+		}
+	}
+	run := runFirstDeploy(t, doc, settings, true)
+	t.Logf("the first deploy's commands printed:\n%s", run.output)
+	cl := replay(t, run.calls)
+	dep := appliedDeployment(t, cl, image)
+	spec := dep.Spec.Template.Spec
+
+	// The pods. The binary and the pods' files must be reachable by the
+	// pod's user.
+	asRoot := os.Geteuid() == 0
+	if !asRoot {
+		t.Log("not root: the pods run as this test's user, not the manifest's uid, gid and fsGroup")
+	}
+	podBin := podBinary(t, bin)
+	pods := make([]*pod, replicas)
+	for i := range pods {
+		pods[i] = newPod(t, fmt.Sprintf("%s-7d4b9c-%d", dep.Name, i), dep, cl, podBin, asRoot)
+		pods[i].override = map[string]string{"TENURE_BROKERS": strings.Join(br.ListenAddrs(), ",")}
+	}
+
+	// Every replica's init containers at once, as a Deployment's new pods
+	// start: one migrates, the others wait for its lock and find the
+	// schema current; each grants.
+	runInitContainers(t, ctx, pods)
+
+	// The workers, as tenure_worker: every one becomes ready.
+	for _, p := range pods {
+		p.startWorker(t)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for _, p := range pods {
+		if err := p.waitReady(deadline); err != nil {
+			t.Fatalf("pod %s: %v\n%s", p.name, err, p.logs())
+		}
+	}
+
+	// Jobs produced are committed: the workers write as the worker role.
+	waitJobsCommitted(t, ctx, kcl, pg, fileEnv["TENURE_SCHEMA"], topic, pods)
+
+	// A graceful stop, within the pod's grace period.
+	grace := 30 * time.Second
+	if spec.TerminationGracePeriodSeconds != nil {
+		grace = time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	for _, p := range pods {
+		if err := p.stop(grace); err != nil {
+			t.Errorf("pod %s: %v\n%s", p.name, err, p.logs())
+		}
+	}
+
+	// An upgrade's new pod: the schema is current, the grants run again.
+	if out, err := runInit(ctx, newPod(t, dep.Name+"-upgrade", dep, cl, podBin, asRoot).initCommands(t)); err != nil || !strings.Contains(out, "is up to date") || !strings.Contains(out, "granted ") {
+		t.Errorf("an upgrade's init container: %v\n%s", err, out)
+	}
+}
+
+// appliedDeployment is the Deployment of the one manifest the first
+// deploy applied, every container of which runs the operator's image.
+func appliedDeployment(t *testing.T, cl cluster, image string) *appsv1.Deployment {
+	t.Helper()
+	if len(cl.applied) != 1 {
+		t.Fatalf("the first deploy applied %d manifests, want 1", len(cl.applied))
+	}
+	applied, err := decodeK8s("the applied manifest", cl.applied[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dep *appsv1.Deployment
+	for _, o := range applied {
+		if d, ok := o.(*appsv1.Deployment); ok {
+			dep = d
+		}
+	}
+	if dep == nil {
+		t.Fatal("the applied manifest has no Deployment")
+	}
+	spec := dep.Spec.Template.Spec
+	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+		if c.Image != image {
+			t.Errorf("container %s runs %s, not the operator's IMAGE %s", c.Name, c.Image, image)
+		}
+	}
+	return dep
+}
+
+// podBinary copies bin where every pod's user may run it.
+func podBinary(t *testing.T, bin string) string {
+	t.Helper()
+	podBin := filepath.Join(t.TempDir(), "tenure")
+	if b, err := os.ReadFile(bin); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(podBin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	openUp(t, filepath.Dir(podBin))
+	return podBin
+}
+
+// rehearsalManifest is kubernetes/worker.yaml's Deployment as the file
+// has it, and its containers' literal variables.
+func rehearsalManifest(t *testing.T) (*appsv1.Deployment, map[string]string) {
+	t.Helper()
 	manifest, err := os.ReadFile("kubernetes/worker.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -80,10 +217,14 @@ func TestFirstDeploy(t *testing.T) {
 			fileEnv[e.Name] = e.Value
 		}
 	}
+	return fileDep, fileEnv
+}
 
-	// PostgreSQL: TLS with a certificate for 127.0.0.1 from the operator's
-	// CA, passwords (SCRAM) for every role but the test's superuser.
-	files := t.TempDir()
+// rehearsalPostgres starts a throwaway PostgreSQL that requires TLS with a
+// certificate for 127.0.0.1 from the operator's CA (made in files), and
+// passwords for every role but the test's superuser.
+func rehearsalPostgres(t *testing.T, ctx context.Context, files string) (*pgtest.Cluster, *testcert.CA) {
+	t.Helper()
 	pgCA, err := testcert.NewCA(files, "postgres")
 	if err != nil {
 		t.Fatal(err)
@@ -114,9 +255,14 @@ func TestFirstDeploy(t *testing.T) {
 	if err := pg.Restart(ctx, "fast"); err != nil {
 		t.Fatal(err)
 	}
+	return pg, pgCA
+}
 
-	// Kafka: TLS from the operator's Kafka CA, SASL SCRAM-SHA-512 for the
-	// manifest's user, the manifest's topic with a partition per replica.
+// rehearsalKafka starts a broker that requires TLS from the operator's
+// Kafka CA (made in files) and SASL SCRAM-SHA-512 for user, with topic at
+// a partition per replica, and a client on it.
+func rehearsalKafka(t *testing.T, ctx context.Context, files, saslUser, saslPassword, topic string, replicas int32) (*kfake.Cluster, *kgo.Client, *testcert.CA) {
+	t.Helper()
 	kCA, err := testcert.NewCA(files, "kafka")
 	if err != nil {
 		t.Fatal(err)
@@ -125,8 +271,6 @@ func TestFirstDeploy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const saslPassword = "sasl-pw-rehearsal-5d1e"
-	saslUser := fileEnv["TENURE_SASL_USERNAME"]
 	br, err := devbroker.Start(devbroker.Config{Extra: []kfake.Opt{kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", saslUser, saslPassword),
 		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{kSrv.TLS}})}})
 	if err != nil {
@@ -139,82 +283,17 @@ func TestFirstDeploy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(kcl.Close)
-	replicas := int32(1)
-	if fileDep.Spec.Replicas != nil {
-		replicas = *fileDep.Spec.Replicas
-	}
-	topic := fileEnv["TENURE_TOPIC"]
 	if _, err := kadm.NewClient(kcl).CreateTopic(ctx, replicas, 1, nil, topic); err != nil {
 		t.Fatal(err)
 	}
+	return br, kcl, kCA
+}
 
-	// The operator's settings, and the commands as written.
-	passwordFile := filepath.Join(files, "kafka-password.txt")
-	if err := os.WriteFile(passwordFile, []byte(saslPassword+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	const image = "registry.example.com/team/tenure:rehearsal"
-	settings := map[string]string{
-		"IMAGE":          image,
-		"ADMIN_URL":      fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=verify-full&sslrootcert=%s", pg.Port, pgCA.File),
-		"DB_HOST":        fmt.Sprintf("127.0.0.1:%d", pg.Port),
-		"POSTGRES_CA":    pgCA.File,
-		"KAFKA_CA":       kCA.File,
-		"KAFKA_PASSWORD": passwordFile,
-	}
-	for _, name := range doc.settingNames() {
-		if _, ok := settings[name]; !ok {
-			t.Fatalf("README.md's settings have %s, which this rehearsal does not set: add it", name)
-		}
-	}
-	run := runFirstDeploy(t, doc, settings, true)
-	t.Logf("the first deploy's commands printed:\n%s", run.output)
-	cl := replay(t, run.calls)
-	if len(cl.applied) != 1 {
-		t.Fatalf("the first deploy applied %d manifests, want 1", len(cl.applied))
-	}
-	applied, err := decodeK8s("the applied manifest", cl.applied[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dep *appsv1.Deployment
-	for _, o := range applied {
-		if d, ok := o.(*appsv1.Deployment); ok {
-			dep = d
-		}
-	}
-	if dep == nil {
-		t.Fatal("the applied manifest has no Deployment")
-	}
-	spec := dep.Spec.Template.Spec
-	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
-		if c.Image != image {
-			t.Errorf("container %s runs %s, not the operator's IMAGE %s", c.Name, c.Image, image)
-		}
-	}
-
-	// The pods. The binary and the pods' files must be reachable by the
-	// pod's user.
-	asRoot := os.Geteuid() == 0
-	if !asRoot {
-		t.Log("not root: the pods run as this test's user, not the manifest's uid, gid and fsGroup")
-	}
-	podBin := filepath.Join(t.TempDir(), "tenure")
-	if b, err := os.ReadFile(bin); err != nil {
-		t.Fatal(err)
-	} else if err := os.WriteFile(podBin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	openUp(t, filepath.Dir(podBin))
-	pods := make([]*pod, replicas)
-	for i := range pods {
-		pods[i] = newPod(t, fmt.Sprintf("%s-7d4b9c-%d", dep.Name, i), dep, cl, podBin, asRoot)
-		pods[i].override = map[string]string{"TENURE_BROKERS": strings.Join(br.ListenAddrs(), ",")}
-	}
-
-	// Every replica's init containers at once, as a Deployment's new pods
-	// start: one migrates, the others wait for its lock and find the
-	// schema current; each grants.
+// runInitContainers runs every pod's init containers at once, and checks
+// that they applied each migration once between them and that each
+// granted the roles.
+func runInitContainers(t *testing.T, ctx context.Context, pods []*pod) {
+	t.Helper()
 	migrations, _ := filepath.Glob("../sink/migration/*.up.sql")
 	outs, errs := make([]string, len(pods)), make([]error, len(pods))
 	cmds := make([][]*exec.Cmd, len(pods))
@@ -245,19 +324,12 @@ func TestFirstDeploy(t *testing.T) {
 	if strings.Contains(all, "cannot log in") {
 		t.Errorf("an init container says a role cannot log in:\n%s", all)
 	}
+}
 
-	// The workers, as tenure_worker: every one becomes ready.
-	for _, p := range pods {
-		p.startWorker(t)
-	}
-	deadline := time.Now().Add(90 * time.Second)
-	for _, p := range pods {
-		if err := p.waitReady(deadline); err != nil {
-			t.Fatalf("pod %s: %v\n%s", p.name, err, p.logs())
-		}
-	}
-
-	// Jobs produced are committed: the workers write as the worker role.
+// waitJobsCommitted produces 30 jobs to topic and waits until the fencing
+// rows of schema say they are committed.
+func waitJobsCommitted(t *testing.T, ctx context.Context, kcl *kgo.Client, pg *pgtest.Cluster, schema, topic string, pods []*pod) {
+	t.Helper()
 	const jobs = 30
 	var recs []*kgo.Record
 	for i := range jobs {
@@ -271,7 +343,6 @@ func TestFirstDeploy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close(ctx)
-	schema := fileEnv["TENURE_SCHEMA"]
 	var committed int64
 	for end := time.Now().Add(time.Minute); time.Now().Before(end) && ctx.Err() == nil; {
 		if err := admin.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM `+pgx.Identifier{schema, "fences"}.Sanitize()+` WHERE topic = $1`, topic).Scan(&committed); err != nil {
@@ -287,22 +358,6 @@ func TestFirstDeploy(t *testing.T) {
 			t.Logf("pod %s:\n%s", p.name, p.logs())
 		}
 		t.Fatalf("%d of %d jobs committed", committed, jobs)
-	}
-
-	// A graceful stop, within the pod's grace period.
-	grace := 30 * time.Second
-	if spec.TerminationGracePeriodSeconds != nil {
-		grace = time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second
-	}
-	for _, p := range pods {
-		if err := p.stop(grace); err != nil {
-			t.Errorf("pod %s: %v\n%s", p.name, err, p.logs())
-		}
-	}
-
-	// An upgrade's new pod: the schema is current, the grants run again.
-	if out, err := runInit(ctx, newPod(t, dep.Name+"-upgrade", dep, cl, podBin, asRoot).initCommands(t)); err != nil || !strings.Contains(out, "is up to date") || !strings.Contains(out, "granted ") {
-		t.Errorf("an upgrade's init container: %v\n%s", err, out)
 	}
 }
 

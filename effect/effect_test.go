@@ -22,7 +22,7 @@ import (
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/effect"
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -151,6 +151,30 @@ func (d *destination) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // job again, finds the attempt recorded by Intend, asks the destination,
 // and records it as sent without sending twice. Every operation reaches the
 // destination exactly once.
+// startEffectChild starts this test binary as the worker called name
+// (effectChild), with env; it is killed when the test ends. done is
+// closed once it has exited.
+func startEffectChild(t *testing.T, name string, env []string) (cmd *exec.Cmd, done chan struct{}) {
+	t.Helper()
+	cmd = exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), "TENURE_EFFECT_CHILD="+name), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done = make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			t.Logf("%s stderr: %s", name, stderr.String())
+		}
+	})
+	return cmd, done
+}
+
 func TestEffectReconcileAfterKill(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
@@ -180,27 +204,10 @@ func TestEffectReconcileAfterKill(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	start := func(name string) (*exec.Cmd, chan struct{}) {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "TENURE_EFFECT_CHILD="+name, "TENURE_EFFECT_DB="+testdb.URL(), "TENURE_EFFECT_SCHEMA="+schema,
-			"TENURE_EFFECT_DEST="+srv.URL, "TENURE_EFFECT_BROKERS="+strings.Join(broker.ListenAddrs(), ","),
-			"TENURE_EFFECT_GROUP=payers", "TENURE_EFFECT_TOPIC=payments")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			<-done
-			if t.Failed() {
-				t.Logf("%s stderr: %s", name, stderr.String())
-			}
-		})
-		return cmd, done
-	}
+	childEnv := []string{"TENURE_EFFECT_DB=" + testdb.URL(), "TENURE_EFFECT_SCHEMA=" + schema,
+		"TENURE_EFFECT_DEST=" + srv.URL, "TENURE_EFFECT_BROKERS=" + strings.Join(broker.ListenAddrs(), ","),
+		"TENURE_EFFECT_GROUP=payers", "TENURE_EFFECT_TOPIC=payments"}
+	start := func(name string) (*exec.Cmd, chan struct{}) { return startEffectChild(t, name, childEnv) }
 	first, firstDone := start("first")
 	killed := make(chan struct{})
 	dest.mu.Lock()

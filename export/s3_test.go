@@ -12,11 +12,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/tenure-dev/tenure/internal/weedtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/weedtest"
 )
 
 // The S3 store is tested against a real S3-compatible server, SeaweedFS,
-// started by internal/weedtest (which says where the binary comes from and
+// started by internal/testinfra/weedtest (which says where the binary comes from and
 // when the test may skip).
 
 func openS3Test(t *testing.T, endpoint, bucket, prefix string) *S3Store {

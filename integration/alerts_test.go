@@ -18,10 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/tenure-dev/tenure/internal/freeport"
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 )
 
 // rulesPath is the alerting rules shipped for Prometheus.
@@ -70,19 +69,7 @@ func TestAlertPartitionHeldFiresInPrometheus(t *testing.T) {
 	// Hold the partition: the topic is deleted and re-created under the
 	// worker, whose claim of the new log finds offsets that belong to the
 	// old one (as in TestTopicRecreatedIsHeldUntilAcknowledged).
-	adm := kadm.NewClient(e.cl)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := adm.DeleteTopics(ctx, e.topic); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 30*time.Second, "the topic to be gone", func() bool {
-		td, err := adm.ListTopics(ctx, e.topic)
-		return err == nil && !td.Has(e.topic)
-	})
-	if _, err := adm.CreateTopic(ctx, 1, 1, nil, e.topic); err != nil {
-		t.Fatal(err)
-	}
+	e.recreateTopic()
 	e.produceTo(0, jobsFor(keys, 100, 3)...)
 	held := time.Now()
 	w.waitLog(60*time.Second, map[string]any{"hold": "topic-recreated", "held": true})

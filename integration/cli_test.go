@@ -24,7 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/partition"
 )
 
@@ -166,6 +166,89 @@ func testCLIProduceAndAssignments(t *testing.T, proto string) {
 	}
 	brokers := strings.Join(e.brokers, ",")
 
+	checkProduceCLI(t, e, partitions)
+
+	a := e.startWorker("A", "--protocol", proto)
+	b := e.startWorker("B", "--protocol", proto)
+	waitForMembers(t, e, 2)
+
+	rows := waitAssignmentsOK(t, e, partitions)
+	checkAssignmentRows(t, e, rows, proto)
+	// The table form: a header and one row per partition, the state and
+	// how long it has held last ("-": ok has no since).
+	t.Run("AssignmentsTable", func(t *testing.T) {
+		r := runCLI(t, 60*time.Second, "", "admin", "assignments", "--brokers", brokers, "--group", e.group,
+			"--database-url", e.dbURL, "--schema", e.schema, "--topic", e.topic)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		if r.code != 0 || len(lines) != partitions+1 || !strings.HasPrefix(lines[0], "GROUP ") || !strings.HasPrefix(lines[1], e.group+" ") {
+			t.Fatalf("admin assignments (table): %s", r)
+		}
+		for _, l := range lines[1:] {
+			if f := strings.Fields(l); f[len(f)-2] != "ok" || f[len(f)-1] != "-" {
+				t.Errorf("table row not ok: %q", l)
+			}
+		}
+		t.Logf("admin assignments:\n%s", r.stdout)
+	})
+	t.Run("Fences", func(t *testing.T) {
+		r := runCLI(t, 60*time.Second, "", "admin", "fences", "--database-url", e.dbURL, "--schema", e.schema,
+			"--group", e.group, "--output", "json")
+		var fences []map[string]any
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &fences) != nil || len(fences) != partitions {
+			t.Fatalf("admin fences: %s", r)
+		}
+		for _, f := range fences {
+			if f["owner"] != rows[int(f["partition"].(float64))]["fence_owner"] {
+				t.Errorf("fence row %v disagrees with assignments", f)
+			}
+		}
+	})
+	t.Run("Groups", func(t *testing.T) {
+		r := runCLI(t, 60*time.Second, "", "admin", "groups", "--brokers", brokers, "--output", "json")
+		var groups []map[string]any
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &groups) != nil {
+			t.Fatalf("admin groups: %s", r)
+		}
+		found := false
+		for _, g := range groups {
+			if g["group"] == e.group {
+				found = true
+				if g["members"] != float64(2) || g["type"] != map[string]string{"classic": "classic", "consumer": "consumer"}[proto] {
+					t.Errorf("group row %v", g)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("admin groups does not list %s: %s", e.group, r.stdout)
+		}
+	})
+	t.Run("TopicDescribe", func(t *testing.T) {
+		r := runCLI(t, 60*time.Second, "", "admin", "topic", "describe", "--brokers", brokers, "--topic", e.topic)
+		if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("topic %s: %d partitions", e.topic, partitions)) {
+			t.Fatalf("admin topic describe: %s", r)
+		}
+	})
+
+	// With both workers gone, nobody is assigned; Postgres still shows the
+	// last owners and their progress.
+	a.stop(30 * time.Second)
+	b.stop(30 * time.Second)
+	waitFor(t, 60*time.Second, "every partition unowned", func() bool {
+		rows = assignmentsJSON(t, e)
+		for _, row := range rows {
+			if row["state"] != "unowned" || row["fence_owner"] == "" || row["member_id"] != "" {
+				return false
+			}
+		}
+		return len(rows) == partitions
+	})
+}
+
+// checkProduceCLI: tenure produce generates jobs, and reports a small
+// input key by key on partition.For's partitions.
+func checkProduceCLI(t *testing.T, e *env, partitions int32) {
+	t.Helper()
+	brokers := strings.Join(e.brokers, ",")
 	r := runCLI(t, 60*time.Second, "", "produce", "--brokers", brokers, "--topic", e.topic, "--generate", "300", "--key-count", "12")
 	if r.code != 0 || !strings.Contains(r.stdout, "produced 300 jobs") {
 		t.Fatalf("produce --generate: %s", r)
@@ -209,11 +292,12 @@ func testCLIProduceAndAssignments(t *testing.T, proto string) {
 	if got := e.totalHighWatermark(partitions); got != 304 {
 		t.Fatalf("%d jobs in the topic, want 304", got)
 	}
+}
 
-	a := e.startWorker("A", "--protocol", proto)
-	b := e.startWorker("B", "--protocol", proto)
-	waitForMembers(t, e, 2)
-
+// waitAssignmentsOK waits until admin assignments shows every partition
+// ok with lag 0, and returns its rows.
+func waitAssignmentsOK(t *testing.T, e *env, partitions int) []map[string]any {
+	t.Helper()
 	var rows []map[string]any
 	var last string
 	waitFor(t, 90*time.Second, "every partition ok with lag 0", func() bool {
@@ -231,6 +315,13 @@ func testCLIProduceAndAssignments(t *testing.T, proto string) {
 		return true
 	})
 	t.Logf("assignments: %s", last)
+	return rows
+}
+
+// checkAssignmentRows: admin assignments' rows, one per partition, agree
+// with the fencing rows and the topic, and both workers own some.
+func checkAssignmentRows(t *testing.T, e *env, rows []map[string]any, proto string) {
+	t.Helper()
 	members := map[string]bool{}
 	for i, row := range rows {
 		if row["topic"] != e.topic || row["partition"] != float64(i) {
@@ -271,70 +362,6 @@ func testCLIProduceAndAssignments(t *testing.T, proto string) {
 	if len(members) != 2 {
 		t.Errorf("both workers should own partitions, got %v", members)
 	}
-
-	// The table form: a header and one row per partition, the state and
-	// how long it has held last ("-": ok has no since).
-	r = runCLI(t, 60*time.Second, "", "admin", "assignments", "--brokers", brokers, "--group", e.group,
-		"--database-url", e.dbURL, "--schema", e.schema, "--topic", e.topic)
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if r.code != 0 || len(lines) != partitions+1 || !strings.HasPrefix(lines[0], "GROUP ") || !strings.HasPrefix(lines[1], e.group+" ") {
-		t.Fatalf("admin assignments (table): %s", r)
-	}
-	for _, l := range lines[1:] {
-		if f := strings.Fields(l); f[len(f)-2] != "ok" || f[len(f)-1] != "-" {
-			t.Errorf("table row not ok: %q", l)
-		}
-	}
-	t.Logf("admin assignments:\n%s", r.stdout)
-
-	r = runCLI(t, 60*time.Second, "", "admin", "fences", "--database-url", e.dbURL, "--schema", e.schema,
-		"--group", e.group, "--output", "json")
-	var fences []map[string]any
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &fences) != nil || len(fences) != partitions {
-		t.Fatalf("admin fences: %s", r)
-	}
-	for _, f := range fences {
-		if f["owner"] != rows[int(f["partition"].(float64))]["fence_owner"] {
-			t.Errorf("fence row %v disagrees with assignments", f)
-		}
-	}
-
-	r = runCLI(t, 60*time.Second, "", "admin", "groups", "--brokers", brokers, "--output", "json")
-	var groups []map[string]any
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &groups) != nil {
-		t.Fatalf("admin groups: %s", r)
-	}
-	found := false
-	for _, g := range groups {
-		if g["group"] == e.group {
-			found = true
-			if g["members"] != float64(2) || g["type"] != map[string]string{"classic": "classic", "consumer": "consumer"}[proto] {
-				t.Errorf("group row %v", g)
-			}
-		}
-	}
-	if !found {
-		t.Errorf("admin groups does not list %s: %s", e.group, r.stdout)
-	}
-
-	r = runCLI(t, 60*time.Second, "", "admin", "topic", "describe", "--brokers", brokers, "--topic", e.topic)
-	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("topic %s: %d partitions", e.topic, partitions)) {
-		t.Fatalf("admin topic describe: %s", r)
-	}
-
-	// With both workers gone, nobody is assigned; Postgres still shows the
-	// last owners and their progress.
-	a.stop(30 * time.Second)
-	b.stop(30 * time.Second)
-	waitFor(t, 60*time.Second, "every partition unowned", func() bool {
-		rows = assignmentsJSON(t, e)
-		for _, row := range rows {
-			if row["state"] != "unowned" || row["fence_owner"] == "" || row["member_id"] != "" {
-				return false
-			}
-		}
-		return len(rows) == partitions
-	})
 }
 
 // Bad input is refused whole: one sentence, exit 1, nothing produced.
@@ -514,97 +541,83 @@ func rowsByPartition(rows []map[string]any) map[int]map[string]any {
 // held before its claim) while the previous owner is still in the group:
 // claim-pending. Once it claims: ok.
 func TestCLIAssignmentsClaimPending(t *testing.T) {
-	for _, proto := range []string{"classic", "consumer"} {
-		t.Run(proto, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t, 2)
-			if proto == "consumer" && e.real {
-				t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
-			}
-			e.produce(jobsFor(keys, 0, 20)...)
-			a := e.startWorker("A", "--protocol", proto)
-			waitFor(t, 60*time.Second, "A to own both partitions", func() bool {
-				return fenceRow(t, e, 0).owner != "" && fenceRow(t, e, 1).owner != ""
-			})
-			owner := fenceRow(t, e, 0).owner
-			b := e.startWorker("B", "--protocol", proto, "--hold-once", "before-claim")
-			b.waitLog(60*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
-
-			var last []map[string]any
-			waitFor(t, 60*time.Second, "one partition claim-pending for B, the other ok for A", func() bool {
-				last = assignmentsJSON(t, e)
-				var pending, ok int
-				for _, r := range last {
-					switch {
-					case r["state"] == "claim-pending" && r["client_id"] == "tenure-B" && r["fence_owner"] == owner:
-						pending++
-					case r["state"] == "ok" && r["client_id"] == "tenure-A" && r["member_id"] == owner:
-						ok++
-					}
-				}
-				return pending == 1 && ok == 1
-			})
-			t.Logf("during the hand-off: %v", last)
-
-			b.resume() // releases the hold: B claims
-			waitFor(t, 60*time.Second, "both partitions ok, one per worker", func() bool {
-				last = assignmentsJSON(t, e)
-				clients := map[any]bool{}
-				for _, r := range last {
-					if r["state"] != "ok" || r["member_id"] != r["fence_owner"] {
-						return false
-					}
-					clients[r["client_id"]] = true
-				}
-				return len(last) == 2 && len(clients) == 2
-			})
-			b.stop(30 * time.Second)
-			a.stop(30 * time.Second)
+	eachProtocol(t, 2, func(t *testing.T, e *env, proto string) {
+		e.produce(jobsFor(keys, 0, 20)...)
+		a := e.startWorker("A", "--protocol", proto)
+		waitFor(t, 60*time.Second, "A to own both partitions", func() bool {
+			return fenceRow(t, e, 0).owner != "" && fenceRow(t, e, 1).owner != ""
 		})
-	}
+		owner := fenceRow(t, e, 0).owner
+		b := e.startWorker("B", "--protocol", proto, "--hold-once", "before-claim")
+		b.waitLog(60*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
+
+		var last []map[string]any
+		waitFor(t, 60*time.Second, "one partition claim-pending for B, the other ok for A", func() bool {
+			last = assignmentsJSON(t, e)
+			var pending, ok int
+			for _, r := range last {
+				switch {
+				case r["state"] == "claim-pending" && r["client_id"] == "tenure-B" && r["fence_owner"] == owner:
+					pending++
+				case r["state"] == "ok" && r["client_id"] == "tenure-A" && r["member_id"] == owner:
+					ok++
+				}
+			}
+			return pending == 1 && ok == 1
+		})
+		t.Logf("during the hand-off: %v", last)
+
+		b.resume() // releases the hold: B claims
+		waitFor(t, 60*time.Second, "both partitions ok, one per worker", func() bool {
+			last = assignmentsJSON(t, e)
+			clients := map[any]bool{}
+			for _, r := range last {
+				if r["state"] != "ok" || r["member_id"] != r["fence_owner"] {
+					return false
+				}
+				clients[r["client_id"]] = true
+			}
+			return len(last) == 2 && len(clients) == 2
+		})
+		b.stop(30 * time.Second)
+		a.stop(30 * time.Second)
+	})
 }
 
 // The owner in Postgres was evicted (paused past its session timeout); the
 // coordinator gave its partition to B, which has not claimed yet:
 // stale-owner. Once B claims: ok, with B as the fence owner.
 func TestCLIAssignmentsStaleOwner(t *testing.T) {
-	for _, proto := range []string{"classic", "consumer"} {
-		t.Run(proto, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t, 1)
-			if proto == "consumer" && e.real {
-				t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
-			}
-			e.produce(jobsFor(keys, 0, 20)...)
-			a := e.startWorker("A", "--protocol", proto)
-			waitCommitted(t, e, 0, 20, "A")
-			owner := fenceRow(t, e, 0).owner
-			b := e.startWorker("B", "--protocol", proto, "--hold-once", "before-claim")
-			b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
-			waitForMembers(t, e, 2)
-			a.pause()
-			b.waitLog(60*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
+	eachProtocol(t, 1, func(t *testing.T, e *env, proto string) {
+		e.produce(jobsFor(keys, 0, 20)...)
+		a := e.startWorker("A", "--protocol", proto)
+		waitCommitted(t, e, 0, 20, "A")
+		owner := fenceRow(t, e, 0).owner
+		b := e.startWorker("B", "--protocol", proto, "--hold-once", "before-claim")
+		b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+		waitForMembers(t, e, 2)
+		a.pause()
+		b.waitLog(60*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})
 
-			var row map[string]any
-			waitFor(t, 30*time.Second, "stale-owner: assigned to B, fenced by the evicted A", func() bool {
-				row = rowsByPartition(assignmentsJSON(t, e))[0]
-				return row["state"] == "stale-owner"
-			})
-			if row["client_id"] != "tenure-B" || row["fence_owner"] != owner || row["member_id"] == owner {
-				t.Errorf("stale-owner row: %v (A was %s)", row, owner)
-			}
-			t.Logf("stale owner: %v", row)
-
-			b.resume()
-			waitFor(t, 60*time.Second, "B to claim: ok", func() bool {
-				row = rowsByPartition(assignmentsJSON(t, e))[0]
-				return row["state"] == "ok" && row["client_id"] == "tenure-B"
-			})
-			a.resume()
-			b.stop(30 * time.Second)
-			a.stop(30 * time.Second)
+		var row map[string]any
+		waitFor(t, 30*time.Second, "stale-owner: assigned to B, fenced by the evicted A", func() bool {
+			row = rowsByPartition(assignmentsJSON(t, e))[0]
+			return row["state"] == "stale-owner"
 		})
-	}
+		if row["client_id"] != "tenure-B" || row["fence_owner"] != owner || row["member_id"] == owner {
+			t.Errorf("stale-owner row: %v (A was %s)", row, owner)
+		}
+		t.Logf("stale owner: %v", row)
+
+		b.resume()
+		waitFor(t, 60*time.Second, "B to claim: ok", func() bool {
+			row = rowsByPartition(assignmentsJSON(t, e))[0]
+			return row["state"] == "ok" && row["client_id"] == "tenure-B"
+		})
+		a.resume()
+		b.stop(30 * time.Second)
+		a.stop(30 * time.Second)
+	})
 }
 
 // suggested returns the tenure commands a message suggests (`tenure ...`
@@ -982,17 +995,7 @@ func TestCLIReplayOfExplicitPartition(t *testing.T) {
 	db := []string{"--database-url", e.dbURL, "--schema", e.schema}
 	key := "acme"
 	other := 1 - partition.For([]byte(key), 2)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: e.topic, Partition: other, Key: []byte(key),
-		Value: []byte(`{"seq":1,"tenure-fault":"error"}`)}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	e.produceTo(other, [2]string{key, `{"seq":1,"tenure-fault":"error"}`})
 	w := e.startWorker("W", "--inject-faults", "--max-attempts", "1")
 	waitCommitted(t, e, other, 1, "")
 	dead := deadLetterRows(t, e)

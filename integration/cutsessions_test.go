@@ -6,18 +6,13 @@ import (
 	"maps"
 	"os/exec"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/netfault"
-	"github.com/tenure-dev/tenure/internal/pgtest"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -37,88 +32,13 @@ import (
 // them; the test reads pg_stat_activity through the Unix socket.
 func TestSessionsOfAWorkerCutOffFromPostgresEnd(t *testing.T) {
 	t.Parallel()
-	br, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: sessionTimeout, ConsumerHeartbeat: 500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(br.Close)
-	e := &env{t: t, brokers: br.ListenAddrs(), cluster: br}
-	ns, err := netfault.NewT(t, e.services().Kafka...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	pg, err := pgtest.NewIn(ctx, ns.Name())
-	if err != nil {
-		t.Fatalf("throwaway PostgreSQL in %s: %v", ns.Name(), err)
-	}
-	t.Cleanup(func() {
-		if err := pg.Close(); err != nil {
-			t.Logf("removing throwaway PostgreSQL: %v", err)
-		}
-	})
-	cfg, err := pgxpool.ParseConfig(pg.SocketURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "tenure-test"
-	e.pool, err = pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.pool.Close) // before the cluster is removed
-	e.schema = testdb.NewSchemaName("tenure_cutsess")
-	if _, err := sink.Migrate(ctx, e.pool, e.schema); err != nil {
-		t.Fatal(err)
-	}
-	suffix := strings.TrimPrefix(e.schema, "tenure_cutsess_")
-	e.topic, e.group = "jobs-"+suffix, "workers-"+suffix
-	e.dbURL = pg.URL() // inside the namespace, 127.0.0.1 is the server's
-	e.cl, err = kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.cl.Close)
-	if _, err := kadm.NewClient(e.cl).CreateTopic(ctx, 3, 1, nil, e.topic); err != nil {
-		t.Fatal(err)
-	}
-
+	e, ns, pg := newCutSessionsEnv(t)
 	w := e.startWorkerIn(ns, "CUT")
 	waitForMembers(t, e, 1)
 	prod := e.produceInRounds(1000, 10, 100*time.Millisecond)
 	e.waitForMoreCommits(100, 60*time.Second, w)
 
-	// Every TCP client of this server is the worker: the test's own
-	// connections use the Unix socket.
-	type session struct {
-		pid     int32
-		started time.Time
-	}
-	sessions := func() map[session]string {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		rows, err := e.pool.Query(ctx, `SELECT a.pid, a.backend_start, coalesce(a.state, ''), a.backend_xid IS NOT NULL,
-			(SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid), round(extract(epoch FROM now() - a.state_change)::numeric, 1)
-			FROM pg_stat_activity a WHERE a.backend_type = 'client backend' AND a.client_addr IS NOT NULL`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		out := map[session]string{}
-		for rows.Next() {
-			var s session
-			var state string
-			var xid bool
-			var locks int64
-			var idleFor float64
-			if err := rows.Scan(&s.pid, &s.started, &state, &xid, &locks, &idleFor); err != nil {
-				t.Fatal(err)
-			}
-			out[s] = fmt.Sprintf("pid %d %s for %.1fs, xid %v, %d locks", s.pid, state, idleFor, xid, locks)
-		}
-		return out
-	}
+	sessions := func() map[cutSession]string { return workerSessions(t, e) }
 	before := sessions()
 	if len(before) == 0 {
 		t.Fatal("the worker has no sessions")
@@ -131,7 +51,7 @@ func TestSessionsOfAWorkerCutOffFromPostgresEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	cutAt := time.Now()
-	ended := map[session]time.Duration{}
+	ended := map[cutSession]time.Duration{}
 	for time.Since(cutAt) < cut {
 		time.Sleep(500 * time.Millisecond)
 		now := sessions()
@@ -188,4 +108,70 @@ func TestSessionsOfAWorkerCutOffFromPostgresEnd(t *testing.T) {
 	w.waitLog(30*time.Second, map[string]any{"msg": "the database answers again: joining the group"})
 	e.waitForMoreCommits(50, 60*time.Second, w)
 	prod.stop()
+}
+
+// newCutSessionsEnv is newEnv with the worker's network namespace, and a
+// throwaway PostgreSQL inside it.
+func newCutSessionsEnv(t *testing.T) (*env, *netfault.Namespace, *pgtest.Cluster) {
+	t.Helper()
+	br := startBroker(t, devbroker.Config{})
+	e := &env{t: t, brokers: br.ListenAddrs(), cluster: br}
+	ns, err := netfault.NewT(t, e.services().Kafka...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pg, err := pgtest.NewIn(ctx, ns.Name())
+	if err != nil {
+		t.Fatalf("throwaway PostgreSQL in %s: %v", ns.Name(), err)
+	}
+	t.Cleanup(func() {
+		if err := pg.Close(); err != nil {
+			t.Logf("removing throwaway PostgreSQL: %v", err)
+		}
+	})
+	e.pool = testPool(t, ctx, pg.SocketURL()) // closed before the cluster is removed
+	e.schema = testdb.NewSchemaName("tenure_cutsess")
+	if _, err := sink.Migrate(ctx, e.pool, e.schema); err != nil {
+		t.Fatal(err)
+	}
+	e.dbURL = pg.URL() // inside the namespace, 127.0.0.1 is the server's
+	e.createTopic(3)
+	return e, ns, pg
+}
+
+// cutSession is a server session, by its backend's pid and start.
+type cutSession struct {
+	pid     int32
+	started time.Time
+}
+
+// workerSessions describes the server's TCP sessions: every TCP client of
+// the server is the worker (the test's own connections use the Unix
+// socket).
+func workerSessions(t *testing.T, e *env) map[cutSession]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rows, err := e.pool.Query(ctx, `SELECT a.pid, a.backend_start, coalesce(a.state, ''), a.backend_xid IS NOT NULL,
+		(SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid), round(extract(epoch FROM now() - a.state_change)::numeric, 1)
+		FROM pg_stat_activity a WHERE a.backend_type = 'client backend' AND a.client_addr IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[cutSession]string{}
+	for rows.Next() {
+		var s cutSession
+		var state string
+		var xid bool
+		var locks int64
+		var idleFor float64
+		if err := rows.Scan(&s.pid, &s.started, &state, &xid, &locks, &idleFor); err != nil {
+			t.Fatal(err)
+		}
+		out[s] = fmt.Sprintf("pid %d %s for %.1fs, xid %v, %d locks", s.pid, state, idleFor, xid, locks)
+	}
+	return out
 }

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // `tenure demo` is the README's "run it": it must tell the story end to end

@@ -19,7 +19,7 @@ import (
 	"github.com/tenure-dev/tenure/effect"
 	"github.com/tenure-dev/tenure/export"
 	"github.com/tenure-dev/tenure/internal/history"
-	"github.com/tenure-dev/tenure/internal/weedtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/weedtest"
 )
 
 // exportWorld is an env whose workers export to an object store, with a

@@ -9,17 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/pgha"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgha"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // Failover tests: tenure on a real highly available Postgres, a
-// pg_auto_failover formation (internal/pgha: a monitor, a primary and a
+// pg_auto_failover formation (internal/testinfra/pgha: a monitor, a primary and a
 // standby on loopback), its primary killed outright while ledger workers
 // commit, the workers connected through the formation's multi-host URL
 // (target_session_attrs=read-write).
@@ -38,41 +34,16 @@ const failoverPartitions = 4
 // multi-host URL, and the schema is created by `tenure migrate` through it.
 func newFailoverEnv(t *testing.T, f *pgha.Formation) *env {
 	t.Helper()
-	br, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: sessionTimeout, ConsumerHeartbeat: 500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(br.Close)
+	br := startBroker(t, devbroker.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(f.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.ConnConfig.RuntimeParams["application_name"] = "tenure-test"
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close) // registered after the formation's cleanup: runs before it
+	pool := testPool(t, ctx, f.URL()) // registered after the formation's cleanup: closed before it
 	schema := testdb.NewSchemaName("tenure_ha")
 	if r := runCLI(t, 60*time.Second, "", "migrate", "--database-url", f.URL(), "--schema", schema, "up"); r.code != 0 {
 		t.Fatalf("tenure migrate through the multi-host URL: %s", r)
 	}
-	suffix := strings.TrimPrefix(schema, "tenure_ha_")
-	e := &env{t: t, brokers: br.ListenAddrs(), pool: pool, schema: schema, dbURL: f.URL(),
-		topic: "jobs-" + suffix, group: "workers-" + suffix, cluster: br}
-	e.cl, err = kgo.NewClient(kgo.SeedBrokers(e.brokers...),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.cl.Close)
-	if _, err := kadm.NewClient(e.cl).CreateTopic(ctx, failoverPartitions, 1, nil, e.topic); err != nil {
-		t.Fatalf("creating topic: %v", err)
-	}
+	e := &env{t: t, brokers: br.ListenAddrs(), pool: pool, schema: schema, dbURL: f.URL(), cluster: br}
+	e.createTopic(failoverPartitions)
 	return e
 }
 
@@ -216,7 +187,7 @@ type failoverRun struct {
 func runFailover(t *testing.T, f *pgha.Formation, sync bool, freeze time.Duration) *failoverRun {
 	t.Helper()
 	e := newFailoverEnv(t, f)
-	common := []string{"--handler", "ledger", "--max-attempts", "1", "--fence-log-max-age", "0", "--fence-log-max-entries", "0"}
+	common := []string{"--handler", "ledger", "--max-attempts", "1", "--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	if sync {
 		common = append(common, "--require-sync-standby")
 	}
@@ -416,6 +387,25 @@ func TestFailoverSynchronous(t *testing.T) {
 // commits are gone is held as `diverged` (an ERROR with "hold":"diverged"),
 // `tenure admin assignments` shows it so, and no commit on the new primary
 // covers the lost ranges.
+// commitsOverLost describes the commits made after killAt that cover a
+// lost range (per partition).
+func commitsOverLost(t *testing.T, e *env, killAt time.Time, lost map[int32][][2]int64) []string {
+	t.Helper()
+	var again []string
+	for _, c := range loadFenceCommits(t, e) {
+		if !c.at.After(killAt) || c.topic != e.topic {
+			continue
+		}
+		for _, lr := range lost[c.partition] {
+			if c.from < lr[1] && lr[0] < c.to {
+				again = append(again, fmt.Sprintf("%d [%d,%d) over lost [%d,%d)", c.partition, c.from, c.to, lr[0], lr[1]))
+				break
+			}
+		}
+	}
+	return again
+}
+
 func TestFailoverAsynchronousLosesAcknowledgedCommits(t *testing.T) {
 	f := pgha.Start(t, pgha.Config{Async: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -479,19 +469,7 @@ func TestFailoverAsynchronousLosesAcknowledgedCommits(t *testing.T) {
 		}
 		// Nothing processed again in silence: no commit on the new primary
 		// covers a lost range.
-		var again []string
-		for _, c := range loadFenceCommits(t, e) {
-			if !c.at.After(r.killAt) || c.topic != e.topic {
-				continue
-			}
-			for _, lr := range lostRanges[c.partition] {
-				if c.from < lr[1] && lr[0] < c.to {
-					again = append(again, fmt.Sprintf("%d [%d,%d) over lost [%d,%d)", c.partition, c.from, c.to, lr[0], lr[1]))
-					break
-				}
-			}
-		}
-		if len(again) > 0 {
+		if again := commitsOverLost(t, e, r.killAt, lostRanges); len(again) > 0 {
 			t.Errorf("%d commits on the new primary processed lost acknowledged jobs again, silently; first: %s", len(again), again[0])
 		}
 		// tenure admin assignments shows the hold.

@@ -14,10 +14,7 @@ import (
 func TestCLIFencesPrune(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	store, err := sink.NewStore(e.pool, e.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := e.store()
 	ctx := context.Background()
 	p := sink.Partition{Group: e.group, Topic: e.topic}
 	tk := sink.Token{Epoch: 1}
@@ -46,7 +43,7 @@ func TestCLIFencesPrune(t *testing.T) {
 	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM "`+e.schema+`".fence_log`).Scan(&n); err != nil || n != 6 {
 		t.Errorf("%d entries left (%v), want 6: the claim and the newest 5", n, err)
 	}
-	wantFailure(t, runCLI(t, 30*time.Second, "", append([]string{"admin", "fences", "prune", "--max-age", "0", "--max-entries", "0"}, db...)...),
+	wantFailure(t, runCLI(t, 30*time.Second, "", append([]string{"admin", "fences", "prune", "--max-age", "-1s", "--max-entries", "-1"}, db...)...),
 		2, "nothing to prune")
 	// `admin fences` still lists the fencing rows.
 	if r := runCLI(t, 30*time.Second, "", append([]string{"admin", "fences", "--group", e.group}, db...)...); r.code != 0 || !strings.Contains(r.stdout, e.topic) {

@@ -20,49 +20,42 @@ import (
 // fails.
 func TestSuccessorEndsAFrozenOwnersTransaction(t *testing.T) {
 	t.Parallel()
-	for _, proto := range []string{"classic", "consumer"} {
-		t.Run(proto, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t, 1)
-			if proto == "consumer" && e.real {
-				t.Skip("needs kfake's short KIP-848 session timeout")
-			}
-			e.produce(jobsFor(keys, 0, 20)...)
-			a := e.startWorker("A", "--protocol", proto, "--hold-once", "before-commit")
-			held := a.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "before-commit"})
-			b := e.startWorker("B", "--protocol", proto)
-			b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
-			waitForMembers(t, e, 2)
-			a.pause()
-			frozen := time.Now()
-			t.Logf("A frozen before its COMMIT with [%v,%v) and the export rows of its keys locked", held["from"], held["to"])
+	eachProtocol(t, 1, func(t *testing.T, e *env, proto string) {
+		e.produce(jobsFor(keys, 0, 20)...)
+		a := e.startWorker("A", "--protocol", proto, "--hold-once", "before-commit")
+		held := a.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "before-commit"})
+		b := e.startWorker("B", "--protocol", proto)
+		b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+		waitForMembers(t, e, 2)
+		a.pause()
+		frozen := time.Now()
+		t.Logf("A frozen before its COMMIT with [%v,%v) and the export rows of its keys locked", held["from"], held["to"])
 
-			e.produce(jobsFor(keys, 20, 10)...)
-			waitCommitted(t, e, 0, e.highWatermark(0), "B")
-			took := time.Since(frozen)
-			ended := b.waitLog(10*time.Second, map[string]any{"msg": "ended the session of an older owner of this partition that held locks this batch waits for (a worker frozen in its transaction)"})
-			t.Logf("B committed everything %s after A froze (session timeout %s); it ended A's session %v", took.Round(time.Millisecond), sessionTimeout, ended["pids"])
-			// Not a benchmark: the bound is loose for a shared machine; the
-			// chaos run measures hand-off latency.
-			if limit := sessionTimeout + 10*time.Second; took > limit {
-				t.Errorf("the successor committed %s after the freeze, more than %s", took.Round(time.Millisecond), limit)
-			}
+		e.produce(jobsFor(keys, 20, 10)...)
+		waitCommitted(t, e, 0, e.highWatermark(0), "B")
+		took := time.Since(frozen)
+		ended := b.waitLog(10*time.Second, map[string]any{"msg": "ended the session of an older owner of this partition that held locks this batch waits for (a worker frozen in its transaction)"})
+		t.Logf("B committed everything %s after A froze (session timeout %s); it ended A's session %v", took.Round(time.Millisecond), sessionTimeout, ended["pids"])
+		// Not a benchmark: the bound is loose for a shared machine; the
+		// chaos run measures hand-off latency.
+		if limit := sessionTimeout + 10*time.Second; took > limit {
+			t.Errorf("the successor committed %s after the freeze, more than %s", took.Round(time.Millisecond), limit)
+		}
 
-			a.resume()
-			a.waitLogAny(30*time.Second, rejected, batchCommitted, abandoned, map[string]any{"msg": "partitions lost"})
-			if a.findLog(batchCommitted) != nil {
-				t.Errorf("A's batch committed after it lost the partition")
+		a.resume()
+		a.waitLogAny(30*time.Second, rejected, batchCommitted, abandoned, map[string]any{"msg": "partitions lost"})
+		if a.findLog(batchCommitted) != nil {
+			t.Errorf("A's batch committed after it lost the partition")
+		}
+		b.stop(30 * time.Second)
+		a.stop(30 * time.Second)
+		h := checkRun(t, e, expect{partitions: []int32{0}})
+		for _, en := range h.Log {
+			if en.Kind == "commit" && strings.HasPrefix(en.Owner, fmt.Sprint(held["member"])) {
+				t.Errorf("A committed %+v", en)
 			}
-			b.stop(30 * time.Second)
-			a.stop(30 * time.Second)
-			h := checkRun(t, e, expect{partitions: []int32{0}})
-			for _, en := range h.Log {
-				if en.Kind == "commit" && strings.HasPrefix(en.Owner, fmt.Sprint(held["member"])) {
-					t.Errorf("A committed %+v", en)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // Once its lanes have stopped, a stopping worker owns nothing, so
@@ -71,13 +64,7 @@ func TestSuccessorEndsAFrozenOwnersTransaction(t *testing.T) {
 // LeaveGroup). It used to wait 10s for the leave and 10s more for Close.
 func TestGracefulStopIsBoundedWhenTheCoordinatorHangs(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	if e.real {
-		t.Skip("holds a LeaveGroup at the coordinator (kfake's ControlKey)")
-	}
-	e.produce(jobsFor(keys, 0, 10)...)
-	w := e.startWorker("W")
-	waitCommitted(t, e, 0, 10, "")
+	e, w := oneWorkerCaughtUp(t, "holds a LeaveGroup at the coordinator (kfake's ControlKey)")
 	release := make(chan struct{})
 	defer close(release)
 	c := e.cluster

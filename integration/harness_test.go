@@ -25,8 +25,9 @@ import (
 	"github.com/tenure-dev/tenure/internal/childproc"
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
-	"github.com/tenure-dev/tenure/internal/netfault"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
+	"github.com/tenure-dev/tenure/sink"
 )
 
 // tenureBin is the `tenure` binary built once for the package.
@@ -85,44 +86,163 @@ func newEnvWith(t *testing.T, partitions int32, brokerConfigs map[string]string)
 		e.brokers = strings.Split(b, ",")
 		e.real = true
 	} else {
-		c, err := devbroker.Start(devbroker.Config{
-			ConsumerSessionTimeout: sessionTimeout,
-			ConsumerHeartbeat:      500 * time.Millisecond,
-			BrokerConfigs:          brokerConfigs,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Close)
+		c := startBroker(t, devbroker.Config{BrokerConfigs: brokerConfigs})
 		e.brokers = c.ListenAddrs()
 		e.cluster = c
 	}
 	e.pool = testdb.Pool(t)
 	e.dbURL = testdb.URL()
 	e.schema = testdb.Schema(t, e.pool)
-	suffix := strings.TrimPrefix(e.schema, "tenure_test_")
-	e.topic = "jobs-" + suffix
-	e.group = "workers-" + suffix
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	e.cl = cl
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	adm := kadm.NewClient(cl)
-	if _, err := adm.CreateTopic(ctx, partitions, 1, nil, e.topic); err != nil {
-		t.Fatalf("creating topic: %v", err)
-	}
+	e.createTopic(partitions)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
+		adm := kadm.NewClient(e.cl)
 		_, _ = adm.DeleteTopics(ctx, e.topic)
 		_, _ = adm.DeleteGroup(ctx, e.group)
 	})
 	return e
+}
+
+// eachProtocol runs test once per group protocol, in parallel subtests,
+// each on a fresh env with a topic of the given partitions. On a real
+// cluster it runs the classic protocol only: the KIP-848 tests need
+// kfake's short session timeout.
+func eachProtocol(t *testing.T, partitions int32, test func(t *testing.T, e *env, proto string)) {
+	t.Helper()
+	for _, proto := range []string{"classic", "consumer"} {
+		t.Run(proto, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, partitions)
+			if proto == "consumer" && e.real {
+				t.Skip("needs kfake's short KIP-848 session timeout")
+			}
+			test(t, e, proto)
+		})
+	}
+}
+
+// store is e's schema as a sink.Store.
+func (e *env) store() *sink.Store {
+	e.t.Helper()
+	store, err := sink.NewStore(e.pool, e.schema)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return store
+}
+
+// recreateTopic deletes e's topic and creates it again with one partition:
+// a new log under the old name.
+func (e *env) recreateTopic() {
+	t := e.t
+	t.Helper()
+	adm := kadm.NewClient(e.cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := adm.DeleteTopics(ctx, e.topic); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the topic to be gone", func() bool {
+		td, err := adm.ListTopics(ctx, e.topic)
+		return err == nil && !td.Has(e.topic)
+	})
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, e.topic); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// oneWorkerCaughtUp is an env of one partition on the in-process broker
+// (a test that does what why says is skipped on a real cluster) whose
+// worker W has committed the topic's first 10 jobs.
+func oneWorkerCaughtUp(t *testing.T, why string) (*env, *worker) {
+	t.Helper()
+	e := newEnv(t, 1)
+	if e.real {
+		t.Skip(why)
+	}
+	e.produce(jobsFor(keys, 0, 10)...)
+	w := e.startWorker("W")
+	waitCommitted(t, e, 0, 10, "")
+	return e, w
+}
+
+// startBroker starts the in-process broker the tests' environments use,
+// closed when the test ends.
+func startBroker(t *testing.T, c devbroker.Config) *kfake.Cluster {
+	t.Helper()
+	c.ConsumerSessionTimeout, c.ConsumerHeartbeat = sessionTimeout, 500*time.Millisecond
+	br, err := devbroker.Start(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(br.Close)
+	return br
+}
+
+// createTopic names the topic and group after e's schema (its random
+// part, testdb.NewSchemaName's), connects the test's client to
+// e.brokers (with opts, TLS and SASL) and creates the topic.
+func (e *env) createTopic(partitions int32, opts ...kgo.Opt) {
+	t := e.t
+	t.Helper()
+	suffix := e.schema[strings.LastIndex(e.schema, "_")+1:]
+	e.topic, e.group = "jobs-"+suffix, "workers-"+suffix
+	var err error
+	e.cl, err = kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(e.brokers...),
+		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.cl.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(e.cl).CreateTopic(ctx, partitions, 1, nil, e.topic); err != nil {
+		t.Fatalf("creating topic: %v", err)
+	}
+}
+
+// testPool is the test's own pool on a database the test starts (not the
+// shared server's): no search_path, named tenure-test, a short connect
+// timeout. It is closed when the test ends, before the cleanups registered
+// earlier (the database's own) run.
+func testPool(t *testing.T, ctx context.Context, url string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cfg.ConnConfig.RuntimeParams["application_name"] = "tenure-test"
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// terminateSessions ends, for d, over and over, every session on e's
+// database whose application_name is LIKE one of apps, and returns how
+// many it ended.
+func terminateSessions(t *testing.T, e *env, d time.Duration, apps ...string) int {
+	t.Helper()
+	n := 0
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		var k int
+		err := e.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+			FROM pg_stat_activity WHERE application_name LIKE ANY($1) AND pid <> pg_backend_pid()`, apps).Scan(&k)
+		cancel()
+		if err != nil {
+			t.Fatalf("terminating the sessions of %v: %v", apps, err)
+		}
+		n += k
+		time.Sleep(10 * time.Millisecond)
+	}
+	return n
 }
 
 // produce writes jobs (key, value) and waits until they are acknowledged.
@@ -179,12 +299,29 @@ func (e *env) startWorker(name string, extra ...string) *worker {
 }
 
 // startWorkerIn starts a worker inside a network namespace of its own
-// (internal/netfault): it reaches the broker and the database through the
+// (internal/testinfra/netfault): it reaches the broker and the database through the
 // namespace's forwarders, on the same addresses as every worker, and a
 // fault injected there drops its packets.
 func (e *env) startWorkerIn(ns *netfault.Namespace, name string, extra ...string) *worker {
 	e.t.Helper()
 	return e.startWorkerCmd(name, func(args []string) *exec.Cmd { return ns.Command(tenureBin, args...) }, extra...)
+}
+
+// newNamespacedEnv is newEnv with a network namespace whose forwarders
+// carry a worker started in it to the broker and the database (on the
+// in-process broker only: the forwarders reach loopback services).
+func newNamespacedEnv(t *testing.T, partitions int32) (*env, *netfault.Namespace, netfault.Services) {
+	t.Helper()
+	e := newEnv(t, partitions)
+	if e.real {
+		t.Skip("the namespace forwards to loopback services only")
+	}
+	svc := e.services()
+	ns, err := netfault.NewT(t, svc.Ports()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, ns, svc
 }
 
 // services are the ports a worker reaches: the brokers' and the database's.

@@ -17,10 +17,7 @@ import (
 func TestCLIHolds(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	store, err := sink.NewStore(e.pool, e.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := e.store()
 	ctx := context.Background()
 	p := sink.Partition{Group: e.group, Topic: e.topic, Partition: 0}
 	if _, err := e.pool.Exec(ctx, `INSERT INTO "`+e.schema+`".fences (consumer_group, topic, partition, incarnation, epoch, owner, next_offset, partition_count)

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // canary is a table in the shared database that an injection through any
@@ -66,6 +66,58 @@ func TestInjectionThroughNames(t *testing.T) {
 	brokers := strings.Join(e.brokers, ",")
 	target := `"` + c.schema + `".canary`
 
+	checkBadSchemas(t, e, c, target)
+	db := []string{"--database-url", e.dbURL, "--schema", e.schema}
+	checkOddNames(t, e, c, target, db)
+
+	// IDs are numbers, nothing else.
+	for _, id := range []string{"1; DROP TABLE " + target, "1 OR 1=1", "1'", "0x10"} {
+		r := runCLI(t, 30*time.Second, "", append([]string{"admin", "dlq", "show", id}, db...)...)
+		wantFailure(t, r, 2, "not a positive integer")
+		r = runCLI(t, 30*time.Second, "", append([]string{"admin", "dlq", "discard", id}, db...)...)
+		wantFailure(t, r, 2, "not a positive integer")
+	}
+	c.check("dead letter IDs")
+
+	// A group name full of SQL is a perfectly good Kafka group: a worker
+	// runs under it, and every command finds its rows by that exact name.
+	group := `workers'; DROP TABLE ` + target + `; --"`
+	e.produce(jobsFor(keys, 0, 20)...)
+	w := e.startWorker("odd", "--group", group)
+	waitFor(t, 60*time.Second, "the worker with an odd group name to commit every job", func() bool {
+		var next int64
+		err := e.pool.QueryRow(context.Background(), `SELECT next_offset FROM "`+e.schema+`".fences WHERE consumer_group = $1 AND topic = $2 AND partition = 0`,
+			group, e.topic).Scan(&next)
+		return err == nil && next == 20
+	})
+	r := runCLI(t, 30*time.Second, "", append([]string{"admin", "fences", "--group", group, "--output", "json"}, db...)...)
+	var fences []map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &fences) != nil || len(fences) != 1 || fences[0]["consumer_group"] != group {
+		t.Errorf("admin fences --group %q: %s", group, r)
+	}
+	r = runCLI(t, 30*time.Second, "", append([]string{"admin", "assignments", "--brokers", brokers, "--group", group, "--output", "json"}, db...)...)
+	var rows []map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rows) != nil || len(rows) != 1 || rows[0]["state"] != "ok" {
+		t.Errorf("admin assignments --group %q: %s", group, r)
+	}
+	r = runCLI(t, 30*time.Second, "", append([]string{"admin", "topic", "acknowledge-partitions", "--brokers", brokers, "--group", group, "--topic", e.topic}, db...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "nothing changed") {
+		t.Errorf("acknowledge-partitions --group %q: %s", group, r)
+	}
+	r = runCLI(t, 30*time.Second, "", append([]string{"admin", "dlq", "list", "--group", group}, db...)...)
+	if r.code != 0 {
+		t.Errorf("admin dlq list --group %q: %s", group, r)
+	}
+	w.stop(30 * time.Second)
+	c.check("a worker with an odd group name")
+}
+
+// checkBadSchemas: every command refuses a schema name that is not a
+// plain lower-case identifier, or is PostgreSQL's, before it connects (exit
+// 2, one sentence); the canary table in target stays.
+func checkBadSchemas(t *testing.T, e *env, c *canary, target string) {
+	t.Helper()
+	brokers := strings.Join(e.brokers, ",")
 	badSchemas := []string{
 		`x"; DROP TABLE ` + target + `; --`,
 		`public; DROP TABLE ` + target,
@@ -131,6 +183,13 @@ func TestInjectionThroughNames(t *testing.T) {
 		}
 		c.check(fmt.Sprintf("--schema %q", schema))
 	}
+}
+
+// checkOddNames: SQL in group names reaches the database as bind
+// parameters only, and topic names with it are refused.
+func checkOddNames(t *testing.T, e *env, c *canary, target string, db []string) {
+	t.Helper()
+	brokers := strings.Join(e.brokers, ",")
 	// Groups are bind parameters: any valid UTF-8 without control
 	// characters is a group name Kafka accepts. Topics follow Kafka's rules
 	// (letters, digits, '.', '_', '-'): every command refuses such a topic
@@ -142,7 +201,6 @@ func TestInjectionThroughNames(t *testing.T) {
 		`$1); DELETE FROM "` + e.schema + `".fences; --`,
 		"g\\x00; SELECT pg_sleep(30)",
 	}
-	db := []string{"--database-url", e.dbURL, "--schema", e.schema}
 	for _, odd := range oddNames {
 		t.Run(fmt.Sprintf("names %q", odd), func(t *testing.T) {
 			// A name the schema has never seen is refused, quoted.
@@ -173,45 +231,4 @@ func TestInjectionThroughNames(t *testing.T) {
 			c.check(fmt.Sprintf("names %q", odd))
 		})
 	}
-
-	// IDs are numbers, nothing else.
-	for _, id := range []string{"1; DROP TABLE " + target, "1 OR 1=1", "1'", "0x10"} {
-		r := runCLI(t, 30*time.Second, "", append([]string{"admin", "dlq", "show", id}, db...)...)
-		wantFailure(t, r, 2, "not a positive integer")
-		r = runCLI(t, 30*time.Second, "", append([]string{"admin", "dlq", "discard", id}, db...)...)
-		wantFailure(t, r, 2, "not a positive integer")
-	}
-	c.check("dead letter IDs")
-
-	// A group name full of SQL is a perfectly good Kafka group: a worker
-	// runs under it, and every command finds its rows by that exact name.
-	group := `workers'; DROP TABLE ` + target + `; --"`
-	e.produce(jobsFor(keys, 0, 20)...)
-	w := e.startWorker("odd", "--group", group)
-	waitFor(t, 60*time.Second, "the worker with an odd group name to commit every job", func() bool {
-		var next int64
-		err := e.pool.QueryRow(context.Background(), `SELECT next_offset FROM "`+e.schema+`".fences WHERE consumer_group = $1 AND topic = $2 AND partition = 0`,
-			group, e.topic).Scan(&next)
-		return err == nil && next == 20
-	})
-	r := runCLI(t, 30*time.Second, "", append([]string{"admin", "fences", "--group", group, "--output", "json"}, db...)...)
-	var fences []map[string]any
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &fences) != nil || len(fences) != 1 || fences[0]["consumer_group"] != group {
-		t.Errorf("admin fences --group %q: %s", group, r)
-	}
-	r = runCLI(t, 30*time.Second, "", append([]string{"admin", "assignments", "--brokers", brokers, "--group", group, "--output", "json"}, db...)...)
-	var rows []map[string]any
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rows) != nil || len(rows) != 1 || rows[0]["state"] != "ok" {
-		t.Errorf("admin assignments --group %q: %s", group, r)
-	}
-	r = runCLI(t, 30*time.Second, "", append([]string{"admin", "topic", "acknowledge-partitions", "--brokers", brokers, "--group", group, "--topic", e.topic}, db...)...)
-	if r.code != 0 || !strings.Contains(r.stdout, "nothing changed") {
-		t.Errorf("acknowledge-partitions --group %q: %s", group, r)
-	}
-	r = runCLI(t, 30*time.Second, "", append([]string{"admin", "dlq", "list", "--group", group}, db...)...)
-	if r.code != 0 {
-		t.Errorf("admin dlq list --group %q: %s", group, r)
-	}
-	w.stop(30 * time.Second)
-	c.check("a worker with an odd group name")
 }

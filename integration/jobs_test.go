@@ -120,10 +120,7 @@ func TestAdminJob(t *testing.T) {
 	t.Logf("admin job %s/0/2:\n%s", e.topic, r.stdout)
 
 	// Pruned: the commit's entry is gone, and the command says so.
-	store, err := sink.NewStore(e.pool, e.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := e.store()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if n, err := protocol.Of(store).PruneFenceLog(ctx, sink.Partition{Group: e.group, Topic: e.topic, Partition: 0}, sink.FenceLogRetention{MaxEntries: 1}); err != nil || n == 0 {
@@ -139,54 +136,13 @@ func TestAdminJob(t *testing.T) {
 // `tenure admin jobs peek` prints jobs from an offset with their bytes
 // escaped (exact in base64 with --output json); `tenure admin jobs tail`
 // follows new jobs until --count or an interrupt.
-func TestAdminTopicListAndJobs(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 2)
+// checkPeek checks `admin jobs peek` on the records
+// TestAdminTopicListAndJobs produced (odd is the value of the second).
+func checkPeek(t *testing.T, e *env, odd []byte) {
+	t.Helper()
 	brokers := strings.Join(e.brokers, ",")
-	r := runCLI(t, 30*time.Second, "", "admin", "topic", "list", "--brokers", brokers, "--output", "json")
-	var topics []struct {
-		Topic       string `json:"topic"`
-		Partitions  int    `json:"partitions"`
-		Replication int    `json:"replication_factor"`
-		Internal    bool   `json:"internal"`
-		ID          string `json:"topic_id"`
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &topics); r.code != 0 || err != nil {
-		t.Fatalf("topic list: %v %s", err, r)
-	}
-	found := false
-	for _, tp := range topics {
-		if tp.Topic == e.topic {
-			found = tp.Partitions == 2 && tp.Replication == 1 && !tp.Internal && tp.ID != ""
-		}
-	}
-	if !found {
-		t.Errorf("topic list does not show %s with 2 partitions, replication 1: %s", e.topic, r.stdout)
-	}
-	if r := runCLI(t, 30*time.Second, "", "admin", "topic", "list", "--brokers", brokers); r.code != 0 || !strings.Contains(r.stdout, "TOPIC") ||
-		!strings.Contains(r.stdout, e.topic) {
-		t.Errorf("topic list (table): %s", r)
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	odd := []byte("line\nbreak \x1b[31m\xff\\")
-	recs := []*kgo.Record{
-		{Topic: e.topic, Partition: 1, Key: []byte("a"), Value: []byte(`{"seq":0}`)},
-		{Topic: e.topic, Partition: 1, Key: []byte("b\tc"), Value: odd, Headers: []kgo.RecordHeader{{Key: "id", Value: []byte("x1")}}},
-		{Topic: e.topic, Partition: 1, Key: nil, Value: []byte{}},
-		{Topic: e.topic, Partition: 0, Key: []byte("z"), Value: []byte("p0")},
-	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
 	peek := []string{"admin", "jobs", "peek", "--brokers", brokers, "--topic", e.topic}
-	r = runCLI(t, 30*time.Second, "", append(peek, "--partition", "1", "--offset", "1", "--count", "2")...)
+	r := runCLI(t, 30*time.Second, "", append(peek, "--partition", "1", "--offset", "1", "--count", "2")...)
 	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
 	if r.code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[0], "JOB") ||
 		!strings.Contains(lines[1], e.topic+"/1/1") || !strings.Contains(lines[1], `b\tc`) || !strings.Contains(lines[1], "id=x1") ||
@@ -218,50 +174,103 @@ func TestAdminTopicListAndJobs(t *testing.T) {
 		!strings.Contains(r.stderr, "partition 0 has no jobs at or after offset 5 (its log ends at 1)") {
 		t.Errorf("peek beyond the end: %s", r)
 	}
+}
 
-	// tail: new jobs only, until --count.
-	tctx, tcancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer tcancel()
-	tail := exec.CommandContext(tctx, tenureBin, "admin", "jobs", "tail", "--brokers", brokers, "--topic", e.topic, "--count", "2", "--output", "json")
-	var out bytes.Buffer
-	tail.Stdout = &out
-	stderr, err := tail.StderrPipe()
+func TestAdminTopicListAndJobs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	brokers := strings.Join(e.brokers, ",")
+	t.Run("TopicList", func(t *testing.T) {
+		r := runCLI(t, 30*time.Second, "", "admin", "topic", "list", "--brokers", brokers, "--output", "json")
+		var topics []struct {
+			Topic       string `json:"topic"`
+			Partitions  int    `json:"partitions"`
+			Replication int    `json:"replication_factor"`
+			Internal    bool   `json:"internal"`
+			ID          string `json:"topic_id"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &topics); r.code != 0 || err != nil {
+			t.Fatalf("topic list: %v %s", err, r)
+		}
+		found := false
+		for _, tp := range topics {
+			if tp.Topic == e.topic {
+				found = tp.Partitions == 2 && tp.Replication == 1 && !tp.Internal && tp.ID != ""
+			}
+		}
+		if !found {
+			t.Errorf("topic list does not show %s with 2 partitions, replication 1: %s", e.topic, r.stdout)
+		}
+		if r := runCLI(t, 30*time.Second, "", "admin", "topic", "list", "--brokers", brokers); r.code != 0 || !strings.Contains(r.stdout, "TOPIC") ||
+			!strings.Contains(r.stdout, e.topic) {
+			t.Errorf("topic list (table): %s", r)
+		}
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tail.Start(); err != nil {
+	defer cl.Close()
+	odd := []byte("line\nbreak \x1b[31m\xff\\")
+	recs := []*kgo.Record{
+		{Topic: e.topic, Partition: 1, Key: []byte("a"), Value: []byte(`{"seq":0}`)},
+		{Topic: e.topic, Partition: 1, Key: []byte("b\tc"), Value: odd, Headers: []kgo.RecordHeader{{Key: "id", Value: []byte("x1")}}},
+		{Topic: e.topic, Partition: 1, Key: nil, Value: []byte{}},
+		{Topic: e.topic, Partition: 0, Key: []byte("z"), Value: []byte("p0")},
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	sc := bufio.NewScanner(stderr)
-	if !sc.Scan() || !strings.Contains(sc.Text(), "following topic "+e.topic) {
-		t.Fatalf("tail did not say it follows: %q", sc.Text())
-	}
-	go func() {
-		for sc.Scan() {
+	tctx, tcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer tcancel()
+	t.Run("Peek", func(t *testing.T) { checkPeek(t, e, odd) })
+	// tail: new jobs only, until --count.
+	t.Run("Tail", func(t *testing.T) {
+		tail := exec.CommandContext(tctx, tenureBin, "admin", "jobs", "tail", "--brokers", brokers, "--topic", e.topic, "--count", "2", "--output", "json")
+		var out bytes.Buffer
+		tail.Stdout = &out
+		stderr, err := tail.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
-	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: e.topic, Partition: 0, Key: []byte("n1"), Value: []byte("new 1")},
-		&kgo.Record{Topic: e.topic, Partition: 1, Key: []byte("n2"), Value: []byte("new 2")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	if err := tail.Wait(); err != nil {
-		t.Fatalf("tail --count 2: %v\n%s", err, out.String())
-	}
-	got := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(got) != 2 || !strings.Contains(out.String(), `"key": "n1"`) && !strings.Contains(out.String(), `"key":"n1"`) {
-		t.Errorf("tail --count 2 printed:\n%s", out.String())
-	}
-
+		if err := tail.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(stderr)
+		if !sc.Scan() || !strings.Contains(sc.Text(), "following topic "+e.topic) {
+			t.Fatalf("tail did not say it follows: %q", sc.Text())
+		}
+		go func() {
+			for sc.Scan() {
+			}
+		}()
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: e.topic, Partition: 0, Key: []byte("n1"), Value: []byte("new 1")},
+			&kgo.Record{Topic: e.topic, Partition: 1, Key: []byte("n2"), Value: []byte("new 2")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := tail.Wait(); err != nil {
+			t.Fatalf("tail --count 2: %v\n%s", err, out.String())
+		}
+		got := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if len(got) != 2 || !strings.Contains(out.String(), `"key": "n1"`) && !strings.Contains(out.String(), `"key":"n1"`) {
+			t.Errorf("tail --count 2 printed:\n%s", out.String())
+		}
+	})
 	// tail until interrupted: SIGINT ends it with exit 0.
-	tail = exec.CommandContext(tctx, tenureBin, "admin", "jobs", "tail", "--brokers", brokers, "--topic", e.topic)
-	var terr bytes.Buffer
-	tail.Stderr = &terr
-	if err := tail.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 30*time.Second, "tail to start following", func() bool { return strings.Contains(terr.String(), "following topic") })
-	_ = tail.Process.Signal(syscall.SIGINT)
-	if err := tail.Wait(); err != nil || !strings.Contains(terr.String(), "stopped (SIGINT) after 0 jobs") {
-		t.Errorf("tail interrupted: %v, %q", err, terr.String())
-	}
+	t.Run("TailInterrupted", func(t *testing.T) {
+		tail := exec.CommandContext(tctx, tenureBin, "admin", "jobs", "tail", "--brokers", brokers, "--topic", e.topic)
+		var terr bytes.Buffer
+		tail.Stderr = &terr
+		if err := tail.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 30*time.Second, "tail to start following", func() bool { return strings.Contains(terr.String(), "following topic") })
+		_ = tail.Process.Signal(syscall.SIGINT)
+		if err := tail.Wait(); err != nil || !strings.Contains(terr.String(), "stopped (SIGINT) after 0 jobs") {
+			t.Errorf("tail interrupted: %v, %q", err, terr.String())
+		}
+	})
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/internal/pgproxy"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgproxy"
 )
 
 // Tokens must stay ordered across group lifetimes. A worker Z is

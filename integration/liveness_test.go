@@ -81,6 +81,52 @@ func TestAlertPartitionStuckAfterSIGKILL(t *testing.T) {
 	t.Logf("killed A (%s, partitions %v)", aMember, aParts)
 
 	// admin assignments: owner-silent, the coordinator's member still A.
+	t.Run("AdminAssignments", func(t *testing.T) { checkOwnerSilentRows(t, e, owners, aMember, aParts, killed) })
+	// The ownership page says the same.
+	t.Run("OwnershipPage", func(t *testing.T) { checkOwnerSilentPage(t, page, aMember, aParts, killed) })
+
+	// The survivor's group watch reports A's partitions.
+	waitFor(t, 30*time.Second, "B's metrics to report A's partitions stuck", func() bool {
+		_, m := b.get("/metrics")
+		for _, p := range aParts {
+			if !strings.Contains(m, fmt.Sprintf(`tenure_partition_stuck_seconds{consumer_group=%q,partition="%d",state="owner-silent",topic=%q}`, e.group, p, e.topic)) {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("B's metrics: owner-silent %s after the kill", time.Since(killed).Round(100*time.Millisecond))
+	if d := time.Since(killed); d > 30*time.Second {
+		t.Errorf("B's metric showed it %s after the kill, past 30s", d.Round(100*time.Millisecond))
+	}
+
+	// Prometheus, scraping B alone, fires the shipped alert.
+	var firing *promAlert
+	waitFor(t, stuckSession-time.Since(killed)-5*time.Second, "TenurePartitionStuck to fire in Prometheus", func() bool {
+		for _, al := range prom.alerts("TenurePartitionStuck") {
+			if al.State == "firing" && al.Labels["state"] == "owner-silent" && al.Labels["partition"] == fmt.Sprint(aParts[0]) {
+				firing = &al
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("TenurePartitionStuck firing %s after the kill: %v\n  %s", time.Since(killed).Round(time.Second), firing.Labels, firing.Annotations["description"])
+	if firing.Labels["consumer_group"] != e.group || firing.Labels["severity"] != "critical" || firing.Labels["instance"] != "" ||
+		!strings.Contains(firing.Annotations["description"], "`tenure admin assignments --group "+e.group+"`") {
+		t.Errorf("alert %+v", firing)
+	}
+	if rows := rowsByPartition(assignmentsJSON(t, e)); rows[int(aParts[0])]["member_id"] != aMember {
+		t.Errorf("the coordinator no longer lists A: the alert fired after the partition moved: %v", rows[int(aParts[0])])
+	}
+	b.stop(30 * time.Second)
+}
+
+// checkOwnerSilentRows: admin assignments shows the killed member's
+// partitions (aParts) owner-silent, with the coordinator still listing it,
+// and the others ok; owners holds each partition's owner before the kill.
+func checkOwnerSilentRows(t *testing.T, e *env, owners map[int32]string, aMember string, aParts []int32, killed time.Time) {
+	t.Helper()
 	var rows map[int]map[string]any
 	waitFor(t, 30*time.Second, "admin assignments to show A's partitions owner-silent", func() bool {
 		rows = rowsByPartition(assignmentsJSON(t, e))
@@ -120,7 +166,12 @@ func TestAlertPartitionStuckAfterSIGKILL(t *testing.T) {
 		t.Errorf("admin assignments (table) should show owner-silent, how long, and the reason:\n%s", tab)
 	}
 
-	// The ownership page says the same.
+}
+
+// checkOwnerSilentPage: the ownership page shows the same, within 30s of
+// the kill.
+func checkOwnerSilentPage(t *testing.T, page *pageServer, aMember string, aParts []int32, killed time.Time) {
+	t.Helper()
 	waitFor(t, 30*time.Second, "the ownership page to show A's partitions owner-silent", func() bool {
 		var snap struct {
 			Groups []struct {
@@ -153,42 +204,6 @@ func TestAlertPartitionStuckAfterSIGKILL(t *testing.T) {
 	if d := time.Since(killed); d > 30*time.Second {
 		t.Errorf("admin assignments and the page showed it %s after the kill, past 30s", d.Round(100*time.Millisecond))
 	}
-
-	// The survivor's group watch reports A's partitions.
-	waitFor(t, 30*time.Second, "B's metrics to report A's partitions stuck", func() bool {
-		_, m := b.get("/metrics")
-		for _, p := range aParts {
-			if !strings.Contains(m, fmt.Sprintf(`tenure_partition_stuck_seconds{consumer_group=%q,partition="%d",state="owner-silent",topic=%q}`, e.group, p, e.topic)) {
-				return false
-			}
-		}
-		return true
-	})
-	t.Logf("B's metrics: owner-silent %s after the kill", time.Since(killed).Round(100*time.Millisecond))
-	if d := time.Since(killed); d > 30*time.Second {
-		t.Errorf("B's metric showed it %s after the kill, past 30s", d.Round(100*time.Millisecond))
-	}
-
-	// Prometheus, scraping B alone, fires the shipped alert.
-	var firing *promAlert
-	waitFor(t, stuckSession-time.Since(killed)-5*time.Second, "TenurePartitionStuck to fire in Prometheus", func() bool {
-		for _, al := range prom.alerts("TenurePartitionStuck") {
-			if al.State == "firing" && al.Labels["state"] == "owner-silent" && al.Labels["partition"] == fmt.Sprint(aParts[0]) {
-				firing = &al
-				return true
-			}
-		}
-		return false
-	})
-	t.Logf("TenurePartitionStuck firing %s after the kill: %v\n  %s", time.Since(killed).Round(time.Second), firing.Labels, firing.Annotations["description"])
-	if firing.Labels["consumer_group"] != e.group || firing.Labels["severity"] != "critical" || firing.Labels["instance"] != "" ||
-		!strings.Contains(firing.Annotations["description"], "`tenure admin assignments --group "+e.group+"`") {
-		t.Errorf("alert %+v", firing)
-	}
-	if rows := rowsByPartition(assignmentsJSON(t, e)); rows[int(aParts[0])]["member_id"] != aMember {
-		t.Errorf("the coordinator no longer lists A: the alert fired after the partition moved: %v", rows[int(aParts[0])])
-	}
-	b.stop(30 * time.Second)
 }
 
 // alerts returns the named alerts, pending or firing, of every instance.

@@ -24,27 +24,9 @@ import (
 // The topic is deleted and re-created while its worker runs.
 func TestTopicRecreatedIsHeldUntilAcknowledged(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	if e.real {
-		t.Skip("deletes and re-creates a topic; kept to the development broker")
-	}
-	e.produce(jobsFor(keys, 0, 10)...)
-	w := e.startWorker("W")
-	waitCommitted(t, e, 0, 10, "")
+	e, w := oneWorkerCaughtUp(t, "deletes and re-creates a topic; kept to the development broker")
 
-	adm := kadm.NewClient(e.cl)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := adm.DeleteTopics(ctx, e.topic); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 30*time.Second, "the topic to be gone", func() bool {
-		td, err := adm.ListTopics(ctx, e.topic)
-		return err == nil && !td.Has(e.topic)
-	})
-	if _, err := adm.CreateTopic(ctx, 1, 1, nil, e.topic); err != nil {
-		t.Fatal(err)
-	}
+	e.recreateTopic()
 	e.produceTo(0, jobsFor(keys, 100, 3)...) // offsets 0-2 of the new log (a fresh client: the old one knows the old topic id)
 
 	held := w.waitLog(60*time.Second, map[string]any{"msg": "partition held: its stored offsets do not fit the log; waiting for an operator to run `tenure admin holds acknowledge --group " + e.group + " --topic " + e.topic + " --partition 0`", "hold": "topic-recreated"})
@@ -96,13 +78,7 @@ func TestTopicRecreatedIsHeldUntilAcknowledged(t *testing.T) {
 // acknowledged.
 func TestTruncatedLogIsHeldAndCounted(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	if e.real {
-		t.Skip("deletes records; kept to the development broker")
-	}
-	e.produce(jobsFor(keys, 0, 10)...)
-	w := e.startWorker("W")
-	waitCommitted(t, e, 0, 10, "")
+	e, w := oneWorkerCaughtUp(t, "deletes records; kept to the development broker")
 	w.stop(30 * time.Second)
 
 	e.produce(jobsFor(keys, 10, 10)...) // offsets 10-19
@@ -122,10 +98,7 @@ func TestTruncatedLogIsHeldAndCounted(t *testing.T) {
 	if fenceRow(t, e, 0).next != 10 {
 		t.Fatalf("the stored offset moved while held")
 	}
-	store, err := sink.NewStore(e.pool, e.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := e.store()
 	hold, err := store.OpenHold(ctx, sink.Partition{Group: e.group, Topic: e.topic, Partition: 0})
 	if err != nil || hold.Kind != sink.HoldLogTruncated || hold.NextOffset != 10 || hold.LogStart != 15 || hold.HighWatermark != 20 {
 		t.Fatalf("recorded hold: %+v %v", hold, err)

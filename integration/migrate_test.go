@@ -16,10 +16,7 @@ import (
 func TestCLIMigrateDownRefusesWhileFencing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	store, err := sink.NewStore(e.pool, e.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := e.store()
 	if _, err := store.Claim(context.Background(), sink.ClaimRequest{Partition: sink.Partition{Group: e.group, Topic: e.topic},
 		Token: sink.Token{Epoch: 1}, Owner: "w", PartitionCount: 1}); err != nil {
 		t.Fatal(err)

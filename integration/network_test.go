@@ -6,11 +6,11 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/internal/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 )
 
 // A network that fails without a reset. Each test runs one worker inside a
-// network namespace of its own (internal/netfault: the worker reaches the
+// network namespace of its own (internal/testinfra/netfault: the worker reaches the
 // broker and the database through forwarders inside the namespace, on the
 // usual addresses) and drops its packets with nftables: a vanished host or
 // a firewall, not a killed process whose kernel resets every connection.
@@ -45,17 +45,9 @@ func TestWorkerCutOffFromPostgresGivesItsPartitionsUp(t *testing.T) {
 }
 
 func testCutOffFromPostgres(t *testing.T, protocol string, kind netfault.Kind) {
-	e := newEnv(t, 6)
-	if e.real {
-		t.Skip("the namespace forwards to loopback services only")
-	}
-	svc := e.services()
-	ns, err := netfault.NewT(t, svc.Ports()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ns, svc := newNamespacedEnv(t, 6)
 	common := []string{"--handler", "ledger", "--protocol", protocol, "--session-timeout", "6s",
-		"--fence-log-max-age", "0", "--fence-log-max-entries", "0"}
+		"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	cut := e.startWorkerIn(ns, "CUT", common...)
 	healthy := e.startWorker("OK", common...)
 	waitForMembers(t, e, 2)
@@ -106,18 +98,8 @@ func testCutOffFromPostgres(t *testing.T, protocol string, kind netfault.Kind) {
 	}
 	cut.waitLog(60*time.Second, map[string]any{"msg": "the database answers again: joining the group"})
 	prod.stop()
-	end := map[int32]int64{}
-	for p := range int32(6) {
-		end[p] = e.highWatermark(p)
-	}
-	waitFor(t, 90*time.Second, "every job to be committed", func() bool {
-		for p, hwm := range end {
-			if fenceRow(t, e, p).next < hwm {
-				return false
-			}
-		}
-		return true
-	})
+	end := e.highWatermarks()
+	e.waitEveryPartitionCommitted(end, 90*time.Second)
 	requireWorkersRunning(t, cut, healthy)
 	// It joined as a new member: the group gives it partitions again.
 	waitFor(t, 30*time.Second, "the worker that joined again to hold partitions", func() bool {
@@ -139,17 +121,9 @@ func testCutOffFromPostgres(t *testing.T, protocol string, kind netfault.Kind) {
 // job exactly once, and nothing of it accepted after the new owner's claim.
 func TestWorkerCutOffFromKafkaIsFencedByItsSuccessor(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 6)
-	if e.real {
-		t.Skip("the namespace forwards to loopback services only")
-	}
-	svc := e.services()
-	ns, err := netfault.NewT(t, svc.Ports()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ns, svc := newNamespacedEnv(t, 6)
 	common := []string{"--handler", "ledger", "--session-timeout", "6s",
-		"--fence-log-max-age", "0", "--fence-log-max-entries", "0", "--batch-max", "20"}
+		"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1", "--batch-max", "20"}
 	zombie := e.startWorkerIn(ns, "ZOMBIE", common...)
 	healthy := e.startWorker("OK", common...)
 	waitForMembers(t, e, 2)
@@ -179,18 +153,8 @@ func TestWorkerCutOffFromKafkaIsFencedByItsSuccessor(t *testing.T) {
 	if err := ns.Heal(); err != nil {
 		t.Fatal(err)
 	}
-	end := map[int32]int64{}
-	for p := range int32(6) {
-		end[p] = e.highWatermark(p)
-	}
-	waitFor(t, 90*time.Second, "every job to be committed", func() bool {
-		for p, hwm := range end {
-			if fenceRow(t, e, p).next < hwm {
-				return false
-			}
-		}
-		return true
-	})
+	end := e.highWatermarks()
+	e.waitEveryPartitionCommitted(end, 90*time.Second)
 	fenced, lastTry := 0, time.Time{}
 	for _, m := range zombie.logs() {
 		if m["fenced"] == true {

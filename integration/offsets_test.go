@@ -207,7 +207,7 @@ func testOffsetsResetRejectsTheBatchInFlight(t *testing.T, proto string) {
 	if proto == "consumer" && e.real {
 		t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
 	}
-	ledger := []string{"--handler", "ledger", "--protocol", proto, "--fence-log-max-age", "0", "--fence-log-max-entries", "0"}
+	ledger := []string{"--handler", "ledger", "--protocol", proto, "--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	e.produce(jobsFor(keys, 0, 20)...)
 	w1 := e.startWorker("W1", ledger...)
 	waitCommitted(t, e, 0, 20, "")
@@ -286,7 +286,7 @@ func testOffsetsResetRejectsTheBatchInFlight(t *testing.T, proto string) {
 func TestOffsetsResetRepeatsAndSkipsExactlyThePrintedRanges(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
-	ledger := []string{"--handler", "ledger", "--fence-log-max-age", "0", "--fence-log-max-entries", "0"}
+	ledger := []string{"--handler", "ledger", "--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	e.produceTo(0, jobsFor(keys, 0, 30)...)
 	e.produceTo(1, jobsFor(keys, 100, 30)...)
 	w := e.startWorker("W", ledger...)

@@ -120,9 +120,19 @@ func TestOwnershipEventsTellAPartitionsHistory(t *testing.T) {
 	d.stop(30 * time.Second)
 	c.stop(30 * time.Second)
 
+	ws := []*worker{a, b, c, d}
 	// Every event, on every worker, carries its fields.
+	t.Run("Fields", func(t *testing.T) { checkOwnershipFields(t, ws) })
+	// One grep per partition: the raw lines that contain its topic and
+	// partition, from all workers, hold every event that happened to it.
+	t.Run("GrepPerPartition", func(t *testing.T) { checkOwnershipGrep(t, e, ws) })
+}
+
+// checkOwnershipFields: every ownership event the workers logged carries
+// its fields, and every kind was logged.
+func checkOwnershipFields(t *testing.T, ws []*worker) {
 	seen := map[string]int{}
-	for _, w := range []*worker{a, b, c, d} {
+	for _, w := range ws {
 		for _, m := range w.logs() {
 			for _, ev := range ownershipEvents {
 				if m["msg"] != ev.msg {
@@ -149,12 +159,15 @@ func TestOwnershipEventsTellAPartitionsHistory(t *testing.T) {
 		t.Log("kgo reported C's partitions revoked rather than lost this time")
 	}
 
-	// One grep per partition: the raw lines that contain its topic and
-	// partition, from all workers, hold every event that happened to it.
+}
+
+// checkOwnershipGrep: grepping the workers' lines for a partition finds
+// every event of the scenario that happened to it.
+func checkOwnershipGrep(t *testing.T, e *env, ws []*worker) {
 	for p := 0; p < 2; p++ {
 		needle := fmt.Sprintf(`"topic":%q,"partition":%d,`, e.topic, p)
 		got := map[string]bool{}
-		for _, w := range []*worker{a, b, c, d} {
+		for _, w := range ws {
 			for _, line := range w.raw() {
 				if !strings.Contains(line, needle) {
 					continue

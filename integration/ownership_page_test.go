@@ -141,10 +141,7 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 	}
 
 	// A held partition: its reason and the command that resolves it.
-	store, err := sink.NewStore(e.pool, e.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := e.store()
 	held := int32(aParts[0])
 	f, err := store.Get(ctx, sink.Partition{Group: e.group, Topic: e.topic, Partition: held})
 	if err != nil {

@@ -38,34 +38,48 @@ func TestPartitionCountChange(t *testing.T) {
 	}
 }
 
-func testPartitionCountChange(t *testing.T, proto string) {
-	const before, after = 2, 4
-	e := newEnv(t, before)
+// twoWorkersOnAGrowingTopic starts workers A and B (on protocol proto)
+// on a topic of before partitions, produces n jobs over 40 keys (ks) and
+// waits until both are members and every job is committed.
+func twoWorkersOnAGrowingTopic(t *testing.T, proto string, before int32, n int) (e *env, a, b *worker, ks []string) {
+	t.Helper()
+	e = newEnv(t, before)
 	if e.real {
 		t.Skip("needs kfake's short KIP-848 session timeouts")
 	}
-	brokers := strings.Join(e.brokers, ",")
-	ks := partitionKeys(40)
-
-	e.produce(jobsFor(ks, 0, 80)...)
-	a := e.startWorker("A", "--protocol", proto)
-	b := e.startWorker("B", "--protocol", proto)
-	for p := range int32(before) {
+	ks = partitionKeys(40)
+	e.produce(jobsFor(ks, 0, n)...)
+	a = e.startWorker("A", "--protocol", proto)
+	b = e.startWorker("B", "--protocol", proto)
+	for p := range before {
 		waitCommitted(t, e, p, e.highWatermark(p), "")
 	}
 	waitForMembers(t, e, 2)
+	return e, a, b, ks
+}
 
-	// Add partitions. The group rebalances onto four partitions and the
-	// workers refuse the topic.
+// addPartitions adds n partitions to e's topic.
+func (e *env) addPartitions(n int) {
+	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	resp, err := kadm.NewClient(e.cl).CreatePartitions(ctx, after-before, e.topic)
+	resp, err := kadm.NewClient(e.cl).CreatePartitions(ctx, n, e.topic)
 	if err == nil {
 		err = resp.Error()
 	}
 	if err != nil {
-		t.Fatalf("adding partitions: %v", err)
+		e.t.Fatalf("adding partitions: %v", err)
 	}
+}
+
+func testPartitionCountChange(t *testing.T, proto string) {
+	const before, after = 2, 4
+	e, a, b, ks := twoWorkersOnAGrowingTopic(t, proto, before, 80)
+	brokers := strings.Join(e.brokers, ",")
+
+	// Add partitions. The group rebalances onto four partitions and the
+	// workers refuse the topic.
+	e.addPartitions(after - before)
 	// Both workers hold partitions of the topic, so both must refuse it.
 	refusal := a.waitLog(60*time.Second, layoutRefused)
 	b.waitLog(60*time.Second, layoutRefused)
@@ -168,29 +182,9 @@ func TestPartitionsAcknowledgedBeforeTheWorkersNotice(t *testing.T) {
 		t.Run(proto, func(t *testing.T) {
 			t.Parallel()
 			const before, after = 2, 4
-			e := newEnv(t, before)
-			if e.real {
-				t.Skip("needs kfake's short KIP-848 session timeouts")
-			}
+			e, a, b, ks := twoWorkersOnAGrowingTopic(t, proto, before, 40)
 			brokers := strings.Join(e.brokers, ",")
-			ks := partitionKeys(40)
-			e.produce(jobsFor(ks, 0, 40)...)
-			a := e.startWorker("A", "--protocol", proto)
-			b := e.startWorker("B", "--protocol", proto)
-			for p := range int32(before) {
-				waitCommitted(t, e, p, e.highWatermark(p), "")
-			}
-			waitForMembers(t, e, 2)
-
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			resp, err := kadm.NewClient(e.cl).CreatePartitions(ctx, after-before, e.topic)
-			if err == nil {
-				err = resp.Error()
-			}
-			if err != nil {
-				t.Fatalf("adding partitions: %v", err)
-			}
+			e.addPartitions(after - before)
 			r := runCLI(t, 60*time.Second, "", "admin", "topic", "acknowledge-partitions", "--brokers", brokers, "--partitions", fmt.Sprint(after),
 				"--database-url", e.dbURL, "--schema", e.schema, "--group", e.group, "--topic", e.topic, "--actor", "ops@test")
 			if r.code != 0 {

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,21 +29,36 @@ func TestPausedWorkerIsFenced(t *testing.T) {
 	}
 }
 
+// pauseAWithABatch produces 20 jobs; worker A takes a batch and holds
+// before it begins; B joins while A is still alive (so the group keeps the
+// partition with A, and the hand-off that follows is caused by A's pause
+// alone), holding once at bHold if it is not ""; then A is frozen. Both
+// run proto ("": the default). held is A's "holding" line.
+func (e *env) pauseAWithABatch(proto, bHold string) (a, b *worker, held map[string]any) {
+	e.t.Helper()
+	e.produce(jobsFor(keys, 0, 20)...)
+	var common []string
+	if proto != "" {
+		common = []string{"--protocol", proto}
+	}
+	a = e.startWorker("A", append(slices.Clone(common), "--hold-once", "before-batch")...)
+	held = a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
+	if bHold != "" {
+		common = append(common, "--hold-once", bHold)
+	}
+	b = e.startWorker("B", common...)
+	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+	waitForMembers(e.t, e, 2)
+	a.pause()
+	return a, b, held
+}
+
 func testPausedWorkerIsFenced(t *testing.T, proto string) {
 	e := newEnv(t, 1)
 	if proto == "consumer" && e.real {
 		t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
 	}
-	e.produce(jobsFor(keys, 0, 20)...)
-
-	a := e.startWorker("A", "--protocol", proto, "--hold-once", "before-batch")
-	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
-	// B joins while A is still alive: the group keeps the partition with A,
-	// so the hand-off below is caused by A's pause alone.
-	b := e.startWorker("B", "--protocol", proto)
-	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
-	waitForMembers(t, e, 2)
-	a.pause()
+	a, b, held := e.pauseAWithABatch(proto, "")
 	t.Logf("A frozen holding jobs [%v,%v) with token %v", held["from"], held["to"], held["token"])
 
 	claimed := b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
@@ -74,14 +90,7 @@ func testPausedWorkerIsFenced(t *testing.T, proto string) {
 func TestClaimFencesBeforeFirstWrite(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	e.produce(jobsFor(keys, 0, 20)...)
-
-	a := e.startWorker("A", "--hold-once", "before-batch")
-	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
-	b := e.startWorker("B", "--hold-once", "before-batch")
-	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
-	waitForMembers(t, e, 2)
-	a.pause()
+	a, b, held := e.pauseAWithABatch("", "before-batch")
 
 	b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	b.waitLog(30*time.Second, map[string]any{"msg": "holding"})
@@ -113,14 +122,7 @@ func TestClaimFencesBeforeFirstWrite(t *testing.T) {
 func TestCommitBeforeClaimIsAcceptedAndContinued(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	e.produce(jobsFor(keys, 0, 20)...)
-
-	a := e.startWorker("A", "--hold-once", "before-batch")
-	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
-	b := e.startWorker("B", "--hold-once", "before-claim")
-	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
-	waitForMembers(t, e, 2)
-	a.pause()
+	a, b, held := e.pauseAWithABatch("", "before-claim")
 
 	// The coordinator has given B the partition; B has not claimed it.
 	b.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "before-claim"})

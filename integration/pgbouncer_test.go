@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/internal/freeport"
-	"github.com/tenure-dev/tenure/internal/pgtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
 )
 
 // PgBouncer in transaction pooling mode in front of a throwaway Postgres
@@ -215,6 +215,35 @@ func TestPgBouncerRefusals(t *testing.T) {
 // unknown) are ridden out; a zombie's batch is rejected by the fence; the
 // lock watch ends a frozen older owner's server backend through the
 // pooler; admin commands work; every job is committed exactly once.
+// outagesBehindPgBouncer ends server backends, kills pgbouncer and
+// restarts Postgres in turn, each after the workers ws committed more,
+// and checks that they ride every outage out.
+func outagesBehindPgBouncer(t *testing.T, e *env, pg *pgtest.Cluster, pgb *pgBouncer, ws []*worker) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i, step := range []string{"terminate", "kill-pgbouncer", "immediate", "terminate", "kill-pgbouncer", "fast", "kill-pgbouncer"} {
+		e.waitForMoreCommits(40, 45*time.Second, ws...)
+		switch step {
+		case "terminate":
+			n := terminateServerBackends(t, e, time.Second)
+			t.Logf("step %d: ended %d server backends behind pgbouncer", i, n)
+		case "kill-pgbouncer":
+			// Every client connection drops at once, COMMITs in flight
+			// included: their outcome is unknown to the worker.
+			pgb.stop(syscall.SIGKILL)
+			time.Sleep(200 * time.Millisecond)
+			pgb.start()
+			t.Logf("step %d: pgbouncer killed and restarted", i)
+		default:
+			if err := pg.Restart(ctx, step); err != nil {
+				t.Fatalf("step %d: restarting Postgres (%s): %v", i, step, err)
+			}
+		}
+		requireWorkersRunning(t, ws...)
+	}
+}
+
 func TestPgBouncerTransactionPooling(t *testing.T) {
 	t.Parallel()
 	const partitions = 2
@@ -261,28 +290,7 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 	w1.waitLog(60*time.Second, map[string]any{"msg": "worker starting"})
 	waitForMembers(t, e, 2)
 	prod := e.produceInRounds(1000, 20, 40*time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for i, step := range []string{"terminate", "kill-pgbouncer", "immediate", "terminate", "kill-pgbouncer", "fast", "kill-pgbouncer"} {
-		e.waitForMoreCommits(40, 45*time.Second, ws...)
-		switch step {
-		case "terminate":
-			n := terminateServerBackends(t, e, time.Second)
-			t.Logf("step %d: ended %d server backends behind pgbouncer", i, n)
-		case "kill-pgbouncer":
-			// Every client connection drops at once, COMMITs in flight
-			// included: their outcome is unknown to the worker.
-			pgb.stop(syscall.SIGKILL)
-			time.Sleep(200 * time.Millisecond)
-			pgb.start()
-			t.Logf("step %d: pgbouncer killed and restarted", i)
-		default:
-			if err := pg.Restart(ctx, step); err != nil {
-				t.Fatalf("step %d: restarting Postgres (%s): %v", i, step, err)
-			}
-		}
-		requireWorkersRunning(t, ws...)
-	}
+	outagesBehindPgBouncer(t, e, pg, pgb, ws)
 	e.waitForMoreCommits(40, 45*time.Second, ws...)
 	prod.stop()
 	end := e.highWatermarks()
@@ -324,21 +332,7 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 // batch's tenure:<claim> while it runs).
 func terminateServerBackends(t *testing.T, e *env, d time.Duration) int {
 	t.Helper()
-	n := 0
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		var k int
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
-			FROM pg_stat_activity WHERE (application_name = $1 OR application_name LIKE 'tenure:%') AND pid <> pg_backend_pid()`, workerApp).Scan(&k)
-		cancel()
-		if err != nil {
-			t.Fatalf("terminating server backends: %v", err)
-		}
-		n += k
-		time.Sleep(10 * time.Millisecond)
-	}
-	return n
+	return terminateSessions(t, e, d, workerApp, "tenure:%")
 }
 
 // Strict hand-off (--strict: PREPARE TRANSACTION, offset commit, COMMIT

@@ -3,20 +3,18 @@ package integration
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
-	"github.com/tenure-dev/tenure/internal/pgtest"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -29,43 +27,17 @@ const workerApp = "tenure-outage-worker"
 func newOutageEnv(t *testing.T, partitions int32) (*env, *pgtest.Cluster) {
 	t.Helper()
 	pg := pgtest.Start(t)
-	br, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: sessionTimeout, ConsumerHeartbeat: 500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(br.Close)
-
+	br := startBroker(t, devbroker.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(pg.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.ConnConfig.RuntimeParams["application_name"] = "tenure-test"
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close) // registered after pgtest's: runs before the cluster is removed
+	pool := testPool(t, ctx, pg.URL()) // registered after pgtest's: closed before the cluster is removed
 	schema := testdb.NewSchemaName("tenure_outage")
 	if _, err := sink.Migrate(ctx, pool, schema); err != nil {
 		t.Fatalf("migrating %s on the throwaway cluster: %v", schema, err)
 	}
-	suffix := strings.TrimPrefix(schema, "tenure_outage_")
 	e := &env{t: t, brokers: br.ListenAddrs(), pool: pool, schema: schema,
-		dbURL: pg.URL() + "&application_name=" + workerApp,
-		topic: "jobs-" + suffix, group: "workers-" + suffix}
-	e.cl, err = kgo.NewClient(kgo.SeedBrokers(e.brokers...),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.cl.Close)
-	if _, err := kadm.NewClient(e.cl).CreateTopic(ctx, partitions, 1, nil, e.topic); err != nil {
-		t.Fatalf("creating topic: %v", err)
-	}
+		dbURL: pg.URL() + "&application_name=" + workerApp}
+	e.createTopic(partitions)
 	return e, pg
 }
 
@@ -248,21 +220,7 @@ func requireWorkersRunning(t *testing.T, ws ...*worker) {
 // given time, over and over, and returns how many it ended.
 func terminateWorkerSessions(t *testing.T, e *env, d time.Duration) int {
 	t.Helper()
-	n := 0
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		var k int
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
-			FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, workerApp).Scan(&k)
-		cancel()
-		if err != nil {
-			t.Fatalf("terminating worker sessions: %v", err)
-		}
-		n += k
-		time.Sleep(10 * time.Millisecond)
-	}
-	return n
+	return terminateSessions(t, e, d, workerApp)
 }
 
 // Postgres goes away under running workers, again and again: clean

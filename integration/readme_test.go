@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // tourStep is one command of the README's tour and the output shown for

@@ -14,54 +14,52 @@ import (
 // Postgres. New workers must resume on their own (the incarnation moves on
 // once the coordinator confirms their epoch), and a zombie from before the
 // reset must stay fenced.
+// storeAHighToken produces 20 jobs and raises the group's epochs: a worker
+// (with args) commits them, a second joins, and both leave, so that the
+// stored token is above what a fresh group starts at.
+func (e *env) storeAHighToken(args ...string) {
+	e.t.Helper()
+	e.produce(jobsFor(keys, 0, 20)...)
+	w1 := e.startWorker("W1", args...)
+	waitCommitted(e.t, e, 0, 20, "")
+	w2 := e.startWorker("W2", args...)
+	waitForMembers(e.t, e, 2)
+	w2.stop(30 * time.Second)
+	w1.stop(30 * time.Second)
+}
+
 func TestGroupDeletedWorkersResumeAndZombieStaysFenced(t *testing.T) {
 	t.Parallel()
-	for _, proto := range []string{"classic", "consumer"} {
-		t.Run(proto, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t, 1)
-			if proto == "consumer" && e.real {
-				t.Skip("needs kfake's short KIP-848 session timeout")
-			}
-			e.produce(jobsFor(keys, 0, 20)...)
+	eachProtocol(t, 1, func(t *testing.T, e *env, proto string) {
+		e.storeAHighToken("--protocol", proto)
 
-			// Raise the group's epochs: a worker commits, a second joins and
-			// leaves, so the stored token is above what a fresh group starts at.
-			w1 := e.startWorker("W1", "--protocol", proto)
-			waitCommitted(t, e, 0, 20, "")
-			w2 := e.startWorker("W2", "--protocol", proto)
-			waitForMembers(t, e, 2)
-			w2.stop(30 * time.Second)
-			w1.stop(30 * time.Second)
+		// The zombie: takes the partition, holds a batch, and is frozen.
+		e.produce(jobsFor(keys, 20, 10)...)
+		z := e.startWorker("Z", "--protocol", proto, "--hold-once", "before-batch")
+		held := z.waitLog(30*time.Second, map[string]any{"msg": "holding"})
+		z.pause()
+		t.Logf("zombie Z frozen with token %v holding [%v,%v)", held["token"], held["from"], held["to"])
 
-			// The zombie: takes the partition, holds a batch, and is frozen.
-			e.produce(jobsFor(keys, 20, 10)...)
-			z := e.startWorker("Z", "--protocol", proto, "--hold-once", "before-batch")
-			held := z.waitLog(30*time.Second, map[string]any{"msg": "holding"})
-			z.pause()
-			t.Logf("zombie Z frozen with token %v holding [%v,%v)", held["token"], held["from"], held["to"])
+		// Z is evicted; the group, now empty, is deleted.
+		deleteGroupWhenEmpty(t, e)
 
-			// Z is evicted; the group, now empty, is deleted.
-			deleteGroupWhenEmpty(t, e)
+		n := e.startWorker("N", "--protocol", proto)
+		n.waitLog(60*time.Second, map[string]any{"msg": consumer.IncarnationMovedOn})
+		claimed := n.waitLog(60*time.Second, map[string]any{"msg": consumer.MsgClaimed})
+		if !tokenLess(t, held["token"].(string), claimed["token"].(string)) {
+			t.Fatalf("N's token %v is not above the zombie's %v", claimed["token"], held["token"])
+		}
+		waitCommitted(t, e, 0, 30, "")
 
-			n := e.startWorker("N", "--protocol", proto)
-			n.waitLog(60*time.Second, map[string]any{"msg": consumer.IncarnationMovedOn})
-			claimed := n.waitLog(60*time.Second, map[string]any{"msg": consumer.MsgClaimed})
-			if !tokenLess(t, held["token"].(string), claimed["token"].(string)) {
-				t.Fatalf("N's token %v is not above the zombie's %v", claimed["token"], held["token"])
-			}
-			waitCommitted(t, e, 0, 30, "")
-
-			z.resume()
-			z.waitLogAny(30*time.Second, rejected, batchCommitted, abandoned)
-			if z.findLog(batchCommitted) != nil {
-				t.Errorf("the zombie from before the reset committed")
-			}
-			n.stop(30 * time.Second)
-			z.stop(30 * time.Second)
-			checkRun(t, e, expect{partitions: []int32{0}})
-		})
-	}
+		z.resume()
+		z.waitLogAny(30*time.Second, rejected, batchCommitted, abandoned)
+		if z.findLog(batchCommitted) != nil {
+			t.Errorf("the zombie from before the reset committed")
+		}
+		n.stop(30 * time.Second)
+		z.stop(30 * time.Second)
+		checkRun(t, e, expect{partitions: []int32{0}})
+	})
 }
 
 // An empty group whose committed offsets have expired (tenure mirrors its
@@ -73,13 +71,7 @@ func TestExpiredGroupWorkersResume(t *testing.T) {
 	if e.real {
 		t.Skip("group expiry takes ten minutes on a real cluster")
 	}
-	e.produce(jobsFor(keys, 0, 20)...)
-	w1 := e.startWorker("W1")
-	waitCommitted(t, e, 0, 20, "")
-	w2 := e.startWorker("W2")
-	waitForMembers(t, e, 2)
-	w2.stop(30 * time.Second)
-	w1.stop(30 * time.Second)
+	e.storeAHighToken()
 
 	// Nothing holds the group now: no members, and no committed offsets once
 	// the mirror's have expired (offsets.retention.minutes; here deleted).
@@ -129,13 +121,7 @@ func deleteGroupWhenEmpty(t *testing.T, e *env) {
 func TestZombieFrozenBeforeClaimAcrossReset(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	e.produce(jobsFor(keys, 0, 20)...)
-	w1 := e.startWorker("W1")
-	waitCommitted(t, e, 0, 20, "")
-	w2 := e.startWorker("W2")
-	waitForMembers(t, e, 2)
-	w2.stop(30 * time.Second)
-	w1.stop(30 * time.Second)
+	e.storeAHighToken()
 
 	z := e.startWorker("Z", "--hold-once", "before-claim")
 	zAssigned := z.waitLog(30*time.Second, map[string]any{"msg": "partitions assigned"})

@@ -14,14 +14,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/testcert"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testcert"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // The secrets of the tests below: none may appear in any output.
@@ -41,13 +40,8 @@ func newSecureEnv(t *testing.T, partitions int32) (*env, []string) {
 	}
 	ca := testcert.MustCA(t, "kafka")
 	srv := ca.MustServer(t, "broker", "127.0.0.1", "localhost")
-	br, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: sessionTimeout, ConsumerHeartbeat: 500 * time.Millisecond,
-		Extra: []kfake.Opt{kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", "tenure-worker", saslPassword),
-			kfake.TLS(&tls.Config{Certificates: []tls.Certificate{srv.TLS}})}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(br.Close)
+	br := startBroker(t, devbroker.Config{Extra: []kfake.Opt{kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", "tenure-worker", saslPassword),
+		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{srv.TLS}})}})
 	e := &env{t: t, brokers: br.ListenAddrs(), cluster: br}
 	e.pool = testdb.Pool(t)
 	e.schema = testdb.Schema(t, e.pool)
@@ -55,21 +49,8 @@ func newSecureEnv(t *testing.T, partitions int32) (*env, []string) {
 	if e.dbURL == testdb.URL() {
 		t.Skip("TENURE_TEST_DATABASE_URL is not the default shape; this test puts a password into it")
 	}
-	suffix := strings.TrimPrefix(e.schema, "tenure_test_")
-	e.topic, e.group = "jobs-"+suffix, "workers-"+suffix
-	e.cl, err = kgo.NewClient(kgo.SeedBrokers(e.brokers...),
-		kgo.DialTLSConfig(&tls.Config{RootCAs: ca.Pool()}),
-		kgo.SASL(scram.Auth{User: "tenure-worker", Pass: saslPassword}.AsSha512Mechanism()),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.cl.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := kadm.NewClient(e.cl).CreateTopic(ctx, partitions, 1, nil, e.topic); err != nil {
-		t.Fatalf("creating topic: %v", err)
-	}
+	e.createTopic(partitions, kgo.DialTLSConfig(&tls.Config{RootCAs: ca.Pool()}),
+		kgo.SASL(scram.Auth{User: "tenure-worker", Pass: saslPassword}.AsSha512Mechanism()))
 	pw := filepath.Join(t.TempDir(), "sasl-password")
 	if err := os.WriteFile(pw, []byte(saslPassword+"\n"), 0o600); err != nil {
 		t.Fatal(err)

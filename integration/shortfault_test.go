@@ -10,7 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tenure-dev/tenure/internal/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 )
 
 // shortFaultBound is how soon after a fault shorter than the session
@@ -30,16 +30,8 @@ const shortFaultBound = 5 * time.Second
 // time was kfake's: docs/fencing.md, "In-flight work".)
 func TestShortFaultsMoveNothing(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 4)
-	if e.real {
-		t.Skip("the namespace forwards to loopback services only")
-	}
-	svc := e.services()
-	ns, err := netfault.NewT(t, svc.Ports()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	common := []string{"--fence-log-max-age", "0", "--fence-log-max-entries", "0"}
+	e, ns, svc := newNamespacedEnv(t, 4)
+	common := []string{"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	w := e.startWorkerIn(ns, "SHORT", common...)
 	e.startWorker("OTHER", common...)
 	waitForMembers(t, e, 2)

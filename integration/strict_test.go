@@ -10,20 +10,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
 	protocol "github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/internal/history"
-	"github.com/tenure-dev/tenure/internal/pgtest"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
 	"github.com/tenure-dev/tenure/sink"
 )
 
 // Strict hand-off (--strict, G3-strict) with real worker processes. The
 // machine's shared Postgres runs with max_prepared_transactions = 0, so
 // these tests run against a throwaway cluster started with prepared
-// transactions enabled (internal/pgtest); the broker is kfake's, and the
+// transactions enabled (internal/testinfra/pgtest); the broker is kfake's, and the
 // group protocol classic: kfake's KIP-848 offset commit rule cannot carry
 // strict hand-off (docs/model/strict.pml, kip848-kfake), and the worker
 // refuses it there. On a real cluster (TENURE_TEST_BROKERS) the KIP-848
@@ -43,16 +41,7 @@ func newStrictEnv(t *testing.T, partitions int32) *env {
 	if err := c.Restart(ctx, "fast"); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := pgxpool.ParseConfig(c.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testPool(t, ctx, c.URL())
 	if _, err := sink.Migrate(ctx, pool, e.schema); err != nil {
 		t.Fatalf("migrating the throwaway cluster: %v", err)
 	}
@@ -277,24 +266,14 @@ func testStrictRevokedLane(t *testing.T, unsafeCurrent bool) (*history.History, 
 // produceTo writes n jobs to partition p.
 func produceTo(t *testing.T, e *env, p int32, n int) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	recs := make([]*kgo.Record, n)
-	for i := range recs {
+	jobs := make([][2]string, n)
+	for i := range jobs {
 		// Keys of their own per partition: a prepared batch holds its
 		// exports' row locks until it is decided, and another partition's
 		// batch writing the same keys would wait for it.
-		key := fmt.Sprintf("p%d-%s", p, keys[i%len(keys)])
-		recs[i] = &kgo.Record{Topic: e.topic, Partition: p, Key: []byte(key), Value: []byte(fmt.Sprintf(`{"p":%d,"seq":%d}`, p, i))}
+		jobs[i] = [2]string{fmt.Sprintf("p%d-%s", p, keys[i%len(keys)]), fmt.Sprintf(`{"p":%d,"seq":%d}`, p, i)}
 	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatalf("producing: %v", err)
-	}
+	e.produceTo(p, jobs...)
 }
 
 // A strict worker refuses to start, in one sentence, on a server whose

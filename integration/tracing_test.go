@@ -264,70 +264,87 @@ func TestTracingFromProduceToFencedCommit(t *testing.T) {
 	b.stop(30 * time.Second)
 	a.stop(30 * time.Second)
 
-	// Every job's publish span is linked from B's committed batch and from
-	// A's fenced one (it held the same records).
 	committed := rcv.find(batchOf(consumer.OutcomeCommitted, "B"))
 	zombie := rcv.find(batchOf(consumer.OutcomeFenced, "A"))
 	if len(zombie) != 1 {
 		t.Fatalf("%d fenced batch spans of A, want 1", len(zombie))
 	}
-	linkedFrom := func(batches []otlpSpan, p otlpSpan) *otlpSpan {
-		for i, bs := range batches {
-			for _, l := range bs.links {
-				if l.trace == p.trace && l.span == p.id {
-					return &batches[i]
+	// Every job's publish span is linked from B's committed batch and from
+	// A's fenced one (it held the same records).
+	t.Run("Links", func(t *testing.T) {
+		linkedFrom := func(batches []otlpSpan, p otlpSpan) *otlpSpan {
+			for i, bs := range batches {
+				for _, l := range bs.links {
+					if l.trace == p.trace && l.span == p.id {
+						return &batches[i]
+					}
 				}
 			}
+			return nil
 		}
-		return nil
-	}
-	for i, p := range publish {
-		bs := linkedFrom(committed, p)
-		if i == 0 && bs != nil {
-			t.Logf("a job's trace: %s %s [%s %s, trace %s, span %s, offset %s], linked from the batch span %s of trace %s",
-				p.name, p.scope, p.service, p.kind, p.trace, p.id, p.attrs["messaging.kafka.message.offset"], bs.id, bs.trace)
-		}
-		if bs == nil {
-			t.Errorf("publish span %s (offset %s) is linked from none of B's committed batches", p.id, p.attrs["messaging.kafka.message.offset"])
-			continue
-		}
-		if bs.trace == p.trace {
-			t.Errorf("the batch span is in the producer's trace: it must be a root of its own, linked")
-		}
-		if linkedFrom(zombie, p) == nil {
-			t.Errorf("publish span %s is not linked from A's fenced batch", p.id)
-		}
-	}
-	for _, bs := range committed {
-		t.Logf("B's committed batch, as the receiver decoded it:\n%s", rcv.tree(bs))
-		if bs.service != "tenure-worker" || bs.kind != "Consumer" || bs.parent != "" {
-			t.Errorf("batch span: service %q kind %q parent %q", bs.service, bs.kind, bs.parent)
-		}
-		for k, want := range map[string]string{"messaging.destination.name": e.topic, "messaging.destination.partition.id": "0",
-			"messaging.consumer.group.name": e.group, "tenure.attempt": "1"} {
-			if got := bs.attrs[k]; got != want {
-				t.Errorf("batch span %s = %q, want %q", k, got, want)
+		for i, p := range publish {
+			bs := linkedFrom(committed, p)
+			if i == 0 && bs != nil {
+				t.Logf("a job's trace: %s %s [%s %s, trace %s, span %s, offset %s], linked from the batch span %s of trace %s",
+					p.name, p.scope, p.service, p.kind, p.trace, p.id, p.attrs["messaging.kafka.message.offset"], bs.id, bs.trace)
+			}
+			if bs == nil {
+				t.Errorf("publish span %s (offset %s) is linked from none of B's committed batches", p.id, p.attrs["messaging.kafka.message.offset"])
+				continue
+			}
+			if bs.trace == p.trace {
+				t.Errorf("the batch span is in the producer's trace: it must be a root of its own, linked")
+			}
+			if linkedFrom(zombie, p) == nil {
+				t.Errorf("publish span %s is not linked from A's fenced batch", p.id)
 			}
 		}
-		for _, k := range []string{"tenure.from", "tenure.to", "tenure.token", "tenure.claim_id", "messaging.batch.message_count"} {
-			if bs.attrs[k] == "" {
-				t.Errorf("batch span lacks %s: %v", k, bs.attrs)
-			}
+	})
+	t.Run("CommittedBatch", func(t *testing.T) {
+		for _, bs := range committed {
+			checkCommittedBatchSpan(t, e, rcv, bs)
 		}
-		h := rcv.child(t, bs, consumer.SpanHandler)
-		if len(rcv.children(h)) == 0 {
-			t.Errorf("the export handler's statements are not children of its span")
-		}
-		rcv.child(t, bs, "BEGIN")
-		fc := rcv.child(t, bs, consumer.SpanFenceCommit)
-		pipeline := rcv.child(t, fc, "batch start")
-		st := rcv.children(pipeline)
-		if len(st) != 2 || !strings.Contains(st[0].attrs["db.query.text"], "fence_check") || st[1].name != "COMMIT" {
-			t.Errorf("the fence_commit span's round trip: %d statements %v, want the fence statement and COMMIT", len(st), st)
-		}
-	}
+	})
+	t.Run("FencedBatch", func(t *testing.T) { checkFencedBatchSpan(t, rcv, zombie[0], held) })
+}
 
-	z := zombie[0]
+// checkCommittedBatchSpan: a committed batch's span is a consumer root of
+// the worker's, with the batch's attributes, and the handler's and the
+// fence statement's spans as children.
+func checkCommittedBatchSpan(t *testing.T, e *env, rcv *receiver, bs otlpSpan) {
+	t.Helper()
+	t.Logf("B's committed batch, as the receiver decoded it:\n%s", rcv.tree(bs))
+	if bs.service != "tenure-worker" || bs.kind != "Consumer" || bs.parent != "" {
+		t.Errorf("batch span: service %q kind %q parent %q", bs.service, bs.kind, bs.parent)
+	}
+	for k, want := range map[string]string{"messaging.destination.name": e.topic, "messaging.destination.partition.id": "0",
+		"messaging.consumer.group.name": e.group, "tenure.attempt": "1"} {
+		if got := bs.attrs[k]; got != want {
+			t.Errorf("batch span %s = %q, want %q", k, got, want)
+		}
+	}
+	for _, k := range []string{"tenure.from", "tenure.to", "tenure.token", "tenure.claim_id", "messaging.batch.message_count"} {
+		if bs.attrs[k] == "" {
+			t.Errorf("batch span lacks %s: %v", k, bs.attrs)
+		}
+	}
+	h := rcv.child(t, bs, consumer.SpanHandler)
+	if len(rcv.children(h)) == 0 {
+		t.Errorf("the export handler's statements are not children of its span")
+	}
+	rcv.child(t, bs, "BEGIN")
+	fc := rcv.child(t, bs, consumer.SpanFenceCommit)
+	pipeline := rcv.child(t, fc, "batch start")
+	st := rcv.children(pipeline)
+	if len(st) != 2 || !strings.Contains(st[0].attrs["db.query.text"], "fence_check") || st[1].name != "COMMIT" {
+		t.Errorf("the fence_commit span's round trip: %d statements %v, want the fence statement and COMMIT", len(st), st)
+	}
+}
+
+// checkFencedBatchSpan: a fenced batch's span is an error, with the token
+// it held and an event naming the owner that fenced it.
+func checkFencedBatchSpan(t *testing.T, rcv *receiver, z otlpSpan, held map[string]any) {
+	t.Helper()
 	t.Logf("A's fenced batch, as the receiver decoded it:\n%s", rcv.tree(z))
 	if z.status != "Error" {
 		t.Errorf("the zombie's batch span has status %s, want Error", z.status)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,11 +13,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/metrics"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -68,26 +70,20 @@ next:
 
 // A real consumer on kfake and Postgres: the per-partition counters, the
 // histograms and the lag say what it did.
-func TestCollectorOnAConsumer(t *testing.T) {
+// topicWithJobs starts a broker with a topic of two partitions holding
+// jobs records over seven keys, and a client on it.
+func topicWithJobs(t *testing.T, ctx context.Context, topic string, jobs int) (*kfake.Cluster, *kgo.Client) {
+	t.Helper()
 	br, err := devbroker.Start(devbroker.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer br.Close()
-	pool := testdb.Pool(t)
-	schema := testdb.Schema(t, pool)
-	store, err := sink.NewStore(pool, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(br.Close)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(br.ListenAddrs()...), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	const topic, jobs = "jobs", 60
+	t.Cleanup(cl.Close)
 	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 2, 1, nil, topic); err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +94,42 @@ func TestCollectorOnAConsumer(t *testing.T) {
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
+	return br, cl
+}
+
+// waitGathered gathers reg until cond holds, for at most 30s.
+func waitGathered(t *testing.T, reg *prometheus.Registry, what string, cond func(map[string]*dto.MetricFamily) bool) map[string]*dto.MetricFamily {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		f := gather(t, reg)
+		if cond(f) {
+			return f
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The collector on a running consumer: while its handler is held, then
+// once every job is committed.
+func TestCollectorOnAConsumer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const topic, jobs = "jobs", 60
+	br, _ := topicWithJobs(t, ctx, topic, jobs)
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t, pool)
+	store, err := sink.NewStore(pool, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The lag is read while the handler cannot go on: 60 jobs behind.
 	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	defer release()
 	m := metrics.New(metrics.Options{})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m)
@@ -129,57 +159,47 @@ func TestCollectorOnAConsumer(t *testing.T) {
 		}
 	}()
 
-	waitFor := func(what string, cond func(map[string]*dto.MetricFamily) bool) map[string]*dto.MetricFamily {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			f := gather(t, reg)
-			if cond(f) {
-				return f
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(50 * time.Millisecond)
+	t.Run("WhileHandling", func(t *testing.T) {
+		f := waitGathered(t, reg, "a running handler and the lag of both partitions", func(f map[string]*dto.MetricFamily) bool {
+			return value(f, "tenure_handler_oldest_running_seconds") > 0 &&
+				value(f, "tenure_partition_lag", "partition=0")+value(f, "tenure_partition_lag", "partition=1") == jobs
+		})
+		if v := value(f, "tenure_claims_total", "topic=jobs", "partition=0"); v != 1 {
+			t.Errorf("claims_total{partition=0} = %v, want 1", v)
 		}
-	}
-	f := waitFor("a running handler and the lag of both partitions", func(f map[string]*dto.MetricFamily) bool {
-		return value(f, "tenure_handler_oldest_running_seconds") > 0 &&
-			value(f, "tenure_partition_lag", "partition=0")+value(f, "tenure_partition_lag", "partition=1") == jobs
+		if v := value(f, "tenure_batches_fenced_total", "topic=jobs", "partition=1"); v != 0 {
+			t.Errorf("batches_fenced_total{partition=1} = %v, want a series at 0", v)
+		}
+		if v := value(f, "tenure_lanes"); v != 2 {
+			t.Errorf("lanes = %v, want 2", v)
+		}
 	})
-	if v := value(f, "tenure_claims_total", "topic=jobs", "partition=0"); v != 1 {
-		t.Errorf("claims_total{partition=0} = %v, want 1", v)
-	}
-	if v := value(f, "tenure_batches_fenced_total", "topic=jobs", "partition=1"); v != 0 {
-		t.Errorf("batches_fenced_total{partition=1} = %v, want a series at 0", v)
-	}
-	if v := value(f, "tenure_lanes"); v != 2 {
-		t.Errorf("lanes = %v, want 2", v)
-	}
-	close(gate)
-	f = waitFor("every job committed and no lag", func(f map[string]*dto.MetricFamily) bool {
-		return value(f, "tenure_records_committed_total", "partition=0")+value(f, "tenure_records_committed_total", "partition=1") == jobs &&
-			value(f, "tenure_partition_lag", "partition=0") == 0 && value(f, "tenure_partition_lag", "partition=1") == 0
+	t.Run("AfterCommit", func(t *testing.T) {
+		release()
+		f := waitGathered(t, reg, "every job committed and no lag", func(f map[string]*dto.MetricFamily) bool {
+			return value(f, "tenure_records_committed_total", "partition=0")+value(f, "tenure_records_committed_total", "partition=1") == jobs &&
+				value(f, "tenure_partition_lag", "partition=0") == 0 && value(f, "tenure_partition_lag", "partition=1") == 0
+		})
+		batches := value(f, "tenure_batches_committed_total", "partition=0") + value(f, "tenure_batches_committed_total", "partition=1")
+		if batches < jobs/10 {
+			t.Errorf("%v batches for %d jobs at 10 per batch", batches, jobs)
+		}
+		if v := value(f, "tenure_handler_duration_seconds", "outcome=ok"); v != batches {
+			t.Errorf("handler_duration_seconds{ok} has %v samples, want one per batch (%v)", v, batches)
+		}
+		if v := value(f, "tenure_commit_duration_seconds", "outcome=committed"); v != batches {
+			t.Errorf("commit_duration_seconds{committed} has %v samples, want %v", v, batches)
+		}
+		if v := value(f, "tenure_end_to_end_latency_seconds"); v != jobs {
+			t.Errorf("end_to_end_latency_seconds has %v samples, want %d", v, jobs)
+		}
+		if v := value(f, "tenure_handler_oldest_running_seconds"); v != 0 {
+			t.Errorf("handler_oldest_running_seconds = %v with nothing running", v)
+		}
+		if v := value(f, "tenure_partition_lag_read_errors_total"); v != 0 {
+			t.Errorf("partition_lag_read_errors_total = %v", v)
+		}
 	})
-	batches := value(f, "tenure_batches_committed_total", "partition=0") + value(f, "tenure_batches_committed_total", "partition=1")
-	if batches < jobs/10 {
-		t.Errorf("%v batches for %d jobs at 10 per batch", batches, jobs)
-	}
-	if v := value(f, "tenure_handler_duration_seconds", "outcome=ok"); v != batches {
-		t.Errorf("handler_duration_seconds{ok} has %v samples, want one per batch (%v)", v, batches)
-	}
-	if v := value(f, "tenure_commit_duration_seconds", "outcome=committed"); v != batches {
-		t.Errorf("commit_duration_seconds{committed} has %v samples, want %v", v, batches)
-	}
-	if v := value(f, "tenure_end_to_end_latency_seconds"); v != jobs {
-		t.Errorf("end_to_end_latency_seconds has %v samples, want %d", v, jobs)
-	}
-	if v := value(f, "tenure_handler_oldest_running_seconds"); v != 0 {
-		t.Errorf("handler_oldest_running_seconds = %v with nothing running", v)
-	}
-	if v := value(f, "tenure_partition_lag_read_errors_total"); v != 0 {
-		t.Errorf("partition_lag_read_errors_total = %v", v)
-	}
 }
 
 // The hooks' arithmetic, without a broker: a fenced batch is counted and

@@ -32,7 +32,7 @@ missing=()
 command -v gcc >/dev/null || missing+=(gcc libc6-dev)
 command -v spin >/dev/null || missing+=(spin)
 command -v kcat >/dev/null || missing+=(kcat)
-# Network faults (internal/netfault: workers in network namespaces of their
+# Network faults (internal/testinfra/netfault: workers in network namespaces of their
 # own, packets dropped by nftables) need ip and nft, and root.
 command -v ip >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || [[ -x /usr/sbin/nft ]] || missing+=(nftables)
@@ -57,7 +57,7 @@ fi
 
 bash scripts/ensure-postgres.sh
 
-# pg_auto_failover for the failover tests (internal/pgha, integration's
+# pg_auto_failover for the failover tests (internal/testinfra/pgha, integration's
 # TestFailover*): Debian's postgresql-N-auto-failover for the newest
 # PostgreSQL server installed, N derived from /usr/lib/postgresql/N.
 pg_major=$(ls -d /usr/lib/postgresql/*/bin/postgres 2>/dev/null | sed -E 's#^/usr/lib/postgresql/([0-9]+)/.*#\1#' | sort -n | tail -n 1 || true)

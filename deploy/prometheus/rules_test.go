@@ -483,53 +483,118 @@ func TestCheckPromQLFindsTypos(t *testing.T) {
 // The Grafana dashboard: a current schema, a Prometheus data source
 // variable every panel uses, and queries (panels' and variables') that name
 // exported metrics; the panels the deployment docs promise are there.
-func TestDashboard(t *testing.T) {
-	ex := exportedMetrics(t)
+type dashTarget struct {
+	Expr       string `json:"expr"`
+	RefID      string `json:"refId"`
+	Datasource struct {
+		Type, UID string
+	} `json:"datasource"`
+}
+
+type dashPanel struct {
+	ID         int    `json:"id"`
+	Type       string `json:"type"`
+	Title      string `json:"title"`
+	Datasource *struct {
+		Type, UID string
+	} `json:"datasource"`
+	GridPos struct{ H, W, X, Y int } `json:"gridPos"`
+	Targets []dashTarget             `json:"targets"`
+	Panels  []json.RawMessage        `json:"panels"`
+}
+
+type dashboard struct {
+	UID           string      `json:"uid"`
+	Title         string      `json:"title"`
+	SchemaVersion int         `json:"schemaVersion"`
+	Panels        []dashPanel `json:"panels"`
+	Templating    struct {
+		List []struct {
+			Name       string          `json:"name"`
+			Type       string          `json:"type"`
+			Query      json.RawMessage `json:"query"`
+			Definition string          `json:"definition"`
+		} `json:"list"`
+	} `json:"templating"`
+}
+
+// readDashboard reads the dashboard, and its panels with the rows'
+// nested ones, in order.
+func readDashboard(t *testing.T) (dashboard, []dashPanel) {
+	t.Helper()
 	b, err := os.ReadFile(dashboardFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	type target struct {
-		Expr       string `json:"expr"`
-		RefID      string `json:"refId"`
-		Datasource struct {
-			Type, UID string
-		} `json:"datasource"`
-	}
-	type panel struct {
-		ID         int    `json:"id"`
-		Type       string `json:"type"`
-		Title      string `json:"title"`
-		Datasource *struct {
-			Type, UID string
-		} `json:"datasource"`
-		GridPos struct{ H, W, X, Y int } `json:"gridPos"`
-		Targets []target                 `json:"targets"`
-		Panels  []json.RawMessage        `json:"panels"`
-	}
-	var d struct {
-		UID           string  `json:"uid"`
-		Title         string  `json:"title"`
-		SchemaVersion int     `json:"schemaVersion"`
-		Panels        []panel `json:"panels"`
-		Templating    struct {
-			List []struct {
-				Name       string          `json:"name"`
-				Type       string          `json:"type"`
-				Query      json.RawMessage `json:"query"`
-				Definition string          `json:"definition"`
-			} `json:"list"`
-		} `json:"templating"`
-	}
+	var d dashboard
 	if err := json.Unmarshal(b, &d); err != nil {
 		t.Fatalf("%s: %v", dashboardFile, err)
 	}
-	if d.SchemaVersion < 39 {
-		t.Errorf("schemaVersion %d: want a current Grafana's (39 or later)", d.SchemaVersion)
+	var all []dashPanel
+	var walk func(ps []dashPanel)
+	walk = func(ps []dashPanel) {
+		for _, p := range ps {
+			all = append(all, p)
+			var nested []dashPanel
+			for _, raw := range p.Panels {
+				var np dashPanel
+				if err := json.Unmarshal(raw, &np); err != nil {
+					t.Fatal(err)
+				}
+				nested = append(nested, np)
+			}
+			walk(nested)
+		}
 	}
-	if d.UID == "" || d.Title == "" {
-		t.Errorf("uid %q, title %q", d.UID, d.Title)
-	}
+	walk(d.Panels)
+	return d, all
+}
+
+func TestDashboard(t *testing.T) {
+	ex := exportedMetrics(t)
+	d, all := readDashboard(t)
+	t.Run("Header", func(t *testing.T) {
+		if d.SchemaVersion < 39 {
+			t.Errorf("schemaVersion %d: want a current Grafana's (39 or later)", d.SchemaVersion)
+		}
+		if d.UID == "" || d.Title == "" {
+			t.Errorf("uid %q, title %q", d.UID, d.Title)
+		}
+	})
+	t.Run("Variables", func(t *testing.T) { checkDashboardVariables(t, d, ex) })
+	t.Run("Panels", func(t *testing.T) { checkDashboardPanels(t, all, ex) })
+	t.Run("Coverage", func(t *testing.T) {
+		used := map[string]bool{} // the tenure_ series the panels show
+		for _, p := range all {
+			for _, tg := range p.Targets {
+				for _, m := range regexp.MustCompile(`tenure_\w+`).FindAllString(tg.Expr, -1) {
+					used[m] = true
+				}
+			}
+		}
+		// What the dashboard is for: throughput, commit latency, lag, lanes
+		// held and stalled, fenced batches, dead letters, step-downs.
+		for _, m := range []string{"tenure_records_committed_total", "tenure_commit_duration_seconds_bucket", "tenure_partition_lag",
+			"tenure_lanes", "tenure_lanes_halted", "tenure_lanes_stalled", "tenure_batches_fenced_total",
+			"tenure_dead_letters_total", "tenure_worker_step_downs_total", "tenure_worker_stepped_down"} {
+			if !used[m] {
+				t.Errorf("no panel shows %s", m)
+			}
+		}
+		var unused []string
+		for m := range ex {
+			if !used[m] && !strings.HasSuffix(m, "_sum") {
+				unused = append(unused, m)
+			}
+		}
+		sort.Strings(unused)
+		t.Logf("%d panels; exported series no panel shows: %v", len(all), unused)
+	})
+}
+
+// checkDashboardVariables: a Prometheus data source variable, and query
+// variables over labels the metrics have.
+func checkDashboardVariables(t *testing.T, d dashboard, ex exported) {
 	var dsVar bool
 	for _, v := range d.Templating.List {
 		switch v.Type {
@@ -563,26 +628,14 @@ func TestDashboard(t *testing.T) {
 	if !dsVar {
 		t.Error("no Prometheus data source variable")
 	}
-	var all []panel
-	var walk func(ps []panel)
-	walk = func(ps []panel) {
-		for _, p := range ps {
-			all = append(all, p)
-			var nested []panel
-			for _, raw := range p.Panels {
-				var np panel
-				if err := json.Unmarshal(raw, &np); err != nil {
-					t.Fatal(err)
-				}
-				nested = append(nested, np)
-			}
-			walk(nested)
-		}
-	}
-	walk(d.Panels)
+}
+
+// checkDashboardPanels: unique ids, inside the grid, the data source
+// variable, queries that check (checkPromQL) and follow the topic
+// variable.
+func checkDashboardPanels(t *testing.T, all []dashPanel, ex exported) {
 	perPartition := regexp.MustCompile(`tenure_(partition_lag|records_committed_total|batches_committed_total|batches_fenced_total|claims_total|claims_fenced_total)\b`)
 	ids := map[int]bool{}
-	used := map[string]bool{}
 	exprs := 0
 	for _, p := range all {
 		if ids[p.ID] {
@@ -609,9 +662,6 @@ func TestDashboard(t *testing.T) {
 			for _, e := range checkPromQL(tg.Expr, ex) {
 				t.Errorf("panel %q: %s\n  expr: %s", p.Title, e, tg.Expr)
 			}
-			for _, m := range regexp.MustCompile(`tenure_\w+`).FindAllString(tg.Expr, -1) {
-				used[m] = true
-			}
 			if perPartition.MatchString(tg.Expr) {
 				if !strings.Contains(tg.Expr, `topic=~"$topic"`) {
 					t.Errorf("panel %q: a per-partition query does not follow the topic variable: %s", p.Title, tg.Expr)
@@ -619,23 +669,7 @@ func TestDashboard(t *testing.T) {
 			}
 		}
 	}
-	// What the dashboard is for: throughput, commit latency, lag, lanes
-	// held and stalled, fenced batches, dead letters, step-downs.
-	for _, m := range []string{"tenure_records_committed_total", "tenure_commit_duration_seconds_bucket", "tenure_partition_lag",
-		"tenure_lanes", "tenure_lanes_halted", "tenure_lanes_stalled", "tenure_batches_fenced_total",
-		"tenure_dead_letters_total", "tenure_worker_step_downs_total", "tenure_worker_stepped_down"} {
-		if !used[m] {
-			t.Errorf("no panel shows %s", m)
-		}
-	}
-	var unused []string
-	for m := range ex {
-		if !used[m] && !strings.HasSuffix(m, "_sum") {
-			unused = append(unused, m)
-		}
-	}
-	sort.Strings(unused)
-	t.Logf("%d panels, %d queries; exported series no panel shows: %v", len(all), exprs, unused)
+	t.Logf("%d panels, %d queries", len(all), exprs)
 }
 
 // dashboardExprs returns the dashboard's panel queries with Grafana's

@@ -5,7 +5,7 @@
 //
 // Every worker process runs in a network namespace of its own, one per
 // worker slot (a worker restarted in its slot gets the slot's namespace
-// again; internal/netfault): forwarders on the namespace's 127.0.0.1 carry
+// again; internal/testinfra/netfault): forwarders on the namespace's 127.0.0.1 carry
 // its connections to the broker's port and to the Postgres port (every host
 // of the formation's multi-host URL with -chaos.postgres formation), so it
 // dials the usual addresses, and nftables inside drops their packets when a
@@ -47,7 +47,7 @@
 //     can finish);
 //   - pg-failover, with -chaos.postgres formation (in place of pg-restart):
 //     the run's PostgreSQL is a pg_auto_failover formation (a monitor, a
-//     primary and a synchronous standby: internal/pgha), everything connects
+//     primary and a synchronous standby: internal/testinfra/pgha), everything connects
 //     through its multi-host URL; the primary is killed (its keeper and every
 //     Postgres process, SIGKILL), the standby promoted, the killed node
 //     started again and back as a synchronous standby before the fault ends;

@@ -1,7 +1,7 @@
 package chaos
 
 // The formation-backed chaos run (-chaos.postgres formation): the run's
-// PostgreSQL is a pg_auto_failover formation (internal/pgha: a monitor, a
+// PostgreSQL is a pg_auto_failover formation (internal/testinfra/pgha: a monitor, a
 // primary and a synchronous standby, with pgha.TestTimeouts), every worker
 // and the harness connect through its multi-host URL
 // (target_session_attrs=read-write), and the deck's pg-restart becomes
@@ -29,7 +29,7 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/internal/childproc"
-	"github.com/tenure-dev/tenure/internal/pgha"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgha"
 	"github.com/tenure-dev/tenure/sink"
 )
 

@@ -1,6 +1,6 @@
 package chaos
 
-// Network faults (internal/netfault). Every worker process of the run runs
+// Network faults (internal/testinfra/netfault). Every worker process of the run runs
 // in a network namespace of its own, one per slot (a worker restarted in
 // its slot gets the slot's namespace again): inside it, forwarders on
 // 127.0.0.1 carry the worker's connections to the broker's port and to the
@@ -69,7 +69,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/internal/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 )
 
 // Network fault kinds.
@@ -172,7 +172,7 @@ type netCut struct {
 	kafkaCut bool        // the broker is cut (either direction): the coordinator evicts
 }
 
-// netKindOf maps a kind and mode to internal/netfault's kind.
+// netKindOf maps a kind and mode to internal/testinfra/netfault's kind.
 func netKindOf(kind, mode string) netfault.Kind {
 	switch kind {
 	case kindPartKafka:
@@ -202,7 +202,7 @@ func (w *world) setupNetwork(brokerPort int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	unsupported := func(err error) {
-		t.Fatalf("the chaos run puts every worker in a network namespace of its own (internal/netfault) and cannot here: %v "+
+		t.Fatalf("the chaos run puts every worker in a network namespace of its own (internal/testinfra/netfault) and cannot here: %v "+
 			"(it needs root, iproute2's ip and nftables; CI runs as root)", err)
 	}
 	if err := netfault.EnsureNftables(ctx); err != nil {

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/internal/childproc"
-	"github.com/tenure-dev/tenure/internal/freeport"
-	"github.com/tenure-dev/tenure/internal/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
+	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 )
 
 // proc is one process the run started: a worker or the broker. Every

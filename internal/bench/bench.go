@@ -854,7 +854,7 @@ func (b *bench) latency(ctx context.Context, round int, rate float64, d time.Dur
 	defer func() { _ = os.Remove(stageFile) }()
 	p, err := startProc(env, append([]string{"worker", "--brokers", strings.Join(b.brokers, ","), "--group", b.group(name), "--topic", topic,
 		"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error", "--name", "bench-latency",
-		"--fence-log-max-age", "0", "--fence-log-max-entries", "0", "--stage-log", stageFile}, slices.Concat(b.kafkaArgs, b.workerFlags, extra)...)...) // the latencies are read from the fence log
+		"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1", "--stage-log", stageFile}, slices.Concat(b.kafkaArgs, b.workerFlags, extra)...)...) // the latencies are read from the fence log
 	if err != nil {
 		return nil, err
 	}

@@ -53,7 +53,7 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 		args := append([]string{"worker", "--brokers", strings.Join(b.brokers, ","), "--group", group, "--topic", topic,
 			"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error",
 			"--name", fmt.Sprintf("bench-%d", i), "--session-timeout", "6s", "--rebalance-timeout", "10s",
-			"--fence-log-max-age", "0", "--fence-log-max-entries", "0"},
+			"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"},
 			slices.Concat(b.kafkaArgs, b.workerFlags)...)
 		p, err := startProc(nil, args...)
 		if err != nil {

@@ -238,21 +238,31 @@ func (c *fencesPrune) define(f *flagSet) {
 	c.ownTimeouts = true
 	c.withDB(f)
 	f.String(&c.group, "group", "", "only this consumer group's partitions (default: every group)", arg("G"))
-	f.Duration(&c.maxAge, "max-age", consumer.DefaultFenceLogMaxAge, "remove entries older than this (0: no age limit)")
-	f.Int(&c.maxEntries, "max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many entries per partition (0: no count limit)")
+	f.Duration(&c.maxAge, "max-age", consumer.DefaultFenceLogMaxAge, "remove entries older than this (0: the default; negative: no age limit)")
+	f.Int(&c.maxEntries, "max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many entries per partition (0: the default; negative: no count limit)")
 }
 
 func (c *fencesPrune) check([]string) error {
 	if err := optional(c.group, func() error { return validGroup("group", c.group) }); err != nil {
 		return err
 	}
-	if c.maxAge < 0 || c.maxEntries < 0 {
-		return usagef("--max-age and --max-entries must not be negative (0 means no limit)")
-	}
-	if c.maxAge == 0 && c.maxEntries == 0 {
-		return usagef("--max-age 0 and --max-entries 0 keep everything: nothing to prune")
+	if !c.retention().Enabled() {
+		return usagef("a negative --max-age and --max-entries keep everything: nothing to prune")
 	}
 	return nil
+}
+
+// retention is what the flags ask for. As in the worker's flags and
+// consumer.Config, 0 is the default and a negative value no limit.
+func (c *fencesPrune) retention() sink.FenceLogRetention {
+	r := sink.FenceLogRetention{MaxAge: c.maxAge, MaxEntries: c.maxEntries}
+	if r.MaxAge == 0 {
+		r.MaxAge = consumer.DefaultFenceLogMaxAge
+	}
+	if r.MaxEntries == 0 {
+		r.MaxEntries = consumer.DefaultFenceLogMaxEntries
+	}
+	return r
 }
 
 func (c *fencesPrune) run(ctx context.Context) error {
@@ -260,7 +270,7 @@ func (c *fencesPrune) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	removed, parts, err := store.PruneFenceLogs(ctx, c.group, sink.FenceLogRetention{MaxAge: c.maxAge, MaxEntries: c.maxEntries})
+	removed, parts, err := store.PruneFenceLogs(ctx, c.group, c.retention())
 	if err != nil {
 		return c.dbError("pruning the fence log", err)
 	}

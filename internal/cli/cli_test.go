@@ -215,6 +215,7 @@ func TestRefusedAtTheDoor(t *testing.T) {
 			"(leave it unset to derive it: 6.25s)"},
 		{append([]string{"admin", "assignments", "--brokers", "h:1", "--group", "g\x00"}, db...), "control character"},
 		{append([]string{"admin", "fences", "--group", "g\xfe"}, db...), "not valid UTF-8"},
+		{append([]string{"admin", "fences", "prune", "--max-age", "-1s", "--max-entries", "-1"}, db...), "nothing to prune"},
 		{append([]string{"admin", "dlq", "list", "--topic", "no/slash"}, db...), `'/'`},
 		{[]string{"produce", "--brokers", "h:1", "--topic", "t", "--key", "", "--value", "v"}, "--key is empty"},
 		{[]string{"produce", "--brokers", "h:1", "--topic", "t", "--value", "v"}, "--value needs --key"},

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // peerMode is how a fakePeer answers a connection.

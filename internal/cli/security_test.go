@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/testcert"
+	"github.com/tenure-dev/tenure/internal/testinfra/testcert"
 )
 
 // Every command that takes --brokers takes the TLS and SASL flags too (so

@@ -65,18 +65,18 @@ func (w *workerCmd) define(f *flagSet) {
 	f.String(&w.handler, "handler", "", "built-in handler: "+strings.Join(jobs.Names(), ", "), arg(strings.Join(jobs.Names(), "|")), required)
 	f.String(&w.schema, "schema", sink.DefaultSchema, "Postgres schema of tenure's tables", arg("S"))
 	f.String(&w.name, "name", defaultWorkerName(), "this replica's name, recorded with what it writes")
-	f.String(&w.protocol, "protocol", "classic", "group protocol: classic (cooperative-sticky) or consumer (KIP-848)", arg("classic|consumer"))
-	f.Duration(&w.session, "session-timeout", 45*time.Second, "classic protocol session timeout (KIP-848: set on the broker)")
-	f.Duration(&w.rebalance, "rebalance-timeout", 60*time.Second, "classic protocol rebalance timeout; revoked partitions get half of it to finish their batch")
+	f.String(&w.protocol, "protocol", string(consumer.Classic), "group protocol: classic (cooperative-sticky) or consumer (KIP-848)", arg("classic|consumer"))
+	f.Duration(&w.session, "session-timeout", consumer.DefaultSessionTimeout, "classic protocol session timeout (KIP-848: set on the broker)")
+	f.Duration(&w.rebalance, "rebalance-timeout", consumer.DefaultRebalanceTimeout, "classic protocol rebalance timeout; revoked partitions get half of it to finish their batch")
 	f.Int(&w.batchMax, "batch-max", consumer.DefaultBatchMax, "most jobs per transaction; a lane takes what it has buffered, up to this, so batches grow with the backlog")
 	f.Bytes(&w.batchMaxBytes, "batch-max-bytes", consumer.DefaultBatchMaxBytes, "most bytes (keys, values, headers) per transaction; a larger job makes a batch of its own")
 	f.Duration(&w.batchLinger, "batch-linger", 0, "how long a lane with less than a full batch waits for more (0: at once; a few ms makes fewer, larger batches at moderate load, at that much latency)")
 	f.Bytes(&w.partitionBuffer, "partition-buffer-bytes", consumer.DefaultPartitionBufferBytes, "the records one partition holds ahead of its handler: fetching it pauses there")
 	f.Bytes(&w.workerBuffer, "worker-buffer-bytes", consumer.DefaultWorkerBufferBytes, "the records all partitions together hold ahead of their handlers: past it, fetching pauses; with --partition-buffer-bytes it bounds the worker's memory whatever the backlog")
-	f.Int(&w.maxAttempts, "max-attempts", 5, "attempts of a failing job before it is dead-lettered")
-	f.Duration(&w.handlerTimeout, "handler-timeout", 60*time.Second, "bound on one handler call (a batch); a job that keeps timing out is dead-lettered")
+	f.Int(&w.maxAttempts, "max-attempts", consumer.DefaultMaxAttempts, "attempts of a failing job before it is dead-lettered")
+	f.Duration(&w.handlerTimeout, "handler-timeout", consumer.DefaultHandlerTimeout, "bound on one handler call (a batch); a job that keeps timing out is dead-lettered")
 	f.Duration(&w.idleTx, "idle-in-tx-timeout", 0, "Postgres idle_in_transaction_session_timeout for batch transactions: how long a worker frozen mid-transaction can hold row locks; it must be longer than --handler-timeout (default: --handler-timeout plus a quarter, at least 1s more)")
-	f.Duration(&w.shutdown, "shutdown-timeout", 30*time.Second, "graceful stop: how long in-flight batches may finish before their handlers are cancelled; a stop takes at most this plus 18s (a commit in flight, then leaving the group), so give containers a grace period above that")
+	f.Duration(&w.shutdown, "shutdown-timeout", consumer.DefaultShutdownTimeout, "graceful stop: how long in-flight batches may finish before their handlers are cancelled; a stop takes at most this plus 18s (a commit in flight, then leaving the group), so give containers a grace period above that")
 	f.Duration(&w.dbTimeout, "database-timeout", 0, "how long the database may not answer before this worker gives its partitions up (leaves the group) until it answers again; 0 derives it: the session timeout, at least 10s; negative never gives them up")
 	f.Bool(&w.noMigrate, "no-migrate", false, "do not apply pending migrations at start (fail if any are missing)")
 	f.Bool(&w.createSchema, "create-schema", false, "create --schema (and migrate it) if the database does not have it; without it a worker whose schema does not exist refuses to start, naming the schemas that hold tenure tables (a mistyped --schema must not start a new, empty one)")
@@ -86,8 +86,8 @@ func (w *workerCmd) define(f *flagSet) {
 	f.Bool(&w.strictCurGen, "unsafe-strict-current-generation", false, "tests only: strict lanes commit offsets at the client's current generation instead of their own assignment's (unsafe: shows that the tests catch it)", testOnly)
 	f.Bool(&w.requireSync, "require-sync-standby", false, "refuse to start unless the database acknowledges commits only once a synchronous standby has them (see docs/fencing.md, \"Running on highly available Postgres\")")
 	f.Int(&w.dbMaxConns, "db-max-conns", 32, "the most database connections this worker opens: one per partition whose batch runs, plus a few; 1 in 8 (1 to 4) is kept from the batches for claims")
-	f.Duration(&w.logAge, "fence-log-max-age", consumer.DefaultFenceLogMaxAge, "prune fence log entries older than this from the partitions this worker holds (0: no age limit)")
-	f.Int(&w.logEntries, "fence-log-max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many fence log entries per partition (0: no count limit; both 0 keep the whole log)")
+	f.Duration(&w.logAge, "fence-log-max-age", consumer.DefaultFenceLogMaxAge, "prune fence log entries older than this from the partitions this worker holds (0: the default; negative: no age limit)")
+	f.Int(&w.logEntries, "fence-log-max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many fence log entries per partition (0: the default; negative: no count limit; both negative keep the whole log)")
 	f.String(&w.exportStore, "export-store", "", "export handler: publish to this object store (file:///path or s3://bucket/prefix?endpoint=URL&region=R) through staged immutable objects and a fenced pointer, instead of the exports table; see docs/export.md", arg("URL"))
 	f.String(&w.jobIDHeader, "job-id-header", "", "export handler with --export-store: skip a job whose key and value of this header (a producer-supplied job id) were already processed, recording the skip", arg("H"))
 	f.String(&w.httpAddr, "http-addr", "", "serve /healthz (alive, not wedged), /readyz (joined the group, database reachable, schema current) and /metrics (Prometheus) on this address, e.g. 0.0.0.0:8080", arg("ADDR"))
@@ -118,8 +118,10 @@ const (
 // check refuses, before anything connects, what consumer.New does not
 // check or words by the configuration's field rather than the flag: names,
 // durations a broker or Postgres would refuse later, over and over, sizes
-// and counts whose 0 would mean the default to consumer.Config, and flags
-// that go together.
+// and counts that must be given (not 0), and flags that go together. A 0
+// the command line takes means what it means in consumer.Config, the
+// default (or the value derived from other fields); a flag's default is
+// Config's, from consumer's Default constants.
 func (w *workerCmd) check([]string) error {
 	if err := validGroup("group", w.group); err != nil {
 		return err
@@ -176,8 +178,9 @@ func (w *workerCmd) check([]string) error {
 	return nil
 }
 
-// checkSizes checks the counts and sizes, whose 0 consumer.Config would
-// take as its default.
+// checkSizes checks the counts and sizes; 0 is refused where the flag's
+// default is not 0 (Config would read it as that default, which the flag
+// already shows).
 func (w *workerCmd) checkSizes() error {
 	switch {
 	case w.dbMaxConns < 2 || w.dbMaxConns > 10000:
@@ -190,8 +193,6 @@ func (w *workerCmd) checkSizes() error {
 		return usagef("--batch-linger %s is out of range: from 0 to 1m", w.batchLinger)
 	case w.maxAttempts < 1:
 		return usagef("--max-attempts must be at least 1")
-	case w.logAge < 0 || w.logEntries < 0:
-		return usagef("--fence-log-max-age and --fence-log-max-entries must not be negative (0 means no limit)")
 	}
 	return nil
 }
@@ -385,13 +386,12 @@ func (w *workerCmd) configure(ctx context.Context, log *zap.Logger) (consumer.Co
 		IdleInTxTimeout:      w.idleTx,
 		ShutdownTimeout:      w.shutdown,
 		DatabaseTimeout:      w.dbTimeout,
-		// 0 on the command line is "no limit"; in Config it is "the default".
-		FenceLogRetention: sink.FenceLogRetention{MaxAge: noLimit(w.logAge), MaxEntries: noLimit(w.logEntries)},
-		ClientID:          "tenure-" + w.name,
-		KgoOpts:           kafkaOpts,
-		Logger:            log,
-		Hooks:             hooks(log),
-		UnsafeNoFence:     w.unsafeNoFence,
+		FenceLogRetention:    sink.FenceLogRetention{MaxAge: w.logAge, MaxEntries: w.logEntries},
+		ClientID:             "tenure-" + w.name,
+		KgoOpts:              kafkaOpts,
+		Logger:               log,
+		Hooks:                hooks(log),
+		UnsafeNoFence:        w.unsafeNoFence,
 
 		Strict:                        w.strict,
 		StrictCoordinator:             w.strictCoordinator,
@@ -408,14 +408,6 @@ func (w *workerCmd) configure(ctx context.Context, log *zap.Logger) (consumer.Co
 		return consumer.Config{}, nil, nil, usageError{msg: err.Error()}
 	}
 	return cfg, m, reg, nil
-}
-
-// noLimit turns a flag's 0 ("no limit") into Config's negative.
-func noLimit[T int | time.Duration](v T) T {
-	if v == 0 {
-		return -1
-	}
-	return v
 }
 
 // database opens the pool, brings the schema up to date unless

@@ -80,15 +80,23 @@ func cleanHistory() *History {
 			{Key: keyOf(1, 4), Topic: topic, Partition: 1, Offset: 4, Token: tok(0, 5)},
 		},
 	}
-	// One export write per job that was not dead-lettered, in offset order,
-	// each with the token of the commit that covers it.
+	addWrites(h, func(e Entry, off int64) bool {
+		return (e.Partition.Partition == 0 && off == 12) || (e.Partition.Partition == 1 && off == 4)
+	})
+	return h
+}
+
+// addWrites adds one export write per job each commit of h's log covers
+// and dead excludes (its dead letter stands for it), in log order: each
+// with the token of its commit, the key's versions counted up.
+func addWrites(h *History, dead func(e Entry, off int64) bool) {
 	version := map[string]int64{}
 	for _, e := range h.Log {
 		if e.Kind != "commit" {
 			continue
 		}
 		for off := e.From; off < e.To; off++ {
-			if (e.Partition.Partition == 0 && off == 12) || (e.Partition.Partition == 1 && off == 4) {
+			if dead(e, off) {
 				continue
 			}
 			k := keyOf(e.Partition.Partition, off)
@@ -97,7 +105,6 @@ func cleanHistory() *History {
 				Partition: e.Partition.Partition, Offset: off, Token: e.Token})
 		}
 	}
-	return h
 }
 
 // produced says every offset below each fencing row's next offset holds a
@@ -193,18 +200,49 @@ func TestLogOrderIsByID(t *testing.T) {
 	}
 }
 
+// plantCase is a violation planted into a legal history.
+type plantCase struct {
+	name string
+	// plant puts the violation into a clean history.
+	plant func(t *testing.T, h *History)
+	// rules is the exact set of rules the checker must report: a planted
+	// violation must not hide behind another rule, nor drag in unrelated
+	// ones.
+	rules []string
+	// detail must appear in one of the violations.
+	detail string
+}
+
+// checkPlanted plants each case into a fresh legal history and checks that
+// the checker reports it, and nothing else.
+func checkPlanted(t *testing.T, fresh func() *History, produced map[TopicPartition][]int64, cases []plantCase) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := fresh()
+			c.plant(t, h)
+			vs := h.Check(produced)
+			if got := rulesOf(vs); !slices.Equal(got, c.rules) {
+				t.Errorf("rules %v, want %v; violations:\n%s", got, c.rules, joinViolations(vs))
+			}
+			if !slices.ContainsFunc(vs, func(v Violation) bool { return strings.Contains(v.Detail, c.detail) }) {
+				t.Errorf("no violation says %q; violations:\n%s", c.detail, joinViolations(vs))
+			}
+		})
+	}
+}
+
 func TestViolationsAreDetected(t *testing.T) {
-	cases := []struct {
-		name string
-		// plant puts the violation into a clean history.
-		plant func(t *testing.T, h *History)
-		// rules is the exact set of rules the checker must report: a planted
-		// violation must not hide behind another rule, nor drag in unrelated
-		// ones.
-		rules []string
-		// detail must appear in one of the violations.
-		detail string
-	}{
+	t.Run("Offsets", func(t *testing.T) { checkPlanted(t, cleanHistory, produced(), offsetViolations()) })
+	t.Run("Tokens", func(t *testing.T) { checkPlanted(t, cleanHistory, produced(), tokenViolations()) })
+	t.Run("Effects", func(t *testing.T) { checkPlanted(t, cleanHistory, produced(), effectViolations()) })
+	t.Run("Writes", func(t *testing.T) { checkPlanted(t, cleanHistory, produced(), writeViolations()) })
+}
+
+// offsetViolations break G1 in the log: offsets the commits skip, repeat
+// or run backwards, and a fencing row that disagrees with them.
+func offsetViolations() []plantCase {
+	return []plantCase{
 		{
 			name: "gap between commits",
 			plant: func(t *testing.T, h *History) {
@@ -255,6 +293,13 @@ func TestViolationsAreDetected(t *testing.T) {
 			rules:  []string{"G1"},
 			detail: "the log ends at 6 but the fencing row says 5",
 		},
+	}
+}
+
+// tokenViolations break G2 and G3: a token that goes backwards, and an
+// old owner's commit after the new owner's claim.
+func tokenViolations() []plantCase {
+	return []plantCase{
 		{
 			name: "G2: commit with a lower token after a higher commit",
 			plant: func(t *testing.T, h *History) {
@@ -326,6 +371,13 @@ func TestViolationsAreDetected(t *testing.T) {
 			rules:  []string{"G3"},
 			detail: "commit #165 [15,16) with token 0.7 after a claim with token 1.1",
 		},
+	}
+}
+
+// effectViolations are jobs with two effects, an effect at or past the
+// next offset, or none.
+func effectViolations() []plantCase {
+	return []plantCase{
 		{
 			name: "duplicate effect",
 			plant: func(t *testing.T, h *History) {
@@ -390,6 +442,13 @@ func TestViolationsAreDetected(t *testing.T) {
 			rules:  []string{"missing"},
 			detail: "t/1: job at offset 4 is below the next offset 6",
 		},
+	}
+}
+
+// writeViolations are effects the log does not explain: under another
+// token than their commit's, or exports that go back.
+func writeViolations() []plantCase {
+	return []plantCase{
 		{
 			name: "effect written under another token than its commit's",
 			plant: func(t *testing.T, h *History) {
@@ -421,19 +480,6 @@ func TestViolationsAreDetected(t *testing.T) {
 			rules:  []string{"duplicate", "export-regressed"},
 			detail: "version 100 (offset 2, token 0.3) follows version",
 		},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			h := cleanHistory()
-			c.plant(t, h)
-			vs := h.Check(produced())
-			if got := rulesOf(vs); !slices.Equal(got, c.rules) {
-				t.Errorf("rules %v, want %v; violations:\n%s", got, c.rules, joinViolations(vs))
-			}
-			if !slices.ContainsFunc(vs, func(v Violation) bool { return strings.Contains(v.Detail, c.detail) }) {
-				t.Errorf("no violation says %q; violations:\n%s", c.detail, joinViolations(vs))
-			}
-		})
 	}
 }
 

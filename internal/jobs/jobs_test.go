@@ -13,7 +13,7 @@ import (
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/jobs"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -59,80 +59,92 @@ func TestBuiltInHandlersKeepTheJobsBytes(t *testing.T) {
 			t.Fatalf("%s handler: %v", name, err)
 		}
 	}
-	rows, err := pool.Query(ctx, `SELECT job_key, job_value, document FROM `+pgx.Identifier{schema, "exports"}.Sanitize())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	var key string
-	var value, doc []byte
-	if _, err := pgx.ForEachRow(rows, []any{&key, &value, &doc}, func() error {
-		n++
-		want := values[key]
-		if !bytes.Equal(value, want) {
-			t.Errorf("%s: job_value %q, want %q", key, value, want)
+	t.Run("Exports", func(t *testing.T) {
+		rows, err := pool.Query(ctx, `SELECT job_key, job_value, document FROM `+pgx.Identifier{schema, "exports"}.Sanitize())
+		if err != nil {
+			t.Fatal(err)
 		}
-		var d struct {
-			Payload       json.RawMessage `json:"payload"`
-			PayloadBase64 *string         `json:"payload_base64"`
-		}
-		if err := json.Unmarshal(doc, &d); err != nil {
-			t.Fatalf("%s: document %s: %v", key, doc, err)
-		}
-		var shown []byte
-		switch {
-		case d.PayloadBase64 != nil:
-			if shown, err = base64.StdEncoding.DecodeString(*d.PayloadBase64); err != nil {
-				t.Fatal(err)
+		n := 0
+		var key string
+		var value, doc []byte
+		if _, err := pgx.ForEachRow(rows, []any{&key, &value, &doc}, func() error {
+			n++
+			want := values[key]
+			if !bytes.Equal(value, want) {
+				t.Errorf("%s: job_value %q, want %q", key, value, want)
 			}
-		case json.Valid(want) && len(want) > 0:
-			// jsonb may respace JSON; the document must still mean the same.
-			var a, b any
-			_ = json.Unmarshal(d.Payload, &a)
-			_ = json.Unmarshal(want, &b)
-			if ab, _ := json.Marshal(a); string(ab) != string(mustJSON(b)) {
-				t.Errorf("%s: document payload %s, want %s", key, d.Payload, want)
+			shown := documentPayload(t, key, doc, want)
+			if !bytes.Equal(shown, want) {
+				t.Errorf("%s: the document shows %q, want %q", key, shown, want)
 			}
-			shown = want
-		default:
-			var s string
-			if err := json.Unmarshal(d.Payload, &s); err != nil {
-				t.Fatalf("%s: payload %s: %v", key, d.Payload, err)
-			}
-			shown = []byte(s)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
-		if !bytes.Equal(shown, want) {
-			t.Errorf("%s: the document shows %q, want %q", key, shown, want)
+		if n != len(values) {
+			t.Errorf("%d exports, want %d", n, len(values))
 		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if n != len(values) {
-		t.Errorf("%d exports, want %d", n, len(values))
-	}
-
+	})
 	// The ledger: exact key bytes beside the readable key.
-	var k []byte
-	if err := pool.QueryRow(ctx, `SELECT job_key_bytes FROM `+pgx.Identifier{schema, "ledger"}.Sanitize()+
-		` WHERE job_key = 'not-utf8'`).Scan(&k); err != nil || string(k) != "not-utf8" {
-		t.Errorf("ledger job_key_bytes %q, %v", k, err)
+	t.Run("Ledger", func(t *testing.T) {
+		var k []byte
+		if err := pool.QueryRow(ctx, `SELECT job_key_bytes FROM `+pgx.Identifier{schema, "ledger"}.Sanitize()+
+			` WHERE job_key = 'not-utf8'`).Scan(&k); err != nil || string(k) != "not-utf8" {
+			t.Errorf("ledger job_key_bytes %q, %v", k, err)
+		}
+		bad := &consumer.Batch{Group: "g", Topic: "t", Partition: 0, Token: sink.Token{Epoch: 1}, Owner: "o", From: 10, To: 11,
+			Records: []*kgo.Record{{Topic: "t", Offset: 10, Key: []byte("k\xff\x00"), Value: []byte("v")}}}
+		h, _ := jobs.New("ledger", schema, "w")
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h.Handle(ctx, txOf{tx}, bad) }); err != nil {
+			t.Fatalf("ledger with a key that is not text: %v", err)
+		}
+		if err := pool.QueryRow(ctx, `SELECT job_key_bytes FROM `+pgx.Identifier{schema, "ledger"}.Sanitize()+
+			` WHERE job_offset = 10`).Scan(&k); err != nil || string(k) != "k\xff\x00" {
+			t.Errorf("ledger job_key_bytes %q, %v; want the key's exact bytes", k, err)
+		}
+		h, _ = jobs.New("export", schema, "w")
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h.Handle(ctx, txOf{tx}, bad) }); !consumer.IsPermanent(err) {
+			t.Errorf("export of a key that is not text: %v, want a Permanent error", err)
+		}
+	})
+}
+
+// documentPayload is the job's bytes as an export's document shows them:
+// base64, JSON (which jsonb may respace, but which must mean the same as
+// want) or a JSON string.
+func documentPayload(t *testing.T, key string, doc, want []byte) []byte {
+	t.Helper()
+	var d struct {
+		Payload       json.RawMessage `json:"payload"`
+		PayloadBase64 *string         `json:"payload_base64"`
 	}
-	bad := &consumer.Batch{Group: "g", Topic: "t", Partition: 0, Token: sink.Token{Epoch: 1}, Owner: "o", From: 10, To: 11,
-		Records: []*kgo.Record{{Topic: "t", Offset: 10, Key: []byte("k\xff\x00"), Value: []byte("v")}}}
-	h, _ := jobs.New("ledger", schema, "w")
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h.Handle(ctx, txOf{tx}, bad) }); err != nil {
-		t.Fatalf("ledger with a key that is not text: %v", err)
+	if err := json.Unmarshal(doc, &d); err != nil {
+		t.Fatalf("%s: document %s: %v", key, doc, err)
 	}
-	if err := pool.QueryRow(ctx, `SELECT job_key_bytes FROM `+pgx.Identifier{schema, "ledger"}.Sanitize()+
-		` WHERE job_offset = 10`).Scan(&k); err != nil || string(k) != "k\xff\x00" {
-		t.Errorf("ledger job_key_bytes %q, %v; want the key's exact bytes", k, err)
+	var shown []byte
+	switch {
+	case d.PayloadBase64 != nil:
+		var err error
+		if shown, err = base64.StdEncoding.DecodeString(*d.PayloadBase64); err != nil {
+			t.Fatal(err)
+		}
+	case json.Valid(want) && len(want) > 0:
+		// jsonb may respace JSON; the document must still mean the same.
+		var a, b any
+		_ = json.Unmarshal(d.Payload, &a)
+		_ = json.Unmarshal(want, &b)
+		if ab, _ := json.Marshal(a); string(ab) != string(mustJSON(b)) {
+			t.Errorf("%s: document payload %s, want %s", key, d.Payload, want)
+		}
+		return want
+	default:
+		var s string
+		if err := json.Unmarshal(d.Payload, &s); err != nil {
+			t.Fatalf("%s: payload %s: %v", key, d.Payload, err)
+		}
+		shown = []byte(s)
 	}
-	h, _ = jobs.New("export", schema, "w")
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h.Handle(ctx, txOf{tx}, bad) })
-	if !consumer.IsPermanent(err) {
-		t.Errorf("export of a key that is not text: %v, want a Permanent error", err)
-	}
+	return shown
 }
 
 func mustJSON(v any) []byte {

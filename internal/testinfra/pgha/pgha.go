@@ -4,7 +4,7 @@
 // postgresql-N-auto-failover). Tests kill the primary and watch the
 // formation fail over; nothing of the machine's own servers is touched.
 //
-// As in internal/pgtest, initdb refuses to run as root, so when the test
+// As in internal/testinfra/pgtest, initdb refuses to run as root, so when the test
 // runs as root every pg_autoctl process runs as the "postgres" OS user (its
 // credentials set on the process, no runuser in between: the harness knows
 // the PID of every process it started). Authentication is trust on
@@ -47,7 +47,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tenure-dev/tenure/internal/childproc"
-	"github.com/tenure-dev/tenure/internal/freeport"
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 )
 
 // ErrUnavailable is returned by New when pg_autoctl or the pgautofailover

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tenure-dev/tenure/internal/freeport"
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 )
 
 const weedVersion = "v0.0.0-20261109003541-7506e5f91cd6"

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tenure-dev/tenure/internal/pgproxy"
-	"github.com/tenure-dev/tenure/internal/testdb"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgproxy"
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // world is a table on the test database, a proxy in front of that

@@ -1,0 +1,7 @@
+// Package testinfra holds what the tests need and the product does not: a
+// database per test (testdb), a throwaway PostgreSQL (pgtest), a
+// pg_auto_failover formation (pgha), a fault-injecting Postgres proxy
+// (pgproxy), network namespaces with faults (netfault), ports outside the
+// ephemeral range (freeport), certificates (testcert) and an S3 store
+// (weedtest). Only test files and packages under this folder import them.
+package testinfra
