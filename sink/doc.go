@@ -29,6 +29,7 @@
 //     use to read and act on the fencing state: Store's Get, List, OpenHold,
 //     OpenHolds, AcknowledgeHold, AcknowledgePartitions, Layouts,
 //     ResetOffset, TopicIDs, FenceLog, FenceLogAt, Claims, Groups,
+//     KnownGroups, KnownTopics,
 //     PruneFenceLogs, DeadLetters, DeadLetterByID, DeadLetterAt,
 //     DeadLettersIn, DeadLetterCounts, DeadLetterActions, Replay, Discard,
 //     Incarnation, Workers and Now; Migrate with its companions; the checks
