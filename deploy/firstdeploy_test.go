@@ -501,13 +501,52 @@ func builtTag(t *testing.T) string {
 // labels and ports it lists, and everything they hold has a row.
 func checkNamesTable(t *testing.T, rows []nameRow, objs []any, cl cluster, boot bootstrap) {
 	t.Helper()
-	type object struct {
-		labels   map[string]string // metadata.labels (a Deployment: its pods')
-		selector *metav1.LabelSelector
-		ports    []string
-		pod      *corev1.PodSpec
+	objects := manifestObjects(objs)
+	var pod *corev1.PodSpec
+	for k, o := range objects {
+		if strings.HasPrefix(k, "Deployment/") {
+			pod = o.pod
+		}
 	}
-	objects := map[string]object{} // "Kind/name"
+	seen := map[string]bool{}
+	for _, r := range rows {
+		key := r.kind + "/" + r.name
+		seen[key] = true
+		switch r.kind {
+		case "PostgreSQL role":
+			checkRoleRow(t, r, boot)
+		case "Secret", "ConfigMap":
+			if !checkKeysRow(t, r, key, cl) {
+				continue
+			}
+		default:
+			o, ok := objects[key]
+			if !ok {
+				t.Errorf("README.md names %s, which no manifest has", key)
+				continue
+			}
+			checkObjectRow(t, r, key, o)
+		}
+		checkRowUsers(t, r, key, pod, objects)
+	}
+	if missing := missingNames(objects, cl, boot, seen); len(missing) > 0 {
+		slices.Sort(missing)
+		t.Errorf("README.md's table of names lacks %v", missing)
+	}
+}
+
+// manifestObject is what the names table says of a manifest's object.
+type manifestObject struct {
+	labels   map[string]string // metadata.labels (a Deployment: its pods')
+	selector *metav1.LabelSelector
+	ports    []string
+	pod      *corev1.PodSpec
+}
+
+// manifestObjects are the manifests' objects the names table lists, by
+// "Kind/name".
+func manifestObjects(objs []any) map[string]manifestObject {
+	objects := map[string]manifestObject{}
 	for _, o := range objs {
 		switch o := o.(type) {
 		case *appsv1.Deployment:
@@ -517,105 +556,117 @@ func checkNamesTable(t *testing.T, rows []nameRow, objs []any, cl cluster, boot 
 					ports = append(ports, p.Name, fmt.Sprint(p.ContainerPort))
 				}
 			}
-			objects["Deployment/"+o.Name] = object{labels: o.Spec.Template.Labels, selector: o.Spec.Selector, ports: ports, pod: &o.Spec.Template.Spec}
+			objects["Deployment/"+o.Name] = manifestObject{labels: o.Spec.Template.Labels, selector: o.Spec.Selector, ports: ports, pod: &o.Spec.Template.Spec}
 		case *policyv1.PodDisruptionBudget:
-			objects["PodDisruptionBudget/"+o.Name] = object{labels: o.Labels, selector: o.Spec.Selector}
+			objects["PodDisruptionBudget/"+o.Name] = manifestObject{labels: o.Labels, selector: o.Spec.Selector}
 		case *corev1.Service:
 			var ports []string
 			for _, p := range o.Spec.Ports {
 				ports = append(ports, p.Name)
 			}
-			objects["Service/"+o.Name] = object{labels: o.Labels, ports: ports}
+			objects["Service/"+o.Name] = manifestObject{labels: o.Labels, ports: ports}
 		case *serviceMonitor:
-			objects["ServiceMonitor/"+o.Name] = object{labels: o.Labels, selector: &o.Spec.Selector}
+			objects["ServiceMonitor/"+o.Name] = manifestObject{labels: o.Labels, selector: &o.Spec.Selector}
 		}
 	}
-	var pod *corev1.PodSpec
-	for k, o := range objects {
-		if strings.HasPrefix(k, "Deployment/") {
-			pod = o.pod
+	return objects
+}
+
+// checkRoleRow: the role exists, and logs in if and only if the row says so.
+func checkRoleRow(t *testing.T, r nameRow, boot bootstrap) {
+	t.Helper()
+	login, ok := boot.roles[r.name]
+	switch {
+	case !ok:
+		t.Errorf("README.md names role %s, which the administrator's script does not create", r.name)
+	case login != strings.Contains(r.attrText, "logs in"):
+		t.Errorf("README.md says of role %s %q; the administrator's script creates it with LOGIN %v", r.name, strings.TrimSpace(r.attrText), login)
+	}
+}
+
+// checkKeysRow: the Secret or ConfigMap exists, with the keys the row
+// lists. false: it does not exist.
+func checkKeysRow(t *testing.T, r nameRow, key string, cl cluster) bool {
+	t.Helper()
+	var keys []string
+	if r.kind == "Secret" && cl.secrets[r.name] != nil {
+		for k := range cl.secrets[r.name].Data {
+			keys = append(keys, k)
+		}
+	} else if r.kind == "ConfigMap" && cl.configMaps[r.name] != nil {
+		for k := range cl.configMaps[r.name].Data {
+			keys = append(keys, k)
+		}
+	} else {
+		t.Errorf("README.md names %s, which the first deploy does not create", key)
+		return false
+	}
+	want := slices.Clone(r.attrs)
+	slices.Sort(keys)
+	slices.Sort(want)
+	if !slices.Equal(keys, want) {
+		t.Errorf("README.md lists %s's keys as %v; the first deploy creates %v", key, want, keys)
+	}
+	return true
+}
+
+// nameRowLabel is a label in a names table row's attributes.
+var nameRowLabel = regexp.MustCompile(`^([a-z0-9./-]+): (\S+)$`)
+
+// checkObjectRow: each attribute of the row is one of the object's labels
+// (a PodDisruptionBudget: its selector matches it) or ports.
+func checkObjectRow(t *testing.T, r nameRow, key string, o manifestObject) {
+	t.Helper()
+	for _, a := range r.attrs {
+		if m := nameRowLabel.FindStringSubmatch(a); m != nil {
+			has := o.labels[m[1]] == m[2]
+			if r.kind == "PodDisruptionBudget" {
+				s, err := metav1.LabelSelectorAsSelector(o.selector)
+				has = err == nil && s.Matches(labels.Set{m[1]: m[2]})
+			}
+			if !has {
+				t.Errorf("README.md gives %s the label %s; it has %v", key, a, o.labels)
+			}
+		} else if !slices.Contains(o.ports, a) && !slices.Contains(o.ports, strings.Trim(a, "()")) {
+			t.Errorf("README.md gives %s %q, which is neither a label nor one of its ports %v", key, a, o.ports)
 		}
 	}
-	label := regexp.MustCompile(`^([a-z0-9./-]+): (\S+)$`)
-	seen := map[string]bool{}
-	for _, r := range rows {
-		key := r.kind + "/" + r.name
-		seen[key] = true
-		switch r.kind {
-		case "PostgreSQL role":
-			login, ok := boot.roles[r.name]
-			switch {
-			case !ok:
-				t.Errorf("README.md names role %s, which the administrator's script does not create", r.name)
-			case login != strings.Contains(r.attrText, "logs in"):
-				t.Errorf("README.md says of role %s %q; the administrator's script creates it with LOGIN %v", r.name, strings.TrimSpace(r.attrText), login)
-			}
-		case "Secret", "ConfigMap":
-			var keys []string
-			if r.kind == "Secret" && cl.secrets[r.name] != nil {
-				for k := range cl.secrets[r.name].Data {
-					keys = append(keys, k)
-				}
-			} else if r.kind == "ConfigMap" && cl.configMaps[r.name] != nil {
-				for k := range cl.configMaps[r.name].Data {
-					keys = append(keys, k)
-				}
-			} else {
-				t.Errorf("README.md names %s, which the first deploy does not create", key)
-				continue
-			}
-			want := slices.Clone(r.attrs)
-			slices.Sort(keys)
-			slices.Sort(want)
-			if !slices.Equal(keys, want) {
-				t.Errorf("README.md lists %s's keys as %v; the first deploy creates %v", key, want, keys)
-			}
-		default:
-			o, ok := objects[key]
-			if !ok {
-				t.Errorf("README.md names %s, which no manifest has", key)
-				continue
-			}
-			for _, a := range r.attrs {
-				if m := label.FindStringSubmatch(a); m != nil {
-					has := o.labels[m[1]] == m[2]
-					if r.kind == "PodDisruptionBudget" {
-						s, err := metav1.LabelSelectorAsSelector(o.selector)
-						has = err == nil && s.Matches(labels.Set{m[1]: m[2]})
+}
+
+// nameRowUsers are the users a names table row names ("init container
+// `migrate`", "volumes `a`, `b`").
+var nameRowUsers = regexp.MustCompile("(init containers?|containers?|volumes?|ServiceMonitor) ((?:`[^`]+`(?:, | and )?)+)")
+
+// checkRowUsers: the users the row names exist.
+func checkRowUsers(t *testing.T, r nameRow, key string, pod *corev1.PodSpec, objects map[string]manifestObject) {
+	t.Helper()
+	for _, m := range nameRowUsers.FindAllStringSubmatch(r.userText, -1) {
+		for _, w := range backquoted.FindAllStringSubmatch(m[2], -1) {
+			found := false
+			switch strings.TrimSuffix(m[1], "s") {
+			case "init container", "container":
+				if pod != nil {
+					cs := pod.Containers
+					if strings.HasPrefix(m[1], "init") {
+						cs = pod.InitContainers
 					}
-					if !has {
-						t.Errorf("README.md gives %s the label %s; it has %v", key, a, o.labels)
-					}
-				} else if !slices.Contains(o.ports, a) && !slices.Contains(o.ports, strings.Trim(a, "()")) {
-					t.Errorf("README.md gives %s %q, which is neither a label nor one of its ports %v", key, a, o.ports)
+					found = slices.ContainsFunc(cs, func(c corev1.Container) bool { return c.Name == w[1] })
 				}
+			case "volume":
+				found = pod != nil && slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == w[1] })
+			case "ServiceMonitor":
+				_, found = objects["ServiceMonitor/"+w[1]]
 			}
-		}
-		// The users it names exist ("init container `migrate`",
-		// "volumes `a`, `b`").
-		for _, m := range regexp.MustCompile("(init containers?|containers?|volumes?|ServiceMonitor) ((?:`[^`]+`(?:, | and )?)+)").FindAllStringSubmatch(r.userText, -1) {
-			for _, w := range backquoted.FindAllStringSubmatch(m[2], -1) {
-				found := false
-				switch strings.TrimSuffix(m[1], "s") {
-				case "init container", "container":
-					if pod != nil {
-						cs := pod.Containers
-						if strings.HasPrefix(m[1], "init") {
-							cs = pod.InitContainers
-						}
-						found = slices.ContainsFunc(cs, func(c corev1.Container) bool { return c.Name == w[1] })
-					}
-				case "volume":
-					found = pod != nil && slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == w[1] })
-				case "ServiceMonitor":
-					_, found = objects["ServiceMonitor/"+w[1]]
-				}
-				if !found {
-					t.Errorf("README.md says %s is used by %s %s, which the manifests do not have", key, m[1], w[1])
-				}
+			if !found {
+				t.Errorf("README.md says %s is used by %s %s, which the manifests do not have", key, m[1], w[1])
 			}
 		}
 	}
+}
+
+// missingNames are the objects, Secrets, ConfigMaps and roles the table
+// has no row for.
+func missingNames(objects map[string]manifestObject, cl cluster, boot bootstrap, seen map[string]bool) []string {
 	var missing []string
 	for k := range objects {
 		if !seen[k] {
@@ -637,8 +688,5 @@ func checkNamesTable(t *testing.T, rows []nameRow, objs []any, cl cluster, boot 
 			missing = append(missing, "PostgreSQL role/"+n)
 		}
 	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
-		t.Errorf("README.md's table of names lacks %v", missing)
-	}
+	return missing
 }

@@ -66,12 +66,39 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 	br := startBrowser(t, chromium)
 	br.navigate(ctx, srv.url)
 	br.eval(ctx, `window.__tenureLoaded = 1`, nil)
+	pt := &pageTest{t: t, e: e, ctx: ctx, srv: srv, br: br}
 
-	// Both workers own partitions, by both sides' account, and the
-	// hand-offs of the start (A had them all until B joined) are older
-	// than the page's hand-off window.
+	aMember, aParts, refreshesBefore := pt.ownersBefore()
+	// A is frozen past its session timeout: B takes its partitions, and the
+	// page shows the hand-off.
+	a.pause()
+	bMember := pt.handOff(aMember, aParts, refreshesBefore)
+	held, wantCmd := pt.holdOne(aParts, bMember)
+	pt.saveScreenshot()
+	pt.acknowledge(held, wantCmd)
+	body := pt.checkAPI(bMember)
+	pt.checkHostRefused()
+	pt.checkNoPassword(body)
+	a.resume()
+}
+
+// pageTest is TestOwnershipPageInBrowser's setup, shared by its steps.
+type pageTest struct {
+	t   *testing.T
+	e   *env
+	ctx context.Context
+	srv *pageServer
+	br  *browser
+}
+
+// ownersBefore waits until both workers own partitions, by both sides'
+// account, and the hand-offs of the start (A had them all until B joined)
+// are older than the page's hand-off window. It returns A's member id, its
+// partitions and the page's refreshes so far.
+func (pt *pageTest) ownersBefore() (aMember string, aParts []int, refreshes int) {
+	t := pt.t
 	var before pageState
-	br.waitPage(ctx, 60*time.Second, "the page to show four partitions owned by two members, and no recent hand-off", func(s pageState) bool {
+	pt.br.waitPage(pt.ctx, 60*time.Second, "the page to show four partitions owned by two members, and no recent hand-off", func(s pageState) bool {
 		before = s
 		owners := map[string]bool{}
 		for _, r := range s.Rows {
@@ -82,7 +109,6 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 		}
 		return len(s.Rows) == 4 && len(owners) == 2
 	})
-	aMember := ""
 	for _, r := range before.Rows {
 		if strings.HasPrefix(r.Owner, "tenure-A") {
 			aMember = r.Owner
@@ -91,21 +117,22 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 	if aMember == "" {
 		t.Fatalf("no partition of A's (a member id starting with tenure-A) on the page: %+v", before.Rows)
 	}
-	var aParts []int
 	for _, r := range before.Rows {
 		if r.Owner == aMember {
 			aParts = append(aParts, r.Partition)
 		}
 	}
 	t.Logf("before the freeze: A (%s) owns partitions %v", aMember, aParts)
-	refreshesBefore := before.Refreshes
+	return aMember, aParts, before.Refreshes
+}
 
-	// A is frozen past its session timeout: B takes its partitions, and the
-	// page shows the hand-off.
-	a.pause()
+// handOff waits until the page, by its own refresh, shows A's partitions
+// handed off to B and says why; it returns B's member id.
+func (pt *pageTest) handOff(aMember string, aParts []int, refreshesBefore int) string {
+	t := pt.t
 	frozen := time.Now()
 	var after pageState
-	br.waitPage(ctx, 90*time.Second, "the page to show A's partitions handed off to B", func(s pageState) bool {
+	pt.br.waitPage(pt.ctx, 90*time.Second, "the page to show A's partitions handed off to B", func(s pageState) bool {
 		after = s
 		if len(s.Rows) != 4 {
 			return false
@@ -129,7 +156,6 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 	if after.Refreshes <= refreshesBefore {
 		t.Errorf("the page's own refresh did not run: %d refreshes before, %d after", refreshesBefore, after.Refreshes)
 	}
-	bMember := after.Rows[0].Owner
 	for _, want := range []string{
 		"hand-off", "from " + aMember, // the hand-off line names the old owner
 		"its commits are now rejected",      // the claims that fenced A
@@ -139,8 +165,14 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 			t.Errorf("the page does not say %q:\n%s", want, after.Text)
 		}
 	}
+	return after.Rows[0].Owner
+}
 
-	// A held partition: its reason and the command that resolves it.
+// holdOne holds the first of A's partitions and waits until the page shows
+// its reason and the command that resolves it; it returns the partition
+// and the command.
+func (pt *pageTest) holdOne(aParts []int, bMember string) (int32, string) {
+	t, e, ctx := pt.t, pt.e, pt.ctx
 	store := e.store()
 	held := int32(aParts[0])
 	f, err := store.Get(ctx, sink.Partition{Group: e.group, Topic: e.topic, Partition: held})
@@ -157,7 +189,7 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 	wantCmd := fmt.Sprintf("tenure admin holds acknowledge --group %s --topic %s --partition %d --schema %s --brokers %s",
 		e.group, e.topic, held, e.schema, strings.Join(e.brokers, ","))
 	var withHold pageState
-	br.waitPage(ctx, 30*time.Second, "the page to show the hold, its reason and its command", func(s pageState) bool {
+	pt.br.waitPage(ctx, 30*time.Second, "the page to show the hold, its reason and its command", func(s pageState) bool {
 		withHold = s
 		for _, r := range s.Rows {
 			if r.Partition == int(held) {
@@ -170,7 +202,14 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 	if !strings.Contains(withHold.Text, "1 held") || !strings.Contains(withHold.Text, fmt.Sprintf("%d hand-offs", len(aParts))) {
 		t.Errorf("the group's summary does not count the held partition and the %d hand-offs:\n%s", len(aParts), withHold.Text)
 	}
-	shot := br.screenshot(ctx)
+	return held, wantCmd
+}
+
+// saveScreenshot saves the page, a PNG, to TENURE_TEST_SCREENSHOT or the
+// test's temporary directory.
+func (pt *pageTest) saveScreenshot() {
+	t := pt.t
+	shot := pt.br.screenshot(pt.ctx)
 	path := os.Getenv("TENURE_TEST_SCREENSHOT")
 	if path == "" {
 		path = filepath.Join(t.TempDir(), "ownership-page.png")
@@ -183,17 +222,21 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 		t.Fatalf("the screenshot is not a PNG: %v", err)
 	}
 	t.Logf("screenshot (%dx%d) saved to %s", img.Bounds().Dx(), img.Bounds().Dy(), path)
+}
 
-	// The command, run as the page shows it (the database URL from
-	// TENURE_DATABASE_URL, as the page says), resolves the hold.
+// acknowledge runs the command as the page shows it (the database URL from
+// TENURE_DATABASE_URL, as the page says) and waits until the page drops
+// the hold.
+func (pt *pageTest) acknowledge(held int32, wantCmd string) {
+	t := pt.t
 	args := strings.Fields(wantCmd)[1:]
-	cmd := exec.CommandContext(ctx, tenureBin, args...)
-	cmd.Env = append(os.Environ(), "TENURE_DATABASE_URL="+e.dbURL)
+	cmd := exec.CommandContext(pt.ctx, tenureBin, args...)
+	cmd.Env = append(os.Environ(), "TENURE_DATABASE_URL="+pt.e.dbURL)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the page's command %q: %v\n%s", wantCmd, err, out)
 	}
-	br.waitPage(ctx, 30*time.Second, "the page to drop the acknowledged hold", func(s pageState) bool {
+	pt.br.waitPage(pt.ctx, 30*time.Second, "the page to drop the acknowledged hold", func(s pageState) bool {
 		for _, r := range s.Rows {
 			if r.Partition == int(held) {
 				return r.State != "log-truncated" && !strings.Contains(r.Class, "held") && !strings.Contains(s.Text, wantCmd)
@@ -201,9 +244,13 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 		}
 		return false
 	})
+}
 
-	// The JSON says the same, and nothing anywhere carries the password.
-	resp, err := http.Get(srv.url + "api/ownership")
+// checkAPI: the JSON says the same (every partition B's, one dead letter);
+// it returns the body.
+func (pt *pageTest) checkAPI(bMember string) []byte {
+	t := pt.t
+	resp, err := http.Get(pt.srv.url + "api/ownership")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +272,7 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 	if err := json.Unmarshal(body, &snap); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("/api/ownership: %d, %v\n%s", resp.StatusCode, err, body)
 	}
-	if len(snap.Groups) != 1 || snap.Groups[0].Name != e.group || len(snap.Groups[0].Partitions) != 4 || snap.Groups[0].DeadLetters.Dead != 1 {
+	if len(snap.Groups) != 1 || snap.Groups[0].Name != pt.e.group || len(snap.Groups[0].Partitions) != 4 || snap.Groups[0].DeadLetters.Dead != 1 {
 		t.Errorf("/api/ownership: %s", body)
 	}
 	for _, p := range snap.Groups[0].Partitions {
@@ -233,24 +280,34 @@ func TestOwnershipPageInBrowser(t *testing.T) {
 			t.Errorf("/api/ownership: partition %d owned by %q (coordinator: %q), want B", p.Partition, p.Owner, p.Member)
 		}
 	}
-	// A request that names another host (DNS rebinding) is refused.
-	req, _ := http.NewRequest(http.MethodGet, srv.url, nil)
+	return body
+}
+
+// checkHostRefused: a request that names another host (DNS rebinding) is
+// refused.
+func (pt *pageTest) checkHostRefused() {
+	req, _ := http.NewRequest(http.MethodGet, pt.srv.url, nil)
 	req.Host = "tenure.example.com"
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusMisdirectedRequest {
-		t.Errorf("Host tenure.example.com: %v, %v; want 421", resp, err)
+		pt.t.Errorf("Host tenure.example.com: %v, %v; want 421", resp, err)
 	} else {
 		resp.Body.Close()
 	}
-	final := br.state(ctx)
-	for what, s := range map[string]string{"the page's HTML": final.HTML, "/api/ownership": string(body), "the server's output": srv.output()} {
+}
+
+// checkNoPassword: nothing anywhere carries the password, and the page
+// logged no error.
+func (pt *pageTest) checkNoPassword(body []byte) {
+	t := pt.t
+	final := pt.br.state(pt.ctx)
+	for what, s := range map[string]string{"the page's HTML": final.HTML, "/api/ownership": string(body), "the server's output": pt.srv.output()} {
 		if strings.Contains(s, pagePassword) {
 			t.Errorf("%s carries the database password", what)
 		}
 	}
-	if errs := br.errors(); len(errs) > 0 {
+	if errs := pt.br.errors(); len(errs) > 0 {
 		t.Errorf("the page logged errors: %v", errs)
 	}
-	a.resume()
 }
 
 func contains(s []int, v int) bool {

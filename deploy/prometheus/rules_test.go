@@ -151,166 +151,204 @@ var aggregations = map[string]bool{"sum": true, "min": true, "max": true, "avg":
 // exist. It is a small lexer, not a parser: promtool checks the syntax of
 // the rules (and Grafana that of the dashboard); this checks the names.
 func checkPromQL(expr string, ex exported) []string {
-	var errs []string
-	type selector struct {
-		metric   string
-		matchers []string
+	s := &promScan{expr: expr}
+	s.scan()
+	return s.check(ex)
+}
+
+// promSelector is a selector of an expression: its metric ("" for a bare
+// {…}) and the label names it matches.
+type promSelector struct {
+	metric   string
+	matchers []string
+}
+
+// promScan is checkPromQL's reading of one expression: where it is, the
+// selectors and grouping labels read so far, and the errors found.
+type promScan struct {
+	expr     string
+	i        int
+	errs     []string
+	sels     []promSelector
+	grouping []string
+}
+
+func (s *promScan) skipSpace() {
+	for s.i < len(s.expr) && strings.ContainsRune(" \t\r\n", rune(s.expr[s.i])) {
+		s.i++
 	}
-	var sels []selector
-	var grouping []string
-	i := 0
-	skipSpace := func() {
-		for i < len(expr) && strings.ContainsRune(" \t\r\n", rune(expr[i])) {
-			i++
+}
+
+func (s *promScan) ident() string {
+	expr := s.expr
+	j := s.i
+	for s.i < len(expr) && (expr[s.i] == '_' || expr[s.i] == ':' || expr[s.i] >= 'a' && expr[s.i] <= 'z' ||
+		expr[s.i] >= 'A' && expr[s.i] <= 'Z' || expr[s.i] >= '0' && expr[s.i] <= '9' && s.i > j) {
+		s.i++
+	}
+	return expr[j:s.i]
+}
+
+func (s *promScan) skipString() {
+	q := s.expr[s.i]
+	for s.i++; s.i < len(s.expr) && s.expr[s.i] != q; s.i++ {
+		if s.expr[s.i] == '\\' && q != '`' {
+			s.i++
 		}
 	}
-	ident := func() string {
-		j := i
-		for i < len(expr) && (expr[i] == '_' || expr[i] == ':' || expr[i] >= 'a' && expr[i] <= 'z' ||
-			expr[i] >= 'A' && expr[i] <= 'Z' || expr[i] >= '0' && expr[i] <= '9' && i > j) {
-			i++
-		}
-		return expr[j:i]
+	s.i++
+}
+
+// labelList reads "(a, b)" after by, without, on, ignoring, group_left.
+func (s *promScan) labelList() {
+	s.skipSpace()
+	if s.i >= len(s.expr) || s.expr[s.i] != '(' {
+		return
 	}
-	skipString := func() {
-		q := expr[i]
-		for i++; i < len(expr) && expr[i] != q; i++ {
-			if expr[i] == '\\' && q != '`' {
-				i++
-			}
+	s.i++
+	for s.i < len(s.expr) && s.expr[s.i] != ')' {
+		s.skipSpace()
+		if l := s.ident(); l != "" {
+			s.grouping = append(s.grouping, l)
+		} else if s.i < len(s.expr) && s.expr[s.i] != ')' {
+			s.i++
 		}
-		i++
 	}
-	// labelList reads "(a, b)" after by, without, on, ignoring, group_left.
-	labelList := func() {
-		skipSpace()
-		if i >= len(expr) || expr[i] != '(' {
-			return
+	s.i++
+}
+
+// matchers reads "{a="x", b=~"y"}" and returns the label names.
+func (s *promScan) matchers() []string {
+	var ls []string
+	s.i++ // {
+	for s.i < len(s.expr) && s.expr[s.i] != '}' {
+		s.skipSpace()
+		switch c := s.expr[s.i]; {
+		case c == '"' || c == '\'' || c == '`':
+			s.skipString()
+		case c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z':
+			ls = append(ls, s.ident())
+		default:
+			s.i++
 		}
-		i++
-		for i < len(expr) && expr[i] != ')' {
-			skipSpace()
-			if l := ident(); l != "" {
-				grouping = append(grouping, l)
-			} else if i < len(expr) && expr[i] != ')' {
-				i++
-			}
-		}
-		i++
 	}
-	// matchers reads "{a="x", b=~"y"}" and returns the label names.
-	matchers := func() []string {
-		var ls []string
-		i++ // {
-		for i < len(expr) && expr[i] != '}' {
-			skipSpace()
-			switch c := expr[i]; {
-			case c == '"' || c == '\'' || c == '`':
-				skipString()
-			case c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z':
-				ls = append(ls, ident())
-			default:
-				i++
-			}
-		}
-		i++
-		return ls
-	}
-	for i < len(expr) {
-		c := expr[i]
+	s.i++
+	return ls
+}
+
+// scan reads the expression: its selectors, grouping labels and function
+// names (an unknown function is an error).
+func (s *promScan) scan() {
+	expr := s.expr
+	for s.i < len(expr) {
+		c := expr[s.i]
 		switch {
 		case strings.ContainsRune(" \t\r\n", rune(c)):
-			i++
+			s.i++
 		case c == '#':
-			for i < len(expr) && expr[i] != '\n' {
-				i++
+			for s.i < len(expr) && expr[s.i] != '\n' {
+				s.i++
 			}
 		case c == '"' || c == '\'' || c == '`':
-			skipString()
+			s.skipString()
 		case c == '[':
-			for i < len(expr) && expr[i] != ']' {
-				i++
+			for s.i < len(expr) && expr[s.i] != ']' {
+				s.i++
 			}
-			i++
+			s.i++
 		case c == '$': // a Grafana variable: $__rate_interval, ${datasource}
-			i++
-			if i < len(expr) && expr[i] == '{' {
-				for i < len(expr) && expr[i] != '}' {
-					i++
+			s.i++
+			if s.i < len(expr) && expr[s.i] == '{' {
+				for s.i < len(expr) && expr[s.i] != '}' {
+					s.i++
 				}
-				i++
+				s.i++
 			} else {
-				ident()
+				s.ident()
 			}
 		case c >= '0' && c <= '9' || c == '.':
-			for i < len(expr) && (expr[i] == '.' || expr[i] >= '0' && expr[i] <= '9' || expr[i] >= 'a' && expr[i] <= 'z' || expr[i] >= 'A' && expr[i] <= 'Z') {
-				i++
+			for s.i < len(expr) && (expr[s.i] == '.' || expr[s.i] >= '0' && expr[s.i] <= '9' || expr[s.i] >= 'a' && expr[s.i] <= 'z' || expr[s.i] >= 'A' && expr[s.i] <= 'Z') {
+				s.i++
 			}
 		case c == '{':
-			sels = append(sels, selector{matchers: matchers()})
+			s.sels = append(s.sels, promSelector{matchers: s.matchers()})
 		case c == '_' || c == ':' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z':
-			id := ident()
-			switch id {
-			case "and", "or", "unless", "bool", "atan2", "inf", "Inf", "nan", "NaN":
-				continue
-			case "by", "without", "on", "ignoring", "group_left", "group_right":
-				labelList()
-				continue
-			case "offset":
-				skipSpace()
-				if i < len(expr) && expr[i] == '-' {
-					i++
-				}
-				for i < len(expr) && (expr[i] >= '0' && expr[i] <= '9' || expr[i] >= 'a' && expr[i] <= 'z') {
-					i++
-				}
-				continue
-			}
-			j := i
-			skipSpace()
-			if aggregations[id] || i < len(expr) && expr[i] == '(' {
-				if !promqlFunctions[id] {
-					errs = append(errs, fmt.Sprintf("%q is not a PromQL function", id))
-				}
-				continue
-			}
-			i = j
-			s := selector{metric: id}
-			if i < len(expr) && expr[i] == '{' {
-				s.matchers = matchers()
-			}
-			sels = append(sels, s)
+			s.word()
 		default:
-			i++
+			s.i++
 		}
 	}
+}
+
+// word reads an identifier: a keyword, a function (or aggregation) name, or
+// a metric with its matchers.
+func (s *promScan) word() {
+	expr := s.expr
+	id := s.ident()
+	switch id {
+	case "and", "or", "unless", "bool", "atan2", "inf", "Inf", "nan", "NaN":
+		return
+	case "by", "without", "on", "ignoring", "group_left", "group_right":
+		s.labelList()
+		return
+	case "offset":
+		s.skipSpace()
+		if s.i < len(expr) && expr[s.i] == '-' {
+			s.i++
+		}
+		for s.i < len(expr) && (expr[s.i] >= '0' && expr[s.i] <= '9' || expr[s.i] >= 'a' && expr[s.i] <= 'z') {
+			s.i++
+		}
+		return
+	}
+	j := s.i
+	s.skipSpace()
+	if aggregations[id] || s.i < len(expr) && expr[s.i] == '(' {
+		if !promqlFunctions[id] {
+			s.errs = append(s.errs, fmt.Sprintf("%q is not a PromQL function", id))
+		}
+		return
+	}
+	s.i = j
+	sel := promSelector{metric: id}
+	if s.i < len(expr) && expr[s.i] == '{' {
+		sel.matchers = s.matchers()
+	}
+	s.sels = append(s.sels, sel)
+}
+
+// check holds what was read to the metrics the metrics package exports:
+// each metric exported, each matcher and grouping label one of its
+// metrics has, and at least one metric named.
+func (s *promScan) check(ex exported) []string {
+	errs := s.errs
 	var known []string // labels of the metrics the expression names
 	known = append(known, targetLabels...)
-	for _, s := range sels {
-		if s.metric == "" {
-			for _, m := range s.matchers {
+	for _, sel := range s.sels {
+		if sel.metric == "" {
+			for _, m := range sel.matchers {
 				if m != "__name__" && !slices.Contains(targetLabels, m) {
 					errs = append(errs, fmt.Sprintf("a selector without a metric name matches %q", m))
 				}
 			}
 			continue
 		}
-		labels, ok := ex[s.metric]
+		labels, ok := ex[sel.metric]
 		if !ok {
-			errs = append(errs, fmt.Sprintf("metric %q is not exported by the metrics package", s.metric))
+			errs = append(errs, fmt.Sprintf("metric %q is not exported by the metrics package", sel.metric))
 			continue
 		}
 		known = append(known, labels...)
-		for _, m := range s.matchers {
+		for _, m := range sel.matchers {
 			if m != "__name__" && !slices.Contains(labels, m) && !slices.Contains(targetLabels, m) {
-				errs = append(errs, fmt.Sprintf("metric %s has no label %q (it has %v, and the scrape adds job and instance)", s.metric, m, labels))
+				errs = append(errs, fmt.Sprintf("metric %s has no label %q (it has %v, and the scrape adds job and instance)", sel.metric, m, labels))
 			}
 		}
 	}
-	if !slices.ContainsFunc(sels, func(s selector) bool { return s.metric != "" }) {
+	if !slices.ContainsFunc(s.sels, func(sel promSelector) bool { return sel.metric != "" }) {
 		errs = append(errs, "names no metric")
 	}
-	for _, g := range grouping {
+	for _, g := range s.grouping {
 		if !slices.Contains(known, g) {
 			errs = append(errs, fmt.Sprintf("groups or matches by %q, which none of its metrics has (they have %v)", g, known))
 		}

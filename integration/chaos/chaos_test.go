@@ -201,8 +201,32 @@ func TestChaos(tt *testing.T) {
 }
 
 // setup starts PostgreSQL, the broker, the workers and the producer, and
-// waits until every partition has made progress.
+// waits until every partition has made progress. Each step registers its
+// own cleanups, in this order.
 func (w *world) setup() {
+	t := w.t
+	w.makeLogDir()
+	if w.cfg.postgres == postgresFormation {
+		w.startFormation() // before the 60s context: a formation takes longer to start
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if w.ha == nil {
+		w.startThrowawayPostgres(ctx)
+	}
+	// Every process is ended by its PID, after SIGCONT, whatever happens.
+	t.Cleanup(w.killAll)
+	w.connectPostgres(ctx)
+	port := w.startKafka()
+	w.startWorkers(port)
+	w.startBackground()
+	w.warmUp()
+	t.Logf("warm-up done in %s; injecting faults for %s", time.Since(w.start).Round(time.Millisecond), w.cfg.duration)
+}
+
+// makeLogDir makes the run's directory, kept if the run fails or is asked
+// to keep it.
+func (w *world) makeLogDir() {
 	t := w.t
 	dir, err := os.MkdirTemp("", "tenure-chaos-")
 	if err != nil {
@@ -216,35 +240,36 @@ func (w *world) setup() {
 		}
 		os.RemoveAll(dir)
 	})
+}
 
-	if w.cfg.postgres == postgresFormation {
-		w.startFormation() // before the 60s context: a formation takes longer to start
+// startThrowawayPostgres starts the run's own PostgreSQL (not a formation).
+func (w *world) startThrowawayPostgres(ctx context.Context) {
+	t := w.t
+	var err error
+	w.pg, err = pgtest.New(ctx)
+	if err != nil {
+		t.Fatalf("throwaway PostgreSQL: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if w.ha == nil {
-		w.pg, err = pgtest.New(ctx)
-		if err != nil {
-			t.Fatalf("throwaway PostgreSQL: %v", err)
+	t.Cleanup(func() {
+		if err := w.pg.Close(); err != nil {
+			t.Logf("removing throwaway PostgreSQL: %v", err)
 		}
-		t.Cleanup(func() {
-			if err := w.pg.Close(); err != nil {
-				t.Logf("removing throwaway PostgreSQL: %v", err)
-			}
-		})
-		// Strict workers refuse a server without prepared transactions.
-		if w.cfg.strict {
-			if err := w.pg.AppendConf("max_prepared_transactions = 64"); err != nil {
-				t.Fatal(err)
-			}
-			if err := w.pg.Restart(ctx, "fast"); err != nil {
-				t.Fatalf("restarting the throwaway PostgreSQL with prepared transactions: %v", err)
-			}
+	})
+	// Strict workers refuse a server without prepared transactions.
+	if w.cfg.strict {
+		if err := w.pg.AppendConf("max_prepared_transactions = 64"); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.pg.Restart(ctx, "fast"); err != nil {
+			t.Fatalf("restarting the throwaway PostgreSQL with prepared transactions: %v", err)
 		}
 	}
-	// Every process is ended by its PID, after SIGCONT, whatever happens.
-	t.Cleanup(w.killAll)
+}
 
+// connectPostgres migrates the schema, opens the harness's pool and starts
+// sampling the workers' sessions.
+func (w *world) connectPostgres(ctx context.Context) {
+	t := w.t
 	out, err := exec.CommandContext(ctx, tenureBin, "migrate", "--database-url", w.dbURL(), "--schema", schemaName).CombinedOutput()
 	if err != nil {
 		t.Fatalf("tenure migrate: %v: %s", err, out)
@@ -258,13 +283,18 @@ func (w *world) setup() {
 	sampled := make(chan struct{})
 	go w.sampleSessions(sampleCtx, sampled)
 	t.Cleanup(func() { stopSampling(); <-sampled })
+}
 
+// startKafka starts the broker on a free port, the admin client and the
+// producer; it returns the port.
+func (w *world) startKafka() int {
+	t := w.t
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.brokerAddr = fmt.Sprintf("127.0.0.1:%d", port)
-	w.brokerArgs = []string{"broker", "--listen", w.brokerAddr, "--data-dir", filepath.Join(dir, "broker-data"),
+	w.brokerArgs = []string{"broker", "--listen", w.brokerAddr, "--data-dir", filepath.Join(w.logDir, "broker-data"),
 		"--topic", topicName, "--partitions", strconv.Itoa(initialPartitions),
 		"--consumer-session-timeout", sessionTimeout.String(), "--consumer-heartbeat-interval", "500ms",
 		"--broker-config", brokerConfig}
@@ -284,11 +314,18 @@ func (w *world) setup() {
 		t.Fatal(err)
 	}
 	t.Cleanup(w.prod.cl.Close)
+	return port
+}
 
+// startWorkers starts the workers behind their network (port is the
+// broker's).
+func (w *world) startWorkers(port int) {
+	t := w.t
 	for i := 1; i <= w.cfg.workers; i++ {
 		w.slots = append(w.slots, &slot{n: i, strict: w.cfg.strict})
 	}
 	w.setupNetwork(port)
+	var err error
 	if w.live.bound, err = boundOf(w.workerArgs(w.slots[0], "w1.0")); err != nil {
 		t.Fatalf("the liveness bound from the worker flags: %v", err)
 	}
@@ -297,6 +334,12 @@ func (w *world) setup() {
 			t.Fatal(err)
 		}
 	}
+}
+
+// startBackground starts the fence tracker, the operator, the liveness
+// check and the producer.
+func (w *world) startBackground() {
+	t := w.t
 	w.trackerDone = make(chan struct{})
 	trackCtx, stopTracking := context.WithCancel(context.Background())
 	t.Cleanup(func() { stopTracking(); <-w.trackerDone })
@@ -305,8 +348,10 @@ func (w *world) setup() {
 	w.startLiveness()
 	go w.prod.run(w.cfg.rate, rand.New(rand.NewPCG(uint64(w.cfg.seed), 2)))
 	t.Cleanup(w.prod.halt) // a run that fails early stops producing too
+}
 
-	// Warm-up: every partition claimed and past its first jobs.
+// warmUp waits until every partition is claimed and past its first jobs.
+func (w *world) warmUp() {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		w.mu.Lock()
@@ -318,16 +363,15 @@ func (w *world) setup() {
 		}
 		w.mu.Unlock()
 		if n == initialPartitions && ok {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			w.dumpState("warm-up")
-			t.Fatalf("the workers did not start processing every partition within 60s")
+			w.t.Fatalf("the workers did not start processing every partition within 60s")
 		}
 		w.supervise()
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("warm-up done in %s; injecting faults for %s", time.Since(w.start).Round(time.Millisecond), w.cfg.duration)
 }
 
 func (w *world) startBroker() error {

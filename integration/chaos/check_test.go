@@ -274,14 +274,7 @@ func (c *runCheck) checkStored() {
 // to their job; the deleted jobs each processed once or declared lost by a
 // hold (those processed are judged as the log's jobs are).
 func (c *runCheck) checkJobs() {
-	c.writes = map[pos][]history.Write{}
-	for _, wr := range c.h.Writes {
-		c.writes[pos{wr.Partition, wr.Offset}] = append(c.writes[pos{wr.Partition, wr.Offset}], wr)
-	}
-	c.dead = map[pos]int{}
-	for _, d := range c.h.DeadLetters {
-		c.dead[pos{d.Partition, d.Offset}]++
-	}
+	c.indexEffects()
 	dls := c.w.deadLetters(c.ctx)
 	c.acked, c.failed = c.w.prod.snapshot()
 	cuts := map[int32]int64{}
@@ -290,41 +283,12 @@ func (c *runCheck) checkJobs() {
 			cuts[x.Partition.Partition] = x.NextOffset
 		}
 	}
-	c.deleted = c.w.checkDeleted(c.acked, c.dels, c.reappeared, c.writes, c.dead, c.h.Log, cuts)
-	for _, v := range c.deleted.violations {
-		c.violate("deleted jobs: %s", v)
-	}
-	for _, f := range c.deleted.findings {
-		c.find("%s", f)
-	}
-	type jobAt struct {
-		key string
-		v   jobValue
-	}
-	jobs := map[pos]jobAt{}
-	for ps, r := range c.byPos {
-		jobs[ps] = jobAt{string(r.Key), recordValue(r)}
-	}
-	for ps, j := range c.deleted.done {
-		jobs[ps] = jobAt{j.Key, jobValue{Seq: j.Seq, Key: j.Key, Marker: j.Marker, Fault: j.Fault}}
-	}
+	c.checkDeletedJobs(cuts)
 	c.goodDead = map[string]int{}
 	c.newest = map[string]map[int32]int64{}
-	c.covered = map[pos]int{}
-	cut := map[int32]int64{}
-	for _, x := range c.h.Cuts {
-		if x.Topic == topicName {
-			cut[x.Partition.Partition] = x.NextOffset
-		}
-	}
-	for _, e := range c.h.Log {
-		if e.Kind == "commit" && e.Partition.Topic == topicName {
-			for o := e.From; o < e.To; o++ {
-				c.covered[pos{e.Partition.Partition, o}]++
-			}
-		}
-	}
-	for ps, r := range jobs {
+	rec := readOpRecord(c.h.Log, cuts)
+	c.covered = rec.covered
+	for ps, r := range c.jobsToJudge() {
 		if ps.off >= c.fenceNext[ps.p] {
 			continue // not processed (a stuck partition, reported by checkStored)
 		}
@@ -333,52 +297,103 @@ func (c *runCheck) checkJobs() {
 		// or forward past it (it never ran: history.Check reports a job
 		// no commit covers that no reset skipped). Below a pruned
 		// partition's cut the commits are gone: one.
-		want := 1
-		if b, ok := cut[ps.p]; !ok || ps.off >= b {
-			want = c.covered[ps]
-		}
+		want := rec.want(ps)
 		if want == 0 {
 			c.skippedByReset++
 			continue
 		}
-		v := r.v
-		if v.Fault != "" {
-			c.faultJobs++
-			if v.Fault == "error" {
-				c.faultErr++
-			} else {
-				c.faultPan++
-			}
-			if c.dead[ps] != want || len(c.writes[ps]) != 0 {
-				c.violate("fault job %s/%d/%d (%s): %d dead letters, %d effects; want %d dead letters (one per commit that covered it) and no effect",
-					topicName, ps.p, ps.off, v.Fault, c.dead[ps], len(c.writes[ps]), want)
-			}
+		if r.v.Fault != "" {
+			c.checkFaultJob(ps, r.v, want)
 			continue
 		}
-		for _, wr := range c.writes[ps] {
-			if wr.Key != r.key {
-				c.violate("effect at %d/%d is for key %q, the job's key is %q", ps.p, ps.off, wr.Key, r.key)
-			}
+		c.checkGoodJob(ps, r, dls)
+	}
+}
+
+// indexEffects indexes the history's effects and dead letters by position.
+func (c *runCheck) indexEffects() {
+	c.writes = map[pos][]history.Write{}
+	for _, wr := range c.h.Writes {
+		c.writes[pos{wr.Partition, wr.Offset}] = append(c.writes[pos{wr.Partition, wr.Offset}], wr)
+	}
+	c.dead = map[pos]int{}
+	for _, d := range c.h.DeadLetters {
+		c.dead[pos{d.Partition, d.Offset}]++
+	}
+}
+
+// checkDeletedJobs judges the acknowledged jobs the harness deleted
+// (checkDeleted) and reports what it found.
+func (c *runCheck) checkDeletedJobs(cuts map[int32]int64) {
+	c.deleted = c.w.checkDeleted(c.acked, c.dels, c.reappeared, c.writes, c.dead, c.h.Log, cuts)
+	for _, v := range c.deleted.violations {
+		c.violate("deleted jobs: %s", v)
+	}
+	for _, f := range c.deleted.findings {
+		c.find("%s", f)
+	}
+}
+
+// jobAt is a job to judge: its key and value.
+type jobAt struct {
+	key string
+	v   jobValue
+}
+
+// jobsToJudge are the log's jobs and the deleted jobs processed before
+// their deletion, by position.
+func (c *runCheck) jobsToJudge() map[pos]jobAt {
+	jobs := map[pos]jobAt{}
+	for ps, r := range c.byPos {
+		jobs[ps] = jobAt{string(r.Key), recordValue(r)}
+	}
+	for ps, j := range c.deleted.done {
+		jobs[ps] = jobAt{j.Key, jobValue{Seq: j.Seq, Key: j.Key, Marker: j.Marker, Fault: j.Fault}}
+	}
+	return jobs
+}
+
+// checkFaultJob: a fault job is dead-lettered once per commit that covered
+// it, and has no effect.
+func (c *runCheck) checkFaultJob(ps pos, v jobValue, want int) {
+	c.faultJobs++
+	if v.Fault == "error" {
+		c.faultErr++
+	} else {
+		c.faultPan++
+	}
+	if c.dead[ps] != want || len(c.writes[ps]) != 0 {
+		c.violate("fault job %s/%d/%d (%s): %d dead letters, %d effects; want %d dead letters (one per commit that covered it) and no effect",
+			topicName, ps.p, ps.off, v.Fault, c.dead[ps], len(c.writes[ps]), want)
+	}
+}
+
+// checkGoodJob: a good job's effects are for its key; dead-lettered, it is
+// a finding; exported, it is the newest of its key and partition or older.
+func (c *runCheck) checkGoodJob(ps pos, r jobAt, dls map[pos]deadLetter) {
+	for _, wr := range c.writes[ps] {
+		if wr.Key != r.key {
+			c.violate("effect at %d/%d is for key %q, the job's key is %q", ps.p, ps.off, wr.Key, r.key)
 		}
-		if c.dead[ps] > 0 {
-			d := dls[ps]
-			after := "no fault"
-			if f := latestFault(c.faults, d.at); f != nil {
-				after = fmt.Sprintf("%s %s +%s", f.Kind, f.Target, d.at.Sub(f.Injected).Round(time.Millisecond))
-				c.goodDead[f.Kind]++
-			} else {
-				c.goodDead["none"]++
-			}
-			c.find("good job %s/%d/%d (key %s) was dead-lettered at %s (after %s) by %s: %q after %d attempts",
-				topicName, ps.p, ps.off, r.key, d.at.Format("15:04:05.000"), after, d.owner, d.err, d.attempts)
-			continue
+	}
+	if c.dead[ps] > 0 {
+		d := dls[ps]
+		after := "no fault"
+		if f := latestFault(c.faults, d.at); f != nil {
+			after = fmt.Sprintf("%s %s +%s", f.Kind, f.Target, d.at.Sub(f.Injected).Round(time.Millisecond))
+			c.goodDead[f.Kind]++
+		} else {
+			c.goodDead["none"]++
 		}
-		if c.newest[r.key] == nil {
-			c.newest[r.key] = map[int32]int64{}
-		}
-		if o, ok := c.newest[r.key][ps.p]; !ok || ps.off > o {
-			c.newest[r.key][ps.p] = ps.off
-		}
+		c.find("good job %s/%d/%d (key %s) was dead-lettered at %s (after %s) by %s: %q after %d attempts",
+			topicName, ps.p, ps.off, r.key, d.at.Format("15:04:05.000"), after, d.owner, d.err, d.attempts)
+		return
+	}
+	if c.newest[r.key] == nil {
+		c.newest[r.key] = map[int32]int64{}
+	}
+	if o, ok := c.newest[r.key][ps.p]; !ok || ps.off > o {
+		c.newest[r.key][ps.p] = ps.off
 	}
 }
 

@@ -571,6 +571,18 @@ type deletedReport struct {
 func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared map[int32][]int64, writes map[pos][]history.Write, dead map[pos]int,
 	log []history.Entry, cuts map[int32]int64) deletedReport {
 	r := deletedReport{done: map[pos]job{}}
+	deletions, holds := w.truncSnapshot(&r)
+	held, lost := checkTruncHolds(&r, holds, log)
+	countDeletions(&r, deletions, held)
+	silent := checkDeletedJobs(&r, acked, dels, deletions, lost, writes, dead, readOpRecord(log, cuts))
+	w.reportSilent(&r, silent, deletions)
+	w.checkReappeared(&r, reappeared, deletions, dels)
+	return r
+}
+
+// truncSnapshot copies the operator's record under its lock: the
+// deletions, the holds by id, and its violations and findings into r.
+func (w *world) truncSnapshot(r *deletedReport) ([]*deletion, []*truncHold) {
 	w.trunc.mu.Lock()
 	deletions := slices.Clone(w.trunc.deletions)
 	var holds []*truncHold
@@ -581,12 +593,22 @@ func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared m
 	r.findings = append(r.findings, w.trunc.findings...)
 	w.trunc.mu.Unlock()
 	sort.Slice(holds, func(i, j int) bool { return holds[i].hold.ID < holds[j].hold.ID })
+	return deletions, holds
+}
 
+// lostBy is a range of offsets an acknowledged log-truncated hold declared
+// lost.
+type lostBy struct {
+	offRange
+	th *truncHold
+}
+
+// checkTruncHolds counts the acknowledged log-truncated holds and checks
+// that each acknowledgement skipped exactly what its hold declared lost.
+// It returns the deletions a hold followed, and the lost ranges by
+// partition.
+func checkTruncHolds(r *deletedReport, holds []*truncHold, log []history.Entry) (map[*deletion]bool, map[int32][]lostBy) {
 	held := map[*deletion]bool{}
-	type lostBy struct {
-		offRange
-		th *truncHold
-	}
 	lost := map[int32][]lostBy{}
 	for _, th := range holds {
 		if th.acked.IsZero() {
@@ -621,6 +643,11 @@ func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared m
 				h.ID, p, h.NextOffset, h.LogStart-1, reset.From, reset.To, reset.ID, th.ackOut))
 		}
 	}
+	return held, lost
+}
+
+// countDeletions counts the deletions by mode, and those a hold followed.
+func countDeletions(r *deletedReport, deletions []*deletion, held map[*deletion]bool) {
 	for _, d := range deletions {
 		r.deletions++
 		if d.fault.Mode == deleteLagging {
@@ -635,22 +662,81 @@ func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared m
 			}
 		}
 	}
-	// atStake: the job was at or above the stored next offset read before
-	// the (first) deletion that removed it.
-	atStake := func(p int32, off int64) bool {
-		for _, d := range deletions {
-			if d.partition == p && d.from <= off && off < d.to {
-				return off >= d.next
-			}
+}
+
+// atStake reports whether the job at p/off was at or above the stored next
+// offset read before the (first) deletion that removed it.
+func atStake(deletions []*deletion, p int32, off int64) bool {
+	for _, d := range deletions {
+		if d.partition == p && d.from <= off && off < d.to {
+			return off >= d.next
 		}
-		return false
 	}
-	type run struct {
-		p        int32
-		from, to int64 // offsets of the first and the last job
-		n        int
+	return false
+}
+
+// opRecord is what the operator's record says of each offset
+// (offsetsreset_test.go): a job ran once per commit that covered it (twice
+// if an offsets reset moved back over it), and not at all if a reset moved
+// forward past it first. Below a pruned partition's cut the commits are
+// gone: once.
+type opRecord struct {
+	covered        map[pos]int
+	skippedByReset map[int32][]offRange
+	cuts           map[int32]int64
+}
+
+// readOpRecord reads the commits and the operator's offsets resets of the
+// fence log.
+func readOpRecord(log []history.Entry, cuts map[int32]int64) opRecord {
+	o := opRecord{covered: map[pos]int{}, skippedByReset: map[int32][]offRange{}, cuts: cuts}
+	for _, e := range log {
+		if e.Partition.Topic != topicName {
+			continue
+		}
+		switch {
+		case e.Kind == "commit":
+			for off := e.From; off < e.To; off++ {
+				o.covered[pos{e.Partition.Partition, off}]++
+			}
+		case e.Kind == "reset" && e.Owner == resetActor && e.To > e.From:
+			o.skippedByReset[e.Partition.Partition] = append(o.skippedByReset[e.Partition.Partition], offRange{e.From, e.To})
+		}
 	}
-	var silent []run
+	return o
+}
+
+// want is how many times the job at ps ran by the record.
+func (o opRecord) want(ps pos) int {
+	if b, ok := o.cuts[ps.p]; ok && ps.off < b {
+		return 1
+	}
+	return o.covered[ps]
+}
+
+// resetSkipped reports whether an operator's offsets reset moved forward
+// past ps.
+func (o opRecord) resetSkipped(ps pos) bool {
+	for _, rg := range o.skippedByReset[ps.p] {
+		if rg.from <= ps.off && ps.off < rg.to {
+			return true
+		}
+	}
+	return false
+}
+
+// silentRun is consecutive deleted jobs of a partition skipped in silence.
+type silentRun struct {
+	p        int32
+	from, to int64 // offsets of the first and the last job
+	n        int
+}
+
+// checkDeletedJobs judges each acknowledged job at a deleted offset, in
+// partition and offset order, and returns the runs skipped in silence.
+func checkDeletedJobs(r *deletedReport, acked []job, dels map[int32]offRanges, deletions []*deletion, lost map[int32][]lostBy,
+	writes map[pos][]history.Write, dead map[pos]int, rec opRecord) []silentRun {
+	var silent []silentRun
 	inRun := false // the previous deleted job of the partition was skipped too
 	sorted := slices.Clone(acked)
 	sort.Slice(sorted, func(i, j int) bool {
@@ -659,51 +745,18 @@ func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared m
 		}
 		return sorted[i].Offset < sorted[j].Offset
 	})
-	// What the operator's record says of each offset (offsetsreset_test.go):
-	// a job ran once per commit that covered it (twice if an offsets reset
-	// moved back over it), and not at all if a reset moved forward past it
-	// first. Below a pruned partition's cut the commits are gone: once.
-	covered := map[pos]int{}
-	skippedByReset := map[int32][]offRange{}
-	for _, e := range log {
-		if e.Partition.Topic != topicName {
-			continue
-		}
-		switch {
-		case e.Kind == "commit":
-			for o := e.From; o < e.To; o++ {
-				covered[pos{e.Partition.Partition, o}]++
-			}
-		case e.Kind == "reset" && e.Owner == resetActor && e.To > e.From:
-			skippedByReset[e.Partition.Partition] = append(skippedByReset[e.Partition.Partition], offRange{e.From, e.To})
-		}
-	}
-	wantOf := func(ps pos) int {
-		if b, ok := cuts[ps.p]; ok && ps.off < b {
-			return 1
-		}
-		return covered[ps]
-	}
-	resetSkipped := func(ps pos) bool {
-		for _, rg := range skippedByReset[ps.p] {
-			if rg.from <= ps.off && ps.off < rg.to {
-				return true
-			}
-		}
-		return false
-	}
 	for _, j := range sorted {
 		if !dels[j.Partition].contains(j.Offset) {
 			continue
 		}
 		ps := pos{j.Partition, j.Offset}
-		stake := atStake(j.Partition, j.Offset)
+		stake := atStake(deletions, j.Partition, j.Offset)
 		r.jobs++
 		if stake {
 			r.stake++
 		}
 		n := len(writes[ps]) + dead[ps]
-		want := wantOf(ps)
+		want := rec.want(ps)
 		var in *truncHold
 		for _, l := range lost[j.Partition] {
 			if l.from <= j.Offset && j.Offset < l.to {
@@ -716,7 +769,7 @@ func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared m
 			if stake {
 				r.stakeLost++
 			}
-		case n == 0 && want == 0 && resetSkipped(ps):
+		case n == 0 && want == 0 && rec.resetSkipped(ps):
 			// An operator's offsets reset skipped it before the deletion.
 			r.skippedByReset++
 		case n == 0:
@@ -725,7 +778,7 @@ func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared m
 				// Consecutive acknowledged jobs of the partition: one run.
 				silent[k-1].to, silent[k-1].n = j.Offset, silent[k-1].n+1
 			} else {
-				silent = append(silent, run{j.Partition, j.Offset, j.Offset, 1})
+				silent = append(silent, silentRun{j.Partition, j.Offset, j.Offset, 1})
 			}
 			inRun = true
 			continue
@@ -744,6 +797,12 @@ func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared m
 		}
 		inRun = false
 	}
+	return silent
+}
+
+// reportSilent makes each run skipped in silence a violation, naming the
+// deletion that removed it.
+func (w *world) reportSilent(r *deletedReport, silent []silentRun, deletions []*deletion) {
 	for _, s := range silent {
 		var by string
 		for _, d := range deletions {
@@ -756,11 +815,14 @@ func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared m
 		r.violations = append(r.violations, fmt.Sprintf("skipped in silence: %d acknowledged jobs of partition %d at offsets %d to %d, deleted by %s, were neither processed nor declared lost by a log-truncated hold",
 			s.n, s.p, s.from, s.to, by))
 	}
-	// Deleted records the log has again: kfake keeps a DeleteRecords log
-	// start only in the snapshot of a clean shutdown, and rebuilds it from
-	// its segments (the first batch left on disk) after a SIGKILL. Expected
-	// after a broker SIGKILL that followed a deletion of the partition;
-	// anything else is a finding.
+}
+
+// checkReappeared judges the deleted records the log has again: kfake
+// keeps a DeleteRecords log start only in the snapshot of a clean
+// shutdown, and rebuilds it from its segments (the first batch left on
+// disk) after a SIGKILL. Expected after a broker SIGKILL that followed a
+// deletion of the partition; anything else is a finding.
+func (w *world) checkReappeared(r *deletedReport, reappeared map[int32][]int64, deletions []*deletion, dels map[int32]offRanges) {
 	w.mu.Lock()
 	faults := slices.Clone(w.faults)
 	w.mu.Unlock()
@@ -788,7 +850,6 @@ func (w *world) checkDeleted(acked []job, dels map[int32]offRanges, reappeared m
 		}
 		r.findings = append(r.findings, msg+", and no broker SIGKILL followed the deletion")
 	}
-	return r
 }
 
 // summary is the deleted jobs' lines of the run's summary.

@@ -138,33 +138,55 @@ func (lb *logbook) record(worker, line string) {
 		lb.strict = append(lb.strict, sev)
 		lb.mu.Unlock()
 	}
-	ev := func() batchEvent {
-		e := batchEvent{Worker: worker, At: time.Now()}
-		if ts, ok := m["ts"].(string); ok {
-			if t, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts); err == nil {
-				e.At = t
-			}
-		}
-		if p, ok := m["partition"].(float64); ok {
-			e.Partition = int32(p)
-		}
-		e.Token, _ = m["token"].(string)
-		e.Member, _ = m["member"].(string)
-		if f, ok := m["from"].(float64); ok {
-			e.From = int64(f)
-		}
-		if t, ok := m["to"].(float64); ok {
-			e.To = int64(t)
-		}
-		if c, ok := m["claim_id"].(float64); ok {
-			e.ClaimID = int64(c)
-		}
-		return e
-	}
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	lb.lines++
 	lb.lastLine[worker] = time.Now()
+	lb.keepEvidence(worker, line, level, m)
+	lb.wakeWaiters(worker, msg)
+	if level == "warn" || level == "error" {
+		if lb.byLevel[level] == nil {
+			lb.byLevel[level] = map[string]int{}
+		}
+		lb.byLevel[level][msg]++
+	}
+	if sd, _ := m["stepped_down"].(bool); sd {
+		lb.stepDowns = append(lb.stepDowns, eventOf(worker, m))
+	}
+	if a, ok := history.ParseAssignment(groupName, m); ok {
+		lb.assignments = append(lb.assignments, assignment{Worker: worker, Assignment: a})
+	}
+	lb.recordMsg(worker, line, msg, m)
+}
+
+// eventOf is the batch event a worker's line m describes.
+func eventOf(worker string, m map[string]any) batchEvent {
+	e := batchEvent{Worker: worker, At: time.Now()}
+	if ts, ok := m["ts"].(string); ok {
+		if t, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts); err == nil {
+			e.At = t
+		}
+	}
+	if p, ok := m["partition"].(float64); ok {
+		e.Partition = int32(p)
+	}
+	e.Token, _ = m["token"].(string)
+	e.Member, _ = m["member"].(string)
+	if f, ok := m["from"].(float64); ok {
+		e.From = int64(f)
+	}
+	if t, ok := m["to"].(float64); ok {
+		e.To = int64(t)
+	}
+	if c, ok := m["claim_id"].(float64); ok {
+		e.ClaimID = int64(c)
+	}
+	return e
+}
+
+// keepEvidence keeps the line among the last about its partition, or
+// about the topic (info or above). lb.mu is held.
+func (lb *logbook) keepEvidence(worker, line, level string, m map[string]any) {
 	if p, ok := m["partition"].(float64); ok {
 		ring := append(lb.partLines[int32(p)], worker+": "+line)
 		lb.partLines[int32(p)] = ring[max(0, len(ring)-partLinesKept):]
@@ -172,6 +194,11 @@ func (lb *logbook) record(worker, line string) {
 		lb.topicLines = append(lb.topicLines, worker+": "+line)
 		lb.topicLines = lb.topicLines[max(0, len(lb.topicLines)-topicLinesKept):]
 	}
+}
+
+// wakeWaiters closes the awaitLine channels that wait for this line.
+// lb.mu is held.
+func (lb *logbook) wakeWaiters(worker, msg string) {
 	if len(lb.waiters) > 0 {
 		lb.waiters = slices.DeleteFunc(lb.waiters, func(lw lineWaiter) bool {
 			if lw.msg == msg && (lw.worker == "" || lw.worker == worker) {
@@ -181,18 +208,11 @@ func (lb *logbook) record(worker, line string) {
 			return false
 		})
 	}
-	if level == "warn" || level == "error" {
-		if lb.byLevel[level] == nil {
-			lb.byLevel[level] = map[string]int{}
-		}
-		lb.byLevel[level][msg]++
-	}
-	if sd, _ := m["stepped_down"].(bool); sd {
-		lb.stepDowns = append(lb.stepDowns, ev())
-	}
-	if a, ok := history.ParseAssignment(groupName, m); ok {
-		lb.assignments = append(lb.assignments, assignment{Worker: worker, Assignment: a})
-	}
+}
+
+// recordMsg records what the line's msg says. lb.mu is held.
+func (lb *logbook) recordMsg(worker, line, msg string, m map[string]any) {
+	ev := func() batchEvent { return eventOf(worker, m) }
 	switch msg {
 	case msgHolding:
 		if ch := lb.holding[worker]; ch != nil {

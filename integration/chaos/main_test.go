@@ -46,6 +46,8 @@ type config struct {
 	kinds    []string // the kinds the deck deals (nil: all)
 }
 
+// loadConfig reads the run's settings: the flags, else the environment,
+// else the defaults; then checks them.
 func loadConfig() (config, error) {
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -58,63 +60,64 @@ func loadConfig() (config, error) {
 	}
 	c := config{duration: *durationFlag, workers: *workersFlag, seed: *seedFlag, soak: *soakFlag,
 		rate: *rateFlag, protocol: *protocolFlag, keep: *keepFlag, postgres: *postgresFlag, strict: *strictFlag}
-	var err error
-	if v, ok := env("chaos.soak", "TENURE_CHAOS_SOAK"); ok {
-		if c.soak, err = strconv.ParseBool(v); err != nil {
-			return c, fmt.Errorf("TENURE_CHAOS_SOAK=%q: %v", v, err)
-		}
-	}
-	if v, ok := env("chaos.strict", "TENURE_CHAOS_STRICT"); ok {
-		if c.strict, err = strconv.ParseBool(v); err != nil {
-			return c, fmt.Errorf("TENURE_CHAOS_STRICT=%q: %v", v, err)
-		}
-	}
-	if v, ok := env("chaos.keep", "TENURE_CHAOS_KEEP"); ok {
-		if c.keep, err = strconv.ParseBool(v); err != nil {
-			return c, fmt.Errorf("TENURE_CHAOS_KEEP=%q: %v", v, err)
-		}
-	}
-	if v, ok := env("chaos.duration", "TENURE_CHAOS_DURATION"); ok {
-		if c.duration, err = time.ParseDuration(v); err != nil {
-			return c, fmt.Errorf("TENURE_CHAOS_DURATION=%q: %v", v, err)
-		}
-	}
-	if v, ok := env("chaos.workers", "TENURE_CHAOS_WORKERS"); ok {
-		if c.workers, err = strconv.Atoi(v); err != nil {
-			return c, fmt.Errorf("TENURE_CHAOS_WORKERS=%q: %v", v, err)
-		}
-	}
-	if v, ok := env("chaos.seed", "TENURE_CHAOS_SEED"); ok {
-		if c.seed, err = strconv.ParseInt(v, 10, 64); err != nil {
-			return c, fmt.Errorf("TENURE_CHAOS_SEED=%q: %v", v, err)
-		}
-	}
-	if v, ok := env("chaos.rate", "TENURE_CHAOS_RATE"); ok {
-		if c.rate, err = strconv.Atoi(v); err != nil {
-			return c, fmt.Errorf("TENURE_CHAOS_RATE=%q: %v", v, err)
-		}
-	}
-	if v, ok := env("chaos.protocol", "TENURE_CHAOS_PROTOCOL"); ok {
-		c.protocol = v
-	}
-	if v, ok := env("chaos.postgres", "TENURE_CHAOS_POSTGRES"); ok {
-		c.postgres = v
+	if err := c.fromEnv(env); err != nil {
+		return c, err
 	}
 	ks := *kindsFlag
 	if v, ok := env("chaos.kinds", "TENURE_CHAOS_KINDS"); ok {
 		ks = v
 	}
+	if err := c.parseKinds(ks); err != nil {
+		return c, err
+	}
+	c.fillDefaults()
+	return c, c.check()
+}
+
+// fromEnv sets what the environment says of each setting whose flag was
+// not given.
+func (c *config) fromEnv(env func(flagName, envName string) (string, bool)) error {
+	for _, x := range []struct {
+		flag, env string
+		parse     func(v string) error
+	}{
+		{"chaos.soak", "TENURE_CHAOS_SOAK", func(v string) (err error) { c.soak, err = strconv.ParseBool(v); return err }},
+		{"chaos.strict", "TENURE_CHAOS_STRICT", func(v string) (err error) { c.strict, err = strconv.ParseBool(v); return err }},
+		{"chaos.keep", "TENURE_CHAOS_KEEP", func(v string) (err error) { c.keep, err = strconv.ParseBool(v); return err }},
+		{"chaos.duration", "TENURE_CHAOS_DURATION", func(v string) (err error) { c.duration, err = time.ParseDuration(v); return err }},
+		{"chaos.workers", "TENURE_CHAOS_WORKERS", func(v string) (err error) { c.workers, err = strconv.Atoi(v); return err }},
+		{"chaos.seed", "TENURE_CHAOS_SEED", func(v string) (err error) { c.seed, err = strconv.ParseInt(v, 10, 64); return err }},
+		{"chaos.rate", "TENURE_CHAOS_RATE", func(v string) (err error) { c.rate, err = strconv.Atoi(v); return err }},
+		{"chaos.protocol", "TENURE_CHAOS_PROTOCOL", func(v string) error { c.protocol = v; return nil }},
+		{"chaos.postgres", "TENURE_CHAOS_POSTGRES", func(v string) error { c.postgres = v; return nil }},
+	} {
+		if v, ok := env(x.flag, x.env); ok {
+			if err := x.parse(v); err != nil {
+				return fmt.Errorf("%s=%q: %v", x.env, v, err)
+			}
+		}
+	}
+	return nil
+}
+
+// parseKinds sets the kinds the deck deals from a comma-separated list.
+func (c *config) parseKinds(ks string) error {
 	for _, k := range strings.Split(ks, ",") {
 		if k = strings.TrimSpace(k); k == "" {
 			continue
 		}
 		if !slices.Contains(kinds, k) {
-			return c, fmt.Errorf("-chaos.kinds: %q is not a fault kind (%s)", k, strings.Join(kinds, ", "))
+			return fmt.Errorf("-chaos.kinds: %q is not a fault kind (%s)", k, strings.Join(kinds, ", "))
 		}
 		if !slices.Contains(c.kinds, k) {
 			c.kinds = append(c.kinds, k)
 		}
 	}
+	return nil
+}
+
+// fillDefaults sets the defaults of what is still unset.
+func (c *config) fillDefaults() {
 	if c.postgres == "" {
 		c.postgres = postgresSingle
 	}
@@ -136,30 +139,34 @@ func loadConfig() (config, error) {
 	if c.seed == 0 {
 		c.seed = time.Now().UnixNano() % 1_000_000_000
 	}
+}
+
+// check refuses settings a run cannot have.
+func (c config) check() error {
 	switch {
 	case c.duration < 10*time.Second:
-		return c, fmt.Errorf("chaos duration %s is too short to inject anything (at least 10s)", c.duration)
+		return fmt.Errorf("chaos duration %s is too short to inject anything (at least 10s)", c.duration)
 	case c.workers < 3:
-		return c, fmt.Errorf("chaos runs need at least 3 workers, not %d", c.workers)
+		return fmt.Errorf("chaos runs need at least 3 workers, not %d", c.workers)
 	case c.rate < 1 || c.rate > 5000:
-		return c, fmt.Errorf("job rate %d/s is not in [1, 5000]", c.rate)
+		return fmt.Errorf("job rate %d/s is not in [1, 5000]", c.rate)
 	case c.protocol != "classic" && c.protocol != "consumer":
-		return c, fmt.Errorf("protocol %q is not classic or consumer", c.protocol)
+		return fmt.Errorf("protocol %q is not classic or consumer", c.protocol)
 	case c.postgres != postgresSingle && c.postgres != postgresFormation:
-		return c, fmt.Errorf("-chaos.postgres %q is not %s or %s", c.postgres, postgresSingle, postgresFormation)
+		return fmt.Errorf("-chaos.postgres %q is not %s or %s", c.postgres, postgresSingle, postgresFormation)
 	// kfake's KIP-848 offset commit rule accepts an ended assignment's
 	// commit (docs/model/strict.pml), so strict hand-off runs on classic;
 	// the formation's failover is covered by its own run.
 	case c.strict && c.protocol != "classic":
-		return c, fmt.Errorf("-chaos.strict runs on the classic protocol: kfake's KIP-848 offset commit rule cannot carry strict hand-off")
+		return fmt.Errorf("-chaos.strict runs on the classic protocol: kfake's KIP-848 offset commit rule cannot carry strict hand-off")
 	case c.strict && c.postgres != postgresSingle:
-		return c, fmt.Errorf("-chaos.strict runs on a single server, not a formation")
+		return fmt.Errorf("-chaos.strict runs on a single server, not a formation")
 	case slices.Contains(c.kinds, kindPGFailover) && c.postgres != postgresFormation:
-		return c, fmt.Errorf("-chaos.kinds %s needs -chaos.postgres formation", kindPGFailover)
+		return fmt.Errorf("-chaos.kinds %s needs -chaos.postgres formation", kindPGFailover)
 	case slices.Contains(c.kinds, kindPGRestart) && c.postgres == postgresFormation:
-		return c, fmt.Errorf("-chaos.kinds %s: a formation deals %s instead", kindPGRestart, kindPGFailover)
+		return fmt.Errorf("-chaos.kinds %s: a formation deals %s instead", kindPGRestart, kindPGFailover)
 	}
-	return c, nil
+	return nil
 }
 
 // tenureBin is the `tenure` binary, built once for the package.

@@ -66,14 +66,7 @@ func (w *world) offsetsReset() {
 	k := int64(10 + w.rng.IntN(31)) // jobs repeated, or skipped
 	w.settle(15 * time.Second)
 	w.markerWG.Wait() // no marker of an earlier fault may land on an idle partition
-	w.mu.Lock()
-	var claimed []int32
-	for p := range w.nparts() {
-		if _, ok := w.next[p]; ok {
-			claimed = append(claimed, p) // the CLI refuses a partition with no fencing row
-		}
-	}
-	w.mu.Unlock()
+	claimed := w.claimedPartitions()
 	if len(claimed) == 0 {
 		w.note("offsets-reset: no partition has a fencing row")
 		return
@@ -100,42 +93,14 @@ func (w *world) offsetsReset() {
 	// moved into the middle of it.
 	var frozen *slot
 	if forward {
-		owner, _, err := w.fenceOf(ctx, p)
-		if name := w.book.workerOf(owner, p); err == nil && name != "" {
-			for _, s := range w.slots {
-				if s.p.name == name && !s.p.exited() {
-					frozen = s
-				}
-			}
-		}
+		frozen = w.frozenOwner(ctx, p)
 	}
 	target := fmt.Sprintf("partition %d", p)
 	if frozen != nil {
 		target += " of " + frozen.p.name
 	}
 	f := w.begin(kindOffsetsReset, mode, target)
-	var args []string
-	if forward {
-		if frozen != nil {
-			if err := frozen.p.pause(); err != nil {
-				w.note("offsets-reset: %v", err)
-			}
-		}
-		burst, err := w.prod.burst(ctx, p, int(2*k), w.rng)
-		if err != nil || len(burst) < 2 {
-			w.note("offsets-reset %s: producing the burst: %v (%d jobs)", target, err, len(burst))
-		}
-		if len(burst) > 0 {
-			args = []string{"--to-offset", strconv.FormatInt(burst[len(burst)/2].Offset, 10)}
-		}
-	} else {
-		args = []string{"--shift-by", strconv.FormatInt(-k, 10)}
-		if start, err := w.logStart(ctx, p); err == nil {
-			if _, next, err := w.fenceOf(ctx, p); err == nil && next-k < start {
-				args = []string{"--to-offset", strconv.FormatInt(start, 10)} // no further back than the log
-			}
-		}
-	}
+	args := w.resetArgs(ctx, p, k, forward, frozen, target)
 	var r *offsetReset
 	var out string
 	if args != nil {
@@ -160,26 +125,89 @@ func (w *world) offsetsReset() {
 		w.t.Logf("offsets-reset: partition %d moved from %d to %d (reset #%d, %s): %s", p, r.from, r.to, r.entryID, mode, out)
 	}
 	if idle {
-		// The quiet tail: no traffic to the partition until it moves, or
-		// B and a sample have passed (the liveness check has judged it).
-		moved := time.Duration(-1)
-		if r != nil && r.from != r.to {
-			at, ok := w.quietTail(func() bool {
-				_, next, err := w.fenceOf(ctx, p)
-				return err == nil && next > r.to
-			})
-			if ok {
-				moved = at.Sub(f.Ended)
-			}
-		}
-		w.mu.Lock()
-		if r != nil {
-			r.moved = moved
-		}
-		w.mu.Unlock()
-		w.prod.setSkip(-1)
+		w.idleTail(ctx, p, r, f)
 	}
 	w.mark(f)
+}
+
+// claimedPartitions are the partitions with a fencing row (the CLI refuses
+// a partition without one).
+func (w *world) claimedPartitions() []int32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var claimed []int32
+	for p := range w.nparts() {
+		if _, ok := w.next[p]; ok {
+			claimed = append(claimed, p) // the CLI refuses a partition with no fencing row
+		}
+	}
+	return claimed
+}
+
+// frozenOwner is the running worker whose member owns partition p's
+// fencing row, or nil.
+func (w *world) frozenOwner(ctx context.Context, p int32) *slot {
+	var frozen *slot
+	owner, _, err := w.fenceOf(ctx, p)
+	if name := w.book.workerOf(owner, p); err == nil && name != "" {
+		for _, s := range w.slots {
+			if s.p.name == name && !s.p.exited() {
+				frozen = s
+			}
+		}
+	}
+	return frozen
+}
+
+// resetArgs are the CLI's arguments for the reset of partition p: forward,
+// into the middle of a burst of 2k jobs produced with frozen (if any)
+// paused; back, k jobs but no further than the log start. nil: no reset.
+func (w *world) resetArgs(ctx context.Context, p int32, k int64, forward bool, frozen *slot, target string) []string {
+	var args []string
+	if forward {
+		if frozen != nil {
+			if err := frozen.p.pause(); err != nil {
+				w.note("offsets-reset: %v", err)
+			}
+		}
+		burst, err := w.prod.burst(ctx, p, int(2*k), w.rng)
+		if err != nil || len(burst) < 2 {
+			w.note("offsets-reset %s: producing the burst: %v (%d jobs)", target, err, len(burst))
+		}
+		if len(burst) > 0 {
+			args = []string{"--to-offset", strconv.FormatInt(burst[len(burst)/2].Offset, 10)}
+		}
+	} else {
+		args = []string{"--shift-by", strconv.FormatInt(-k, 10)}
+		if start, err := w.logStart(ctx, p); err == nil {
+			if _, next, err := w.fenceOf(ctx, p); err == nil && next-k < start {
+				args = []string{"--to-offset", strconv.FormatInt(start, 10)} // no further back than the log
+			}
+		}
+	}
+	return args
+}
+
+// idleTail is an idle reset's quiet tail: no traffic to the partition
+// until it moves, or B and a sample have passed (the liveness check has
+// judged it); r (if any) records how long it took to move.
+func (w *world) idleTail(ctx context.Context, p int32, r *offsetReset, f *fault) {
+	moved := time.Duration(-1)
+	if r != nil && r.from != r.to {
+		at, ok := w.quietTail(func() bool {
+			_, next, err := w.fenceOf(ctx, p)
+			return err == nil && next > r.to
+		})
+		if ok {
+			moved = at.Sub(f.Ended)
+		}
+	}
+	w.mu.Lock()
+	if r != nil {
+		r.moved = moved
+	}
+	w.mu.Unlock()
+	w.prod.setSkip(-1)
 }
 
 // awaitDrained waits until partition p's stored next offset has been the
