@@ -262,8 +262,19 @@ func TestHandlerSQLDataErrorsAreTheJobs(t *testing.T) {
 	}
 }
 
+// runNew makes a consumer of cfg and runs it until the test ends or stop
+// is called.
+func runNew(t testing.TB, cfg consumer.Config) (c *consumer.Consumer, stop func() error) {
+	t.Helper()
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, runConsumer(t, c)
+}
+
 // runConsumer runs c until the test ends or stop is called.
-func runConsumer(t *testing.T, c *consumer.Consumer) (stop func() error) {
+func runConsumer(t testing.TB, c *consumer.Consumer) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)

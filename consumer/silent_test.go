@@ -108,11 +108,7 @@ func TestLogTruncatedUnderALaggingLaneIsHeld(t *testing.T) {
 	cfg := b.config(slow, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))
 	cfg.BatchMax = 5
 	cfg.PartitionBufferBytes = 64 << 10
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
+	c, _ := runNew(t, cfg)
 	key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
 	ctx := context.Background()
 	waitForCond(t, 30*time.Second, "the lane to be under way", func() bool {
@@ -174,11 +170,7 @@ func TestRestoreFromBeforeTheFirstClaimIsHeld(t *testing.T) {
 			b := setup(t, 1)
 			b.produce(20, func(int) string { return "k" })
 			cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
-			c, err := consumer.New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stop := runConsumer(t, c)
+			_, stop := runNew(t, cfg)
 			b.waitDone(60 * time.Second)
 			b.waitMirrored(20, "tenure/log-epoch=0")
 			if when == "at the claim" {
@@ -189,10 +181,7 @@ func TestRestoreFromBeforeTheFirstClaimIsHeld(t *testing.T) {
 			b.exec(`DELETE FROM $schema.fences; DELETE FROM $schema.fence_log; DELETE FROM $schema.ledger`)
 			b.produce(5, func(int) string { return "k" })
 			if when == "at the claim" {
-				if c, err = consumer.New(cfg); err != nil {
-					t.Fatal(err)
-				}
-				runConsumer(t, c)
+				runNew(t, cfg)
 			}
 			key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
 			h := b.heldAs(key, sink.HoldDiverged, 30*time.Second)
@@ -227,11 +216,7 @@ func TestKafkaOffsetsOfAnotherClientAreAdopted(t *testing.T) {
 	if _, err := kadm.NewClient(b.cl).CommitOffsets(context.Background(), b.group, o); err != nil {
 		t.Fatal(err)
 	}
-	c, err := consumer.New(b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
+	runNew(t, b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
 	b.waitDone(60 * time.Second)
 	if n := b.ledgerRows(); n != 8 {
 		t.Errorf("%d jobs processed, want 8 (from the group's committed 12)", n)
@@ -251,11 +236,7 @@ func TestMirrorIsSentAgainUntilKafkaAcceptsIt(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	b.produce(10, func(int) string { return "k" })
-	c, err := consumer.New(b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
+	runNew(t, b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
 	b.waitDone(60 * time.Second)
 	b.waitMirrored(10, "")
 
@@ -267,19 +248,7 @@ func TestMirrorIsSentAgainUntilKafkaAcceptsIt(t *testing.T) {
 			return nil, nil, false
 		}
 		refused.Add(1)
-		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
-		resp.Version = req.Version
-		for _, rt := range req.Topics {
-			t := kmsg.NewOffsetCommitResponseTopic()
-			t.Topic, t.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				p := kmsg.NewOffsetCommitResponseTopicPartition()
-				p.Partition, p.ErrorCode = rp.Partition, kerr.RebalanceInProgress.Code
-				t.Partitions = append(t.Partitions, p)
-			}
-			resp.Topics = append(resp.Topics, t)
-		}
-		return resp, nil, true
+		return refuseCommit(req, kerr.RebalanceInProgress), nil, true
 	})
 	b.produce(5, func(int) string { return "k" })
 	b.waitDone(30 * time.Second)
@@ -298,11 +267,7 @@ func TestNoDivergenceAfterAnAheadOfLogAcknowledgement(t *testing.T) {
 	b := setup(t, 1)
 	b.produce(40, func(int) string { return "k" })
 	cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
+	_, stop := runNew(t, cfg)
 	b.waitDone(60 * time.Second)
 	b.waitMirrored(40, "tenure/log-epoch=0")
 	if err := stop(); err != nil {
@@ -323,10 +288,7 @@ func TestNoDivergenceAfterAnAheadOfLogAcknowledgement(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.produce(10, func(int) string { return "k" })
-	if c, err = consumer.New(cfg); err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
+	c, _ := runNew(t, cfg)
 	b.waitDone(30 * time.Second)
 	if holds, _ := b.store.OpenHolds(ctx, b.group); len(holds) != 0 {
 		t.Fatalf("held after the acknowledgement: %+v", holds)
@@ -349,11 +311,8 @@ func TestSecondLossAfterAnAcceptedDivergenceIsHeld(t *testing.T) {
 	b.produce(20, func(int) string { return "k" })
 	cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
 	start := func() func() error {
-		c, err := consumer.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return runConsumer(t, c)
+		_, stop := runNew(t, cfg)
+		return stop
 	}
 	stop := start()
 	b.waitDone(60 * time.Second)
