@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -53,23 +54,13 @@ func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want fence.Outcome)
 
 	// The handler arms the proxy on the connection of one batch in the
 	// middle of a partition (not its first): that batch's COMMIT is cut.
-	var report <-chan pgproxy.Report
-	h, victim := oneVictim(t, b, func(_ context.Context, tx consumer.Tx) error {
-		report = proxy.CutCommit(consumer.ConnOf(tx).PgConn().Conn().LocalAddr(), cut)
-		return nil
-	})
+	h, victim := cutVictim(t, b, proxy.CutCommit, cut)
 	log, logs := observedLogger(t, zap.WarnLevel)
 	cfg := b.config(h, log)
 	cfg.Store = store
 	stop := b.start(cfg)
 
-	victim.waitArmed(t)
-	var r pgproxy.Report
-	select {
-	case r = <-report:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the COMMIT of batch %s/%d [%d,%d) was not cut within 30s", victim.Topic, victim.Partition, victim.From, victim.To)
-	}
+	r := victim.waitCut(t)
 	t.Logf("cut %s: batch %s/%d [%d,%d), server reply %q", r.Cut, victim.Topic, victim.Partition, victim.From, victim.To, r.Reply)
 	if cut == pgproxy.AfterCommit && r.Reply != "COMMIT" {
 		t.Fatalf("the server answered the cut COMMIT with %q, want COMMIT", r.Reply)
@@ -127,11 +118,7 @@ func TestCommitOutcomeUnknownForLongStillEndsInProgress(t *testing.T) {
 	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%29) })
 	proxy, store := proxiedStore(t, b)
 
-	var report <-chan pgproxy.Report
-	h, victim := oneVictim(t, b, func(_ context.Context, tx consumer.Tx) error {
-		report = proxy.CutCommitAndGoDown(consumer.ConnOf(tx).PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
-		return nil
-	})
+	h, victim := cutVictim(t, b, proxy.CutCommitAndGoDown, pgproxy.AfterCommit)
 	log, logs := observedLogger(t, zap.ErrorLevel)
 	cfg := b.config(h, log)
 	cfg.Store = store
@@ -140,13 +127,8 @@ func TestCommitOutcomeUnknownForLongStillEndsInProgress(t *testing.T) {
 	const outage = 3 * time.Second
 	stop := b.start(cfg)
 
-	victim.waitArmed(t)
-	select {
-	case r := <-report:
-		t.Logf("cut %s and down for %s: batch %s/%d [%d,%d), server reply %q", r.Cut, outage, victim.Topic, victim.Partition, victim.From, victim.To, r.Reply)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the armed COMMIT was not cut within 30s")
-	}
+	r := victim.waitCut(t)
+	t.Logf("cut %s and down for %s: batch %s/%d [%d,%d), server reply %q", r.Cut, outage, victim.Topic, victim.Partition, victim.From, victim.To, r.Reply)
 	time.Sleep(outage) // the outage itself
 	proxy.SetDown(false)
 
@@ -165,7 +147,8 @@ func TestCommitOutcomeUnknownForLongStillEndsInProgress(t *testing.T) {
 // picked is the batch a oneVictim handler picked.
 type picked struct {
 	consumer.Batch
-	armed chan struct{}
+	armed  chan struct{}
+	report <-chan pgproxy.Report // with cutVictim: the cut's
 }
 
 // oneVictim is a ledger handler that picks one batch in the middle of a
@@ -190,6 +173,30 @@ func oneVictim(t *testing.T, b *bundle, arm func(context.Context, consumer.Tx) e
 		}
 		return err
 	}), v
+}
+
+// cutVictim is oneVictim whose arm has the proxy cut the victim's COMMIT
+// (cutCommit is the proxy's CutCommit or CutCommitAndGoDown).
+func cutVictim(t *testing.T, b *bundle, cutCommit func(net.Addr, pgproxy.Cut) <-chan pgproxy.Report, cut pgproxy.Cut) (consumer.Handler, *picked) {
+	var v *picked
+	h, v := oneVictim(t, b, func(_ context.Context, tx consumer.Tx) error {
+		v.report = cutCommit(consumer.ConnOf(tx).PgConn().Conn().LocalAddr(), cut)
+		return nil
+	})
+	return h, v
+}
+
+// waitCut waits for the victim to be picked and its COMMIT cut.
+func (v *picked) waitCut(t *testing.T) pgproxy.Report {
+	t.Helper()
+	v.waitArmed(t)
+	select {
+	case r := <-v.report:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the COMMIT of batch %s/%d [%d,%d) was not cut within 30s", v.Topic, v.Partition, v.From, v.To)
+		return pgproxy.Report{}
+	}
 }
 
 // waitArmed waits for the handler to pick its victim.
