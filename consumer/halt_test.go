@@ -33,9 +33,8 @@ func TestHandlerThatEndsItsTransactionHaltsThePartition(t *testing.T) {
 
 func testHandlerEndsItsTransaction(t *testing.T, stmt string) {
 	r := newHaltRun(t, stmt)
-	core, logs := observer.New(zap.DebugLevel)
-	dumpLogsOnFailure(t, logs)
-	r.cfg = r.b.config(consumer.HandlerFunc(r.handle), zap.New(core))
+	log, logs := dumpedLogger(t)
+	r.cfg = r.b.config(consumer.HandlerFunc(r.handle), log)
 	c, stop := runNew(t, r.cfg)
 	before := r.runIntoTheBug(t, c)
 	r.checkHalted(t, c, logs, before)
