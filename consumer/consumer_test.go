@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -99,27 +100,7 @@ func (b *bundle) config(h consumer.Handler, log *zap.Logger) consumer.Config {
 // start runs a consumer until the test ends or stop is called.
 func (b *bundle) start(cfg consumer.Config) (stop func() error) {
 	b.t.Helper()
-	c, err := consumer.New(cfg)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
-	var once sync.Once
-	var runErr error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case runErr = <-errc:
-			case <-time.After(60 * time.Second):
-				runErr = errors.New("consumer did not stop within 60s")
-			}
-		})
-		return runErr
-	}
-	b.t.Cleanup(func() { _ = stop() })
+	_, stop = runNew(b.t, cfg)
 	return stop
 }
 
@@ -180,6 +161,13 @@ func (b *bundle) check() *history.History {
 		b.t.Errorf("violation: %s", v)
 	}
 	return h
+}
+
+// observedLogger is a logger whose entries at info and above the test can
+// read back; those at echo and above also go to the test's log.
+func observedLogger(t testing.TB, echo zapcore.Level) (*zap.Logger, *observer.ObservedLogs) {
+	core, logs := observer.New(zap.InfoLevel)
+	return zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(echo)).Core())), logs
 }
 
 func ledger(t testing.TB, schema string) consumer.Handler {

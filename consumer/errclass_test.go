@@ -35,6 +35,14 @@ func (b *bundle) deadLetters() map[string]sink.DeadLetter {
 	return out
 }
 
+// dumpedLogger is a logger whose every entry the test can read back, and
+// which writes them all to the test's log if the test fails.
+func dumpedLogger(t *testing.T) (*zap.Logger, *observer.ObservedLogs) {
+	core, logs := observer.New(zap.DebugLevel)
+	dumpLogsOnFailure(t, logs)
+	return zap.New(core), logs
+}
+
 func dumpLogsOnFailure(t *testing.T, logs *observer.ObservedLogs) {
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -82,9 +90,8 @@ func TestHandlerErrorsAreTheJobsWhateverTheirType(t *testing.T) {
 		}
 		return inner.Handle(ctx, tx, batch)
 	})
-	core, logs := observer.New(zap.DebugLevel)
-	dumpLogsOnFailure(t, logs)
-	cfg := b.config(h, zap.New(core))
+	log, _ := dumpedLogger(t)
+	cfg := b.config(h, log)
 	cfg.MaxAttempts = 2
 	stop := b.start(cfg)
 	b.waitDone(30 * time.Second)
@@ -131,15 +138,10 @@ func TestTransientIsRetriedAndNeverDeadLettered(t *testing.T) {
 		}
 		return inner.Handle(ctx, tx, batch)
 	})
-	core, logs := observer.New(zap.DebugLevel)
-	dumpLogsOnFailure(t, logs)
-	cfg := b.config(h, zap.New(core))
+	log, logs := dumpedLogger(t)
+	cfg := b.config(h, log)
 	cfg.MaxAttempts = 2
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
+	c, stop := runNew(t, cfg)
 	b.waitDone(30 * time.Second)
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -182,15 +184,10 @@ func TestHandlerSQLEnvironmentErrorsStallAndRecover(t *testing.T) {
 		}
 		return nil
 	})
-	core, logs := observer.New(zap.DebugLevel)
-	dumpLogsOnFailure(t, logs)
-	cfg := b.config(h, zap.New(core))
+	log, logs := dumpedLogger(t)
+	cfg := b.config(h, log)
 	cfg.MaxAttempts = 2
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
+	c, stop := runNew(t, cfg)
 	waitForCond(t, 30*time.Second, "the partition to stall on the missing table", func() bool { return c.Stats().HandlerEnvironment >= 6 })
 	if dls := b.deadLetters(); len(dls) != 0 {
 		for _, d := range dls {
@@ -262,8 +259,19 @@ func TestHandlerSQLDataErrorsAreTheJobs(t *testing.T) {
 	}
 }
 
+// runNew makes a consumer of cfg and runs it until the test ends or stop
+// is called.
+func runNew(t testing.TB, cfg consumer.Config) (c *consumer.Consumer, stop func() error) {
+	t.Helper()
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, runConsumer(t, c)
+}
+
 // runConsumer runs c until the test ends or stop is called.
-func runConsumer(t *testing.T, c *consumer.Consumer) (stop func() error) {
+func runConsumer(t testing.TB, c *consumer.Consumer) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)

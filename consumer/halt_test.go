@@ -32,62 +32,93 @@ func TestHandlerThatEndsItsTransactionHaltsThePartition(t *testing.T) {
 }
 
 func testHandlerEndsItsTransaction(t *testing.T, stmt string) {
-	b := setup(t, 1)
-	ctx := context.Background()
-	table := pgx.Identifier{b.schema, "out"}.Sanitize()
-	if _, err := b.pool.Exec(ctx, `CREATE TABLE `+table+` (job text NOT NULL)`); err != nil {
+	r := newHaltRun(t, stmt)
+	log, logs := dumpedLogger(t)
+	r.cfg = r.b.config(consumer.HandlerFunc(r.handle), log)
+	c, stop := runNew(t, r.cfg)
+	before := r.runIntoTheBug(t, c)
+	r.checkHalted(t, c, logs, before)
+
+	// The halt is in Postgres: another worker that gets the partition does
+	// not run the handler either.
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu    sync.Mutex
-		calls int
-		fixed bool
-	)
-	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-		mu.Lock()
-		calls++
-		buggy := !fixed
-		mu.Unlock()
-		for _, r := range batch.Records {
-			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, consumer.JobID(r)); err != nil {
+	r.nextWorkerWaitsForTheOperator(t, before)
+}
+
+// haltRun is testHandlerEndsItsTransaction's partition and handler: a
+// handler that, until fixed, ends its transaction with stmt at a job whose
+// value is "bug".
+type haltRun struct {
+	b     *bundle
+	ctx   context.Context
+	key   sink.Partition
+	table string
+	stmt  string
+	cfg   consumer.Config
+	mu    sync.Mutex
+	calls int
+	fixed bool
+}
+
+func newHaltRun(t *testing.T, stmt string) *haltRun {
+	b := setup(t, 1)
+	r := &haltRun{b: b, ctx: context.Background(), key: sink.Partition{Group: b.group, Topic: b.topic},
+		table: pgx.Identifier{b.schema, "out"}.Sanitize(), stmt: stmt}
+	if _, err := b.pool.Exec(r.ctx, `CREATE TABLE `+r.table+` (job text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *haltRun) handle(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+	r.mu.Lock()
+	r.calls++
+	buggy := !r.fixed
+	r.mu.Unlock()
+	for _, rec := range batch.Records {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+r.table+` VALUES ($1)`, consumer.JobID(rec)); err != nil {
+			return err
+		}
+		if buggy && string(rec.Value) == "bug" {
+			// A helper that "finishes" its own work.
+			if _, err := tx.Exec(ctx, r.stmt); err != nil {
 				return err
 			}
-			if buggy && string(r.Value) == "bug" {
-				// A helper that "finishes" its own work.
-				if _, err := tx.Exec(ctx, stmt); err != nil {
-					return err
-				}
-			}
 		}
-		return nil
-	})
-	core, logs := observer.New(zap.DebugLevel)
-	dumpLogsOnFailure(t, logs)
-	cfg := b.config(h, zap.New(core))
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
 	}
-	stop := runConsumer(t, c)
-	b.produce(5, func(int) string { return "k" })
-	b.waitDone(30 * time.Second)
-	b.produceValues(1, func(int) string { return "k" }, func(int) string { return "bug" })
-	waitForCond(t, 30*time.Second, "the handler bug to be detected", func() bool { return c.Stats().HandlerBugs == 1 })
-	mu.Lock()
-	before := calls
-	mu.Unlock()
-	b.produce(5, func(int) string { return "k" })
-	time.Sleep(time.Second) // a lane that went on would have run by now
+	return nil
+}
 
-	key := sink.Partition{Group: b.group, Topic: b.topic}
-	if f, err := b.store.Get(ctx, key); err != nil || f.NextOffset != 5 {
+func (r *haltRun) callsSoFar() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls
+}
+
+// runIntoTheBug runs five good jobs, then the bug, then five more jobs the
+// halted lane must not run; it returns the handler's calls up to the bug.
+func (r *haltRun) runIntoTheBug(t *testing.T, c *consumer.Consumer) (before int) {
+	r.b.produce(5, func(int) string { return "k" })
+	r.b.waitDone(30 * time.Second)
+	r.b.produceValues(1, func(int) string { return "k" }, func(int) string { return "bug" })
+	waitForCond(t, 30*time.Second, "the handler bug to be detected", func() bool { return c.Stats().HandlerBugs == 1 })
+	before = r.callsSoFar()
+	r.b.produce(5, func(int) string { return "k" })
+	time.Sleep(time.Second) // a lane that went on would have run by now
+	return before
+}
+
+// checkHalted checks that the partition is halted at the bug, and says so.
+func (r *haltRun) checkHalted(t *testing.T, c *consumer.Consumer, logs *observer.ObservedLogs, before int) {
+	b := r.b
+	if f, err := b.store.Get(r.ctx, r.key); err != nil || f.NextOffset != 5 {
 		t.Errorf("the fencing row moved past the halted batch: %+v, %v", f, err)
 	}
-	mu.Lock()
-	if calls != before {
+	if calls := r.callsSoFar(); calls != before {
 		t.Errorf("the handler ran %d more times after the bug was found", calls-before)
 	}
-	mu.Unlock()
 	if st := c.Stats(); st.LanesHalted != 1 || st.Batches != 1 {
 		t.Errorf("stats: %d lanes halted, %d batches committed; want 1 and 1", st.LanesHalted, st.Batches)
 	}
@@ -96,33 +127,30 @@ func testHandlerEndsItsTransaction(t *testing.T, stmt string) {
 		!strings.Contains(logged[0].Message, "tenure admin holds acknowledge --group "+b.group+" --topic "+b.topic+" --partition 0") {
 		t.Errorf("the halt was not logged as an error naming job %s/0/5 and the command that resumes it: %v", b.topic, logged)
 	}
-	halt, halted, err := fence.Of(b.store).OpenHoldNeedingAck(ctx, key)
+	halt, halted, err := fence.Of(b.store).OpenHoldNeedingAck(r.ctx, r.key)
 	if err != nil || !halted || halt.Kind != sink.HoldHandlerBug || halt.FirstJob != b.topic+"/0/5" || halt.From != 5 || halt.To != 6 || halt.Token.Epoch <= 0 {
 		t.Fatalf("halt recorded: %+v %v %v", halt, halted, err)
 	}
 	if dls := b.deadLetters(); len(dls) != 0 {
 		t.Errorf("a handler bug dead-lettered %d jobs", len(dls))
 	}
+}
 
-	// The halt is in Postgres: another worker that gets the partition does
-	// not run the handler either.
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	c2, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop = runConsumer(t, c2)
+// nextWorkerWaitsForTheOperator starts another worker: it does not run
+// the handler on the halted partition until the operator deploys a fixed
+// handler and acknowledges, then it runs every job.
+func (r *haltRun) nextWorkerWaitsForTheOperator(t *testing.T, before int) {
+	b := r.b
+	c2, stop := runNew(t, r.cfg)
 	waitForCond(t, 30*time.Second, "the next worker to see the halt", func() bool { return c2.Stats().LanesHalted == 1 })
 	time.Sleep(500 * time.Millisecond)
-	mu.Lock()
-	if calls != before {
-		t.Errorf("the next worker ran the handler %d times on a halted partition", calls-before)
+	r.mu.Lock()
+	if r.calls != before {
+		t.Errorf("the next worker ran the handler %d times on a halted partition", r.calls-before)
 	}
-	fixed = true // the operator deploys a fixed handler...
-	mu.Unlock()
-	if _, err := b.store.AcknowledgeHold(ctx, key, "ops", -1, -1, [16]byte{}); err != nil { // ...and acknowledges
+	r.fixed = true // the operator deploys a fixed handler...
+	r.mu.Unlock()
+	if _, err := b.store.AcknowledgeHold(r.ctx, r.key, "ops", -1, -1, [16]byte{}); err != nil { // ...and acknowledges
 		t.Fatalf("acknowledging the hold: %v", err)
 	}
 	b.waitDone(30 * time.Second)
@@ -133,7 +161,7 @@ func testHandlerEndsItsTransaction(t *testing.T, stmt string) {
 		t.Errorf("after the resume: %d lanes halted, %d bugs; want 0 and 0", st.LanesHalted, st.HandlerBugs)
 	}
 	var n int
-	if err := b.pool.QueryRow(ctx, `SELECT count(DISTINCT job) FROM `+table).Scan(&n); err != nil || n != 11 {
+	if err := b.pool.QueryRow(r.ctx, `SELECT count(DISTINCT job) FROM `+r.table).Scan(&n); err != nil || n != 11 {
 		t.Errorf("%d jobs written (%v), want 11", n, err)
 	}
 }

@@ -74,6 +74,42 @@ func (b *bundle) waitMirrored(at int64, metadata string) {
 	})
 }
 
+// runMirrored runs a consumer of cfg until every job is processed and
+// Kafka's committed offset is at (with metadata, unless "").
+func (b *bundle) runMirrored(t *testing.T, cfg consumer.Config, at int64, metadata string) (stop func() error) {
+	t.Helper()
+	_, stop = runNew(t, cfg)
+	b.waitDone(60 * time.Second)
+	b.waitMirrored(at, metadata)
+	return stop
+}
+
+// ranAndStopped is a one-partition group whose n jobs a consumer of its
+// config (returned) processed and mirrored, in log epoch 0, and stopped.
+func ranAndStopped(t *testing.T, n int) (*bundle, consumer.Config) {
+	t.Helper()
+	b := setup(t, 1)
+	b.produce(n, oneKey)
+	cfg := b.quietLedger(t)
+	if err := b.runMirrored(t, cfg, int64(n), "tenure/log-epoch=0")(); err != nil {
+		t.Fatal(err)
+	}
+	return b, cfg
+}
+
+// quietLedger is a config of the ledger handler that logs errors only.
+func (b *bundle) quietLedger(t *testing.T) consumer.Config {
+	return b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
+}
+
+// key is partition p of b's group and topic.
+func (b *bundle) key(p int32) sink.Partition {
+	return sink.Partition{Group: b.group, Topic: b.topic, Partition: p}
+}
+
+// oneKey keys every job alike: one partition, in order.
+func oneKey(int) string { return "k" }
+
 func (b *bundle) exec(sql string, args ...any) {
 	b.t.Helper()
 	if _, err := b.pool.Exec(context.Background(), strings.ReplaceAll(sql, "$schema", `"`+b.schema+`"`), args...); err != nil {
@@ -98,7 +134,7 @@ func TestLogTruncatedUnderALaggingLaneIsHeld(t *testing.T) {
 	for i := range 100 {
 		pad := make([]byte, 1000)
 		_, _ = rand.Read(pad)
-		b.produceValues(1, func(int) string { return "k" }, func(int) string { return fmt.Sprintf(`{"i":%d,"pad":"%x"}`, i, pad) })
+		b.produceValues(1, oneKey, func(int) string { return fmt.Sprintf(`{"i":%d,"pad":"%x"}`, i, pad) })
 	}
 	inner := ledger(t, b.schema)
 	slow := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
@@ -108,12 +144,8 @@ func TestLogTruncatedUnderALaggingLaneIsHeld(t *testing.T) {
 	cfg := b.config(slow, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))
 	cfg.BatchMax = 5
 	cfg.PartitionBufferBytes = 64 << 10
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
-	key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
+	c, _ := runNew(t, cfg)
+	key := b.key(0)
 	ctx := context.Background()
 	waitForCond(t, 30*time.Second, "the lane to be under way", func() bool {
 		f, err := b.store.Get(ctx, key)
@@ -172,29 +204,20 @@ func TestRestoreFromBeforeTheFirstClaimIsHeld(t *testing.T) {
 		t.Run(when, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 1)
-			b.produce(20, func(int) string { return "k" })
-			cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
-			c, err := consumer.New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stop := runConsumer(t, c)
-			b.waitDone(60 * time.Second)
-			b.waitMirrored(20, "tenure/log-epoch=0")
+			b.produce(20, oneKey)
+			cfg := b.quietLedger(t)
+			stop := b.runMirrored(t, cfg, 20, "tenure/log-epoch=0")
 			if when == "at the claim" {
 				if err := stop(); err != nil {
 					t.Fatal(err)
 				}
 			}
 			b.exec(`DELETE FROM $schema.fences; DELETE FROM $schema.fence_log; DELETE FROM $schema.ledger`)
-			b.produce(5, func(int) string { return "k" })
+			b.produce(5, oneKey)
 			if when == "at the claim" {
-				if c, err = consumer.New(cfg); err != nil {
-					t.Fatal(err)
-				}
-				runConsumer(t, c)
+				runNew(t, cfg)
 			}
-			key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
+			key := b.key(0)
 			h := b.heldAs(key, sink.HoldDiverged, 30*time.Second)
 			if h.NextOffset != 0 || h.AckedOffset != 20 {
 				t.Errorf("hold %+v: want the database's 0 (nothing processed) against the acknowledged 20", h)
@@ -221,17 +244,13 @@ func TestRestoreFromBeforeTheFirstClaimIsHeld(t *testing.T) {
 func TestKafkaOffsetsOfAnotherClientAreAdopted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.produce(20, func(int) string { return "k" })
+	b.produce(20, oneKey)
 	var o kadm.Offsets
 	o.Add(kadm.Offset{Topic: b.topic, Partition: 0, At: 12, LeaderEpoch: -1, Metadata: "some other consumer"})
 	if _, err := kadm.NewClient(b.cl).CommitOffsets(context.Background(), b.group, o); err != nil {
 		t.Fatal(err)
 	}
-	c, err := consumer.New(b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
+	runNew(t, b.quietLedger(t))
 	b.waitDone(60 * time.Second)
 	if n := b.ledgerRows(); n != 8 {
 		t.Errorf("%d jobs processed, want 8 (from the group's committed 12)", n)
@@ -250,14 +269,8 @@ func TestKafkaOffsetsOfAnotherClientAreAdopted(t *testing.T) {
 func TestMirrorIsSentAgainUntilKafkaAcceptsIt(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.produce(10, func(int) string { return "k" })
-	c, err := consumer.New(b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
-	b.waitDone(60 * time.Second)
-	b.waitMirrored(10, "")
+	b.produce(10, oneKey)
+	b.runMirrored(t, b.quietLedger(t), 10, "")
 
 	var refused atomic.Int32
 	b.cluster.ControlKey(int16(kmsg.OffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
@@ -267,21 +280,9 @@ func TestMirrorIsSentAgainUntilKafkaAcceptsIt(t *testing.T) {
 			return nil, nil, false
 		}
 		refused.Add(1)
-		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
-		resp.Version = req.Version
-		for _, rt := range req.Topics {
-			t := kmsg.NewOffsetCommitResponseTopic()
-			t.Topic, t.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				p := kmsg.NewOffsetCommitResponseTopicPartition()
-				p.Partition, p.ErrorCode = rp.Partition, kerr.RebalanceInProgress.Code
-				t.Partitions = append(t.Partitions, p)
-			}
-			resp.Topics = append(resp.Topics, t)
-		}
-		return resp, nil, true
+		return refuseCommit(req, kerr.RebalanceInProgress), nil, true
 	})
-	b.produce(5, func(int) string { return "k" })
+	b.produce(5, oneKey)
 	b.waitDone(30 * time.Second)
 	waitForCond(t, 30*time.Second, "Kafka to refuse the mirror's commit of 15", func() bool { return refused.Load() == 1 })
 	b.waitMirrored(15, "")
@@ -295,20 +296,8 @@ func TestMirrorIsSentAgainUntilKafkaAcceptsIt(t *testing.T) {
 // not compared.
 func TestNoDivergenceAfterAnAheadOfLogAcknowledgement(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
-	b.produce(40, func(int) string { return "k" })
-	cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
-	b.waitDone(60 * time.Second)
-	b.waitMirrored(40, "tenure/log-epoch=0")
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
+	b, cfg := ranAndStopped(t, 40)
+	key := b.key(0)
 	ctx := context.Background()
 	f, err := b.store.Get(ctx, key)
 	if err != nil {
@@ -322,11 +311,8 @@ func TestNoDivergenceAfterAnAheadOfLogAcknowledgement(t *testing.T) {
 	if _, err := b.store.AcknowledgeHold(ctx, key, "ops", 0, 40, [16]byte{}); err != nil {
 		t.Fatal(err)
 	}
-	b.produce(10, func(int) string { return "k" })
-	if c, err = consumer.New(cfg); err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
+	b.produce(10, oneKey)
+	c, _ := runNew(t, cfg)
 	b.waitDone(30 * time.Second)
 	if holds, _ := b.store.OpenHolds(ctx, b.group); len(holds) != 0 {
 		t.Fatalf("held after the acknowledgement: %+v", holds)
@@ -345,26 +331,15 @@ func TestNoDivergenceAfterAnAheadOfLogAcknowledgement(t *testing.T) {
 // that epoch is compared again.
 func TestSecondLossAfterAnAcceptedDivergenceIsHeld(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
-	b.produce(20, func(int) string { return "k" })
-	cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
+	b, cfg := ranAndStopped(t, 20)
 	start := func() func() error {
-		c, err := consumer.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return runConsumer(t, c)
+		_, stop := runNew(t, cfg)
+		return stop
 	}
-	stop := start()
-	b.waitDone(60 * time.Second)
-	b.waitMirrored(20, "tenure/log-epoch=0")
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
+	key := b.key(0)
 	ctx := context.Background()
 	b.exec(`UPDATE $schema.fences SET next_offset = 12`)
-	stop = start()
+	stop := start()
 	if h := b.heldAs(key, sink.HoldDiverged, 30*time.Second); h.NextOffset != 12 || h.AckedOffset != 20 {
 		t.Fatalf("first loss: hold %+v", h)
 	}

@@ -16,9 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
@@ -46,57 +43,81 @@ func TestStrictRejectionAfterAHiddenAcceptanceCommits(t *testing.T) {
 	b := setup(t, 1)
 	strictDatabase(t, b)
 	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i) })
+	hidden := hideAcceptance(t, b)
+	firstMemberDecidesCommitted(t, b, hidden)
+	nextMemberAgrees(t, b, jobs)
+}
 
+// hiddenAcceptance is the broker's script for the first strict offset
+// commit: applied through side, then the lane's connection is closed;
+// kgo's resend is answered ILLEGAL_GENERATION.
+type hiddenAcceptance struct {
+	phase atomic.Int32
+	mu    sync.Mutex
+	gid   string // the batch the applied commit named
+	err   error  // applying it
+}
+
+const (
+	hiddenWaiting = iota
+	hiddenApplying
+	hiddenDropped
+	hiddenRefused
+)
+
+func hideAcceptance(t *testing.T, b *bundle) *hiddenAcceptance {
 	side, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(side.Close)
-
-	// The first strict offset commit: applied through side, then the
-	// lane's connection is closed; kgo's resend is answered
-	// ILLEGAL_GENERATION.
-	const (
-		waiting = iota
-		applying
-		dropped
-		refused
-	)
-	var (
-		phase     atomic.Int32
-		mu        sync.Mutex
-		hiddenGID string
-		applyErr  error
-	)
+	h := &hiddenAcceptance{}
 	b.cluster.ControlKey(int16(kmsg.OffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 		req := kr.(*kmsg.OffsetCommitRequest)
 		gid := strictGIDIn(req)
 		if gid == "" {
 			return nil, nil, false
 		}
-		switch phase.Load() {
-		case waiting:
-			phase.Store(applying)
+		switch h.phase.Load() {
+		case hiddenWaiting:
+			h.phase.Store(hiddenApplying)
 			b.cluster.SleepControl(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				err := commitCopy(ctx, side, req, b.topic)
-				mu.Lock()
-				hiddenGID, applyErr = gid, err
-				mu.Unlock()
+				h.mu.Lock()
+				h.gid, h.err = gid, err
+				h.mu.Unlock()
 			})
-			phase.Store(dropped)
+			h.phase.Store(hiddenDropped)
 			b.cluster.KeepControl()
 			return nil, errors.New("the connection breaks after the offset commit was applied"), true
-		case applying:
+		case hiddenApplying:
 			return nil, nil, false // side's copy: the broker applies it
-		case dropped:
-			phase.Store(refused)
+		case hiddenDropped:
+			h.phase.Store(hiddenRefused)
 			return refuseCommit(req, kerr.IllegalGeneration), nil, true
 		}
 		return nil, nil, false
 	})
+	return h
+}
 
+// applied is the batch whose commit was applied, once the resend was refused
+// ("" before).
+func (h *hiddenAcceptance) applied() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.phase.Load() != hiddenRefused {
+		return ""
+	}
+	return h.gid
+}
+
+// firstMemberDecidesCommitted runs the first member until its lane decides
+// the batch whose acceptance it did not see, and checks that it decided it
+// committed.
+func firstMemberDecidesCommitted(t *testing.T, b *bundle, hidden *hiddenAcceptance) {
 	// A second attempt at a batch the lane had handled means the batch was
 	// rolled back: it waits for the lane to stop, so that the batch is not
 	// redone before the next member claims the partition.
@@ -109,8 +130,7 @@ func TestStrictRejectionAfterAHiddenAcceptanceCommits(t *testing.T) {
 		}
 		return inner.Handle(ctx, tx, batch)
 	})
-	core, logs := observer.New(zap.InfoLevel)
-	log := zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Core()))
+	log, logs := observedLogger(t, zap.WarnLevel)
 	cfg := b.config(h, log)
 	cfg.Strict = true
 	cfg.ShutdownTimeout = 2 * time.Second
@@ -118,10 +138,8 @@ func TestStrictRejectionAfterAHiddenAcceptanceCommits(t *testing.T) {
 
 	var decided map[string]any
 	waitForCond(t, 60*time.Second, "the lane to decide the batch whose acceptance it did not see", func() bool {
-		mu.Lock()
-		gid := hiddenGID
-		mu.Unlock()
-		if gid == "" || phase.Load() != refused {
+		gid := hidden.applied()
+		if gid == "" {
 			return false
 		}
 		for _, e := range logs.FilterMessage(consumer.MsgStrictDecided).All() {
@@ -132,11 +150,11 @@ func TestStrictRejectionAfterAHiddenAcceptanceCommits(t *testing.T) {
 		}
 		return false
 	})
-	mu.Lock()
-	if applyErr != nil {
-		t.Fatalf("applying the first copy of the offset commit: %v", applyErr)
+	hidden.mu.Lock()
+	if hidden.err != nil {
+		t.Fatalf("applying the first copy of the offset commit: %v", hidden.err)
 	}
-	mu.Unlock()
+	hidden.mu.Unlock()
 	t.Logf("decided: committed=%v by %v (%v)", decided["committed"], decided["decided_by"], decided["evidence"])
 	// The lane saw the refusal as the answer to its first request: the
 	// resend was kgo's, hidden from the lane.
@@ -158,25 +176,26 @@ func TestStrictRejectionAfterAHiddenAcceptanceCommits(t *testing.T) {
 	if err := stopA(); err != nil {
 		t.Fatal(err)
 	}
+}
 
-	// The next member claims the partition: Kafka's record and Postgres
-	// agree, so nothing is held, and every job commits exactly once.
-	core2, logs2 := observer.New(zap.InfoLevel)
-	log2 := zap.New(zapcore.NewTee(core2, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Core()))
-	cfg2 := b.config(ledger(t, b.schema), log2)
-	cfg2.Strict = true
-	stopB := b.start(cfg2)
+// nextMemberAgrees runs the next member: Kafka's record and Postgres
+// agree, so nothing is held, and every job commits exactly once.
+func nextMemberAgrees(t *testing.T, b *bundle, jobs int64) {
+	log, logs := observedLogger(t, zap.WarnLevel)
+	cfg := b.config(ledger(t, b.schema), log)
+	cfg.Strict = true
+	stopB := b.start(cfg)
 	held := false
 	waitForCond(t, 60*time.Second, "the next member to claim the partition, or to hold it", func() bool {
-		if logs2.FilterMessageSnippet(consumer.MsgHeldDiverged).Len() > 0 {
+		if logs.FilterMessageSnippet(consumer.MsgHeldDiverged).Len() > 0 {
 			held = true
 			return true
 		}
 		next, ok := storedNext(t, b, 0)
-		return logs2.FilterMessage(consumer.MsgClaimed).Len() > 0 && ok && next == jobs
+		return logs.FilterMessage(consumer.MsgClaimed).Len() > 0 && ok && next == jobs
 	})
 	if held {
-		e := logs2.FilterMessageSnippet(consumer.MsgHeldDiverged).All()[0].ContextMap()
+		e := logs.FilterMessageSnippet(consumer.MsgHeldDiverged).All()[0].ContextMap()
 		t.Fatalf("the next member holds the partition as diverged: %v", e["reason"])
 	}
 	if err := stopB(); err != nil {
@@ -185,7 +204,7 @@ func TestStrictRejectionAfterAHiddenAcceptanceCommits(t *testing.T) {
 	if off, meta := committedOffset(t, b, 0); off != jobs {
 		t.Errorf("Kafka's committed offset is %d (%q), Postgres's next offset %d", off, meta, jobs)
 	}
-	if hist := b.check(); len(hist.Writes) != jobs {
+	if hist := b.check(); int64(len(hist.Writes)) != jobs {
 		t.Errorf("ledger has %d rows, want %d", len(hist.Writes), jobs)
 	}
 }

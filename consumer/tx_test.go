@@ -24,107 +24,121 @@ func TestHandlerTxCannotEndTheTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	ctx := context.Background()
-	table := pgx.Identifier{b.schema, "out"}.Sanitize()
-	if _, err := b.pool.Exec(ctx, `CREATE TABLE `+table+` (job text PRIMARY KEY, note text NOT NULL)`); err != nil {
+	p := &txProbe{table: pgx.Identifier{b.schema, "out"}.Sanitize()}
+	if _, err := b.pool.Exec(ctx, `CREATE TABLE `+p.table+` (job text PRIMARY KEY, note text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	b.produce(5, func(int) string { return "k" })
-
-	var (
-		mu      sync.Mutex
-		kept    consumer.Tx
-		reached []string // what the handler could reach that it must not
-	)
-	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-		var v any = tx
-		if _, ok := v.(interface{ Commit(context.Context) error }); ok {
-			mu.Lock()
-			reached = append(reached, "Tx.Commit")
-			mu.Unlock()
-		}
-		if _, ok := v.(interface{ Rollback(context.Context) error }); ok {
-			mu.Lock()
-			reached = append(reached, "Tx.Rollback")
-			mu.Unlock()
-		}
-		if _, ok := v.(interface{ Conn() *pgx.Conn }); ok {
-			mu.Lock()
-			reached = append(reached, "Tx.Conn")
-			mu.Unlock()
-		}
-		rows, err := tx.Query(ctx, `SELECT 1`)
-		if err != nil {
-			return err
-		}
-		if rows.Conn() != nil {
-			mu.Lock()
-			reached = append(reached, "Rows.Conn")
-			mu.Unlock()
-		}
-		rows.Close()
-		var pb pgx.Batch
-		pb.Queue(`SELECT 2`).Query(func(rows pgx.Rows) error {
-			if rows.Conn() != nil {
-				mu.Lock()
-				reached = append(reached, "batch callback Rows.Conn")
-				mu.Unlock()
-			}
-			return nil
-		})
-		if err := tx.SendBatch(ctx, &pb).Close(); err != nil {
-			return err
-		}
-		for _, r := range batch.Records {
-			job := consumer.JobID(r)
-			// A savepoint that is released: its row stays.
-			sp, err := tx.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			if _, err := sp.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, 'kept')`, job); err != nil {
-				return err
-			}
-			if err := sp.Commit(ctx); err != nil {
-				return fmt.Errorf("releasing a savepoint: %w", err)
-			}
-			// A savepoint that is rolled back: its row goes, the batch goes on.
-			sp, err = tx.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			if _, err := sp.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, 'undone')`, job+"/undone"); err != nil {
-				return err
-			}
-			if err := sp.Rollback(ctx); err != nil {
-				return fmt.Errorf("rolling back to a savepoint: %w", err)
-			}
-		}
-		mu.Lock()
-		kept = tx
-		mu.Unlock()
-		return nil
-	})
-	stop := b.start(b.config(h, zaptest.NewLogger(t)))
+	stop := b.start(b.config(consumer.HandlerFunc(p.handle), zaptest.NewLogger(t)))
 	b.waitDone(60 * time.Second)
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, r := range reached {
-		t.Errorf("the handler could reach %s", r)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	t.Run("nothing ends it", func(t *testing.T) {
+		for _, r := range p.reached {
+			t.Errorf("the handler could reach %s", r)
+		}
+	})
+	t.Run("savepoints", func(t *testing.T) {
+		var n, undone int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE note = 'kept'), count(*) FILTER (WHERE note = 'undone') FROM `+p.table).Scan(&n, &undone); err != nil {
+			t.Fatal(err)
+		}
+		if n != 5 || undone != 0 {
+			t.Errorf("out has %d released and %d rolled-back savepoint rows, want 5 and 0", n, undone)
+		}
+	})
+	t.Run("kept past Handle", func(t *testing.T) {
+		if p.kept == nil {
+			t.Fatal("the handler never ran")
+		}
+		if _, err := p.kept.Exec(ctx, `INSERT INTO `+p.table+` VALUES ('late', 'late')`); !errors.Is(err, consumer.ErrTxDone) {
+			t.Errorf("a Tx used after Handle returned: %v, want ErrTxDone", err)
+		}
+	})
+}
+
+// txProbe is a handler that tries what a handler must not be able to do
+// with its Tx, and uses savepoints into table.
+type txProbe struct {
+	table   string
+	mu      sync.Mutex
+	kept    consumer.Tx
+	reached []string // what the handler could reach that it must not
+}
+
+func (p *txProbe) reach(what string) {
+	p.mu.Lock()
+	p.reached = append(p.reached, what)
+	p.mu.Unlock()
+}
+
+func (p *txProbe) handle(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+	var v any = tx
+	if _, ok := v.(interface{ Commit(context.Context) error }); ok {
+		p.reach("Tx.Commit")
 	}
-	var n, undone int
-	if err := b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE note = 'kept'), count(*) FILTER (WHERE note = 'undone') FROM `+table).Scan(&n, &undone); err != nil {
-		t.Fatal(err)
+	if _, ok := v.(interface{ Rollback(context.Context) error }); ok {
+		p.reach("Tx.Rollback")
 	}
-	if n != 5 || undone != 0 {
-		t.Errorf("out has %d released and %d rolled-back savepoint rows, want 5 and 0", n, undone)
+	if _, ok := v.(interface{ Conn() *pgx.Conn }); ok {
+		p.reach("Tx.Conn")
 	}
-	if kept == nil {
-		t.Fatal("the handler never ran")
+	rows, err := tx.Query(ctx, `SELECT 1`)
+	if err != nil {
+		return err
 	}
-	if _, err := kept.Exec(ctx, `INSERT INTO `+table+` VALUES ('late', 'late')`); !errors.Is(err, consumer.ErrTxDone) {
-		t.Errorf("a Tx used after Handle returned: %v, want ErrTxDone", err)
+	if rows.Conn() != nil {
+		p.reach("Rows.Conn")
 	}
+	rows.Close()
+	var pb pgx.Batch
+	pb.Queue(`SELECT 2`).Query(func(rows pgx.Rows) error {
+		if rows.Conn() != nil {
+			p.reach("batch callback Rows.Conn")
+		}
+		return nil
+	})
+	if err := tx.SendBatch(ctx, &pb).Close(); err != nil {
+		return err
+	}
+	for _, r := range batch.Records {
+		if err := p.savepoints(ctx, tx, consumer.JobID(r)); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	p.kept = tx
+	p.mu.Unlock()
+	return nil
+}
+
+// savepoints writes job's row in a savepoint that is released (its row
+// stays) and another in one that is rolled back (its row goes, the batch
+// goes on).
+func (p *txProbe) savepoints(ctx context.Context, tx consumer.Tx, job string) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := sp.Exec(ctx, `INSERT INTO `+p.table+` VALUES ($1, 'kept')`, job); err != nil {
+		return err
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return fmt.Errorf("releasing a savepoint: %w", err)
+	}
+	sp, err = tx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := sp.Exec(ctx, `INSERT INTO `+p.table+` VALUES ($1, 'undone')`, job+"/undone"); err != nil {
+		return err
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return fmt.Errorf("rolling back to a savepoint: %w", err)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -11,8 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tenure-dev/tenure/consumer"
@@ -55,44 +54,13 @@ func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want fence.Outcome)
 
 	// The handler arms the proxy on the connection of one batch in the
 	// middle of a partition (not its first): that batch's COMMIT is cut.
-	inner := ledger(t, b.schema)
-	var (
-		once   sync.Once
-		armed  = make(chan struct{})
-		report <-chan pgproxy.Report
-		victim consumer.Batch
-	)
-	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-		if err := inner.Handle(ctx, tx, batch); err != nil {
-			return err
-		}
-		if batch.From > 0 {
-			once.Do(func() {
-				victim = *batch
-				report = proxy.CutCommit(consumer.ConnOf(tx).PgConn().Conn().LocalAddr(), cut)
-				close(armed)
-			})
-		}
-		return nil
-	})
-
-	core, logs := observer.New(zap.InfoLevel)
-	log := zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Core()))
+	h, victim := cutVictim(t, b, proxy.CutCommit, cut)
+	log, logs := observedLogger(t, zap.WarnLevel)
 	cfg := b.config(h, log)
 	cfg.Store = store
 	stop := b.start(cfg)
 
-	select {
-	case <-armed:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no batch past the first of its partition within 30s")
-	}
-	var r pgproxy.Report
-	select {
-	case r = <-report:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the COMMIT of batch %s/%d [%d,%d) was not cut within 30s", victim.Topic, victim.Partition, victim.From, victim.To)
-	}
+	r := victim.waitCut(t)
 	t.Logf("cut %s: batch %s/%d [%d,%d), server reply %q", r.Cut, victim.Topic, victim.Partition, victim.From, victim.To, r.Reply)
 	if cut == pgproxy.AfterCommit && r.Reply != "COMMIT" {
 		t.Fatalf("the server answered the cut COMMIT with %q, want COMMIT", r.Reply)
@@ -150,28 +118,8 @@ func TestCommitOutcomeUnknownForLongStillEndsInProgress(t *testing.T) {
 	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%29) })
 	proxy, store := proxiedStore(t, b)
 
-	inner := ledger(t, b.schema)
-	var (
-		once   sync.Once
-		armed  = make(chan struct{})
-		report <-chan pgproxy.Report
-		victim consumer.Batch
-	)
-	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-		if err := inner.Handle(ctx, tx, batch); err != nil {
-			return err
-		}
-		if batch.From > 0 {
-			once.Do(func() {
-				victim = *batch
-				report = proxy.CutCommitAndGoDown(consumer.ConnOf(tx).PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
-				close(armed)
-			})
-		}
-		return nil
-	})
-	core, logs := observer.New(zap.InfoLevel)
-	log := zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)).Core()))
+	h, victim := cutVictim(t, b, proxy.CutCommitAndGoDown, pgproxy.AfterCommit)
+	log, logs := observedLogger(t, zap.ErrorLevel)
 	cfg := b.config(h, log)
 	cfg.Store = store
 	// Resolving gets 2 x ClaimTimeout = 1s; the outage lasts 3s.
@@ -179,17 +127,8 @@ func TestCommitOutcomeUnknownForLongStillEndsInProgress(t *testing.T) {
 	const outage = 3 * time.Second
 	stop := b.start(cfg)
 
-	select {
-	case <-armed:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no batch past the first of its partition within 30s")
-	}
-	select {
-	case r := <-report:
-		t.Logf("cut %s and down for %s: batch %s/%d [%d,%d), server reply %q", r.Cut, outage, victim.Topic, victim.Partition, victim.From, victim.To, r.Reply)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the armed COMMIT was not cut within 30s")
-	}
+	r := victim.waitCut(t)
+	t.Logf("cut %s and down for %s: batch %s/%d [%d,%d), server reply %q", r.Cut, outage, victim.Topic, victim.Partition, victim.From, victim.To, r.Reply)
 	time.Sleep(outage) // the outage itself
 	proxy.SetDown(false)
 
@@ -202,6 +141,71 @@ func TestCommitOutcomeUnknownForLongStillEndsInProgress(t *testing.T) {
 	}
 	if hist := b.check(); len(hist.Writes) != jobs {
 		t.Fatalf("ledger has %d rows, want %d", len(hist.Writes), jobs)
+	}
+}
+
+// picked is the batch a oneVictim handler picked.
+type picked struct {
+	consumer.Batch
+	armed  chan struct{}
+	report <-chan pgproxy.Report // with cutVictim: the cut's
+}
+
+// oneVictim is a ledger handler that picks one batch in the middle of a
+// partition (not its first) and, after the ledger's writes, calls arm in
+// that batch's transaction: the batch whose COMMIT the test interferes
+// with. arm's error is the handler's.
+func oneVictim(t *testing.T, b *bundle, arm func(context.Context, consumer.Tx) error) (consumer.Handler, *picked) {
+	inner := ledger(t, b.schema)
+	v := &picked{armed: make(chan struct{})}
+	var once sync.Once
+	return consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+		if err := inner.Handle(ctx, tx, batch); err != nil {
+			return err
+		}
+		var err error
+		if batch.From > 0 {
+			once.Do(func() {
+				v.Batch = *batch
+				err = arm(ctx, tx)
+				close(v.armed)
+			})
+		}
+		return err
+	}), v
+}
+
+// cutVictim is oneVictim whose arm has the proxy cut the victim's COMMIT
+// (cutCommit is the proxy's CutCommit or CutCommitAndGoDown).
+func cutVictim(t *testing.T, b *bundle, cutCommit func(net.Addr, pgproxy.Cut) <-chan pgproxy.Report, cut pgproxy.Cut) (consumer.Handler, *picked) {
+	var v *picked
+	h, v := oneVictim(t, b, func(_ context.Context, tx consumer.Tx) error {
+		v.report = cutCommit(consumer.ConnOf(tx).PgConn().Conn().LocalAddr(), cut)
+		return nil
+	})
+	return h, v
+}
+
+// waitCut waits for the victim to be picked and its COMMIT cut.
+func (v *picked) waitCut(t *testing.T) pgproxy.Report {
+	t.Helper()
+	v.waitArmed(t)
+	select {
+	case r := <-v.report:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the COMMIT of batch %s/%d [%d,%d) was not cut within 30s", v.Topic, v.Partition, v.From, v.To)
+		return pgproxy.Report{}
+	}
+}
+
+// waitArmed waits for the handler to pick its victim.
+func (v *picked) waitArmed(t *testing.T) {
+	t.Helper()
+	select {
+	case <-v.armed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no batch past the first of its partition within 30s")
 	}
 }
 
@@ -306,24 +310,12 @@ func TestCommitSlowerThanTheTimeoutIsWaitedFor(t *testing.T) {
 			FOR EACH ROW EXECUTE FUNCTION "`+b.schema+`".sleep_at_commit()`); err != nil {
 		t.Fatal(err)
 	}
-	inner := ledger(t, b.schema)
-	var once sync.Once
-	var victim consumer.Batch
-	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-		if err := inner.Handle(ctx, tx, batch); err != nil {
-			return err
-		}
-		var err error
-		if batch.From > 0 {
-			once.Do(func() {
-				victim = *batch
-				_, err = tx.Exec(ctx, `INSERT INTO `+slow+` VALUES (1)`) // this batch's COMMIT takes 2s
-			})
-		}
+	h, victim := oneVictim(t, b, func(ctx context.Context, tx consumer.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+slow+` VALUES (1)`) // this batch's COMMIT takes 2s
 		return err
 	})
-	core, logs := observer.New(zap.InfoLevel)
-	cfg := b.config(h, zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Core())))
+	log, logs := observedLogger(t, zap.WarnLevel)
+	cfg := b.config(h, log)
 	cfg.Store = store
 	cfg.BatchMax = 10
 	cfg.CommitTimeout = 300 * time.Millisecond

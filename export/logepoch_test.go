@@ -120,13 +120,7 @@ func TestExportGCKeepsWhatAnOwnerStagesAfterAnAcknowledgement(t *testing.T) {
 	if _, err := GC(ctx, b.pool, b.schema, hook, GCOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.store.Commit(ctx, tx, sink.CommitRequest{Partition: sink.Partition{Group: b.group, Topic: "jobs", Partition: 0},
-		Token: tok, Owner: "A", ClaimID: 1, From: 3, To: 4, LogEpoch: b.logEpoch}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b.commitStaged(t, tx, next, 1)
 	body, p, err := Get(ctx, b.pool, b.schema, mem, "acme")
 	if err != nil {
 		t.Fatalf("the published object: %v (gc deleted what the owner was about to publish)", err)

@@ -94,12 +94,17 @@ func (b *bundle) run(t *testing.T, bt *consumer.Batch, claimID int64, fenced boo
 		return err
 	}
 	if fenced {
-		if err := b.store.Commit(ctx, tx, sink.CommitRequest{Partition: sink.Partition{Group: bt.Group, Topic: bt.Topic, Partition: bt.Partition},
-			Token: bt.Token, Owner: bt.Owner, ClaimID: claimID, From: bt.From, To: bt.To, LogEpoch: b.logEpoch}); err != nil {
+		if err := b.store.Commit(ctx, tx, b.commitRequest(bt, claimID)); err != nil {
 			return err
 		}
 	}
 	return tx.Commit(ctx)
+}
+
+// commitRequest is bt's fence statement, as claim claimID.
+func (b *bundle) commitRequest(bt *consumer.Batch, claimID int64) sink.CommitRequest {
+	return sink.CommitRequest{Partition: sink.Partition{Group: bt.Group, Topic: bt.Topic, Partition: bt.Partition},
+		Token: bt.Token, Owner: bt.Owner, ClaimID: claimID, From: bt.From, To: bt.To, LogEpoch: b.logEpoch}
 }
 
 func (b *bundle) pointer(t *testing.T, key string) Pointer {

@@ -10,155 +10,107 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
 
+// claimStep is a claim, optionally followed by a commit by the same
+// claimant from the offset it was given up to commitTo.
+type claimStep struct {
+	owner    string
+	token    sink.Token
+	start    int64
+	count    int32 // 0: 12
+	commitTo int64 // 0: no commit
+	claim    int64 // the claimant's claim id (0: none)
+}
+
+// claimCase is a claim presented after the claims before it.
+type claimCase struct {
+	name   string
+	before []claimStep // each must be accepted
+	claim  claimStep
+	fenced bool
+	// For an accepted claim: what it returns. For a rejected one:
+	// NextOffset in the error. Either way the row ends as wantToken,
+	// wantOwner, wantNext, wantCount.
+	wantNext  int64
+	wantCount int32 // 0: 12
+	wantToken sink.Token
+	wantOwner string
+	wantClaim int64 // the row's claim id
+}
+
+var claimCases = []claimCase{
+	{name: "first claim creates the row from StartOffset and PartitionCount",
+		claim:    claimStep{owner: "a", token: tok(0, 5), start: 100},
+		wantNext: 100, wantToken: tok(0, 5), wantOwner: "a"},
+	{name: "first claim at offset 0",
+		claim:    claimStep{owner: "a", token: tok(0, 1), start: 0, count: 1},
+		wantNext: 0, wantCount: 1, wantToken: tok(0, 1), wantOwner: "a"},
+	{name: "same token same owner re-claims and gets the stored offset, not StartOffset",
+		before: []claimStep{{owner: "a", token: tok(0, 5), start: 100, commitTo: 110}}, claim: claimStep{owner: "a", token: tok(0, 5), start: 7},
+		wantNext: 110, wantToken: tok(0, 5), wantOwner: "a"},
+	{name: "same token other owner is rejected",
+		before: []claimStep{{owner: "a", token: tok(0, 5), start: 100, commitTo: 104}}, claim: claimStep{owner: "b", token: tok(0, 5), start: 0},
+		fenced: true, wantNext: 104, wantToken: tok(0, 5), wantOwner: "a"},
+	{name: "lower epoch is rejected",
+		before: []claimStep{{owner: "a", token: tok(0, 82), start: 100}}, claim: claimStep{owner: "b", token: tok(0, 81), start: 0},
+		fenced: true, wantNext: 100, wantToken: tok(0, 82), wantOwner: "a"},
+	{name: "lower epoch by the same owner is rejected",
+		before: []claimStep{{owner: "a", token: tok(0, 82), start: 100}}, claim: claimStep{owner: "a", token: tok(0, 81), start: 0},
+		fenced: true, wantNext: 100, wantToken: tok(0, 82), wantOwner: "a"},
+	{name: "lower incarnation with a higher epoch is rejected",
+		before: []claimStep{{owner: "a", token: tok(1, 2), start: 100}}, claim: claimStep{owner: "b", token: tok(0, 900), start: 0},
+		fenced: true, wantNext: 100, wantToken: tok(1, 2), wantOwner: "a"},
+	{name: "higher incarnation with a lower epoch is accepted: incarnation leads",
+		before: []claimStep{{owner: "a", token: tok(0, 900), start: 100, commitTo: 130}}, claim: claimStep{owner: "b", token: tok(1, 1), start: 0},
+		wantNext: 130, wantToken: tok(1, 1), wantOwner: "b"},
+	{name: "higher token is accepted and the next offset is preserved",
+		before: []claimStep{{owner: "a", token: tok(0, 81), start: 100, commitTo: 150}}, claim: claimStep{owner: "b", token: tok(0, 82), start: 0},
+		wantNext: 150, wantToken: tok(0, 82), wantOwner: "b"},
+	{name: "higher token by the same owner is accepted",
+		before: []claimStep{{owner: "a", token: tok(0, 81), start: 100, commitTo: 101}}, claim: claimStep{owner: "a", token: tok(0, 90), start: 0},
+		wantNext: 101, wantToken: tok(0, 90), wantOwner: "a"},
+	{name: "hand-back to the first owner at a still higher token",
+		before: []claimStep{{owner: "a", token: tok(0, 1), start: 0, commitTo: 3}, {owner: "b", token: tok(0, 2), commitTo: 8}}, claim: claimStep{owner: "a", token: tok(0, 3), start: 0},
+		wantNext: 8, wantToken: tok(0, 3), wantOwner: "a"},
+	{name: "the zombie of a hand-off stays fenced at its old token",
+		before: []claimStep{{owner: "a", token: tok(0, 1), start: 0, commitTo: 3}, {owner: "b", token: tok(0, 2)}}, claim: claimStep{owner: "a", token: tok(0, 1), start: 0},
+		fenced: true, wantNext: 3, wantToken: tok(0, 2), wantOwner: "b"},
+	// A member given the partition again while its previous lane is
+	// still stopping: the old lane, recovering at the member's newer
+	// epoch, must not take the partition back from the new one.
+	{name: "an older lane of the owner is rejected whatever its token: a newer lane holds the row",
+		before: []claimStep{{owner: "a", token: tok(0, 5), start: 0, claim: 9, commitTo: 4}}, claim: claimStep{owner: "a", token: tok(1, 7), start: 0, claim: 5},
+		fenced: true, wantNext: 4, wantToken: tok(0, 5), wantOwner: "a", wantClaim: 9},
+	{name: "a newer lane of the owner at a higher token is accepted",
+		before: []claimStep{{owner: "a", token: tok(0, 5), start: 0, claim: 5, commitTo: 4}}, claim: claimStep{owner: "a", token: tok(0, 7), start: 0, claim: 9},
+		wantNext: 4, wantToken: tok(0, 7), wantOwner: "a", wantClaim: 9},
+	{name: "a newer lane of the owner at the same token is a tie",
+		before: []claimStep{{owner: "a", token: tok(0, 5), start: 0, claim: 5}}, claim: claimStep{owner: "a", token: tok(0, 5), start: 0, claim: 9},
+		fenced: true, wantNext: 0, wantToken: tok(0, 5), wantOwner: "a", wantClaim: 5},
+	{name: "another owner's lower claim id does not matter",
+		before: []claimStep{{owner: "a", token: tok(0, 5), start: 0, claim: 9}}, claim: claimStep{owner: "b", token: tok(0, 6), start: 0, claim: 2},
+		wantNext: 0, wantToken: tok(0, 6), wantOwner: "b", wantClaim: 2},
+	{name: "the partition count recorded first is returned to a claim with another count",
+		before: []claimStep{{owner: "a", token: tok(0, 1), start: 0}}, claim: claimStep{owner: "b", token: tok(0, 2), start: 0, count: 24},
+		wantNext: 0, wantToken: tok(0, 2), wantOwner: "b"},
+	{name: "the recorded partition count survives a re-claim with a smaller count",
+		before: []claimStep{{owner: "a", token: tok(0, 1), start: 0}}, claim: claimStep{owner: "a", token: tok(0, 1), start: 0, count: 3},
+		wantNext: 0, wantToken: tok(0, 1), wantOwner: "a"},
+}
+
 func TestClaim(t *testing.T) {
 	t.Parallel()
-	// step is a claim, optionally followed by a commit by the same claimant
-	// from the offset it was given up to commitTo.
-	type step struct {
-		owner    string
-		token    sink.Token
-		start    int64
-		count    int32
-		commitTo int64 // 0: no commit
-		claim    int64 // the claimant's claim id (0: none)
-	}
-	for _, c := range []struct {
-		name   string
-		before []step // each must be accepted
-		claim  step
-		fenced bool
-		// For an accepted claim: what it returns. For a rejected one:
-		// NextOffset in the error. Either way the row ends as wantToken,
-		// wantOwner, wantNext, wantCount.
-		wantNext  int64
-		wantCount int32
-		wantToken sink.Token
-		wantOwner string
-		wantClaim int64 // the row's claim id
-	}{
-		{
-			name:     "first claim creates the row from StartOffset and PartitionCount",
-			claim:    step{owner: "a", token: tok(0, 5), start: 100, count: 12},
-			wantNext: 100, wantCount: 12, wantToken: tok(0, 5), wantOwner: "a",
-		},
-		{
-			name:     "first claim at offset 0",
-			claim:    step{owner: "a", token: tok(0, 1), start: 0, count: 1},
-			wantNext: 0, wantCount: 1, wantToken: tok(0, 1), wantOwner: "a",
-		},
-		{
-			name:     "same token same owner re-claims and gets the stored offset, not StartOffset",
-			before:   []step{{owner: "a", token: tok(0, 5), start: 100, count: 12, commitTo: 110}},
-			claim:    step{owner: "a", token: tok(0, 5), start: 7, count: 12},
-			wantNext: 110, wantCount: 12, wantToken: tok(0, 5), wantOwner: "a",
-		},
-		{
-			name:   "same token other owner is rejected",
-			before: []step{{owner: "a", token: tok(0, 5), start: 100, count: 12, commitTo: 104}},
-			claim:  step{owner: "b", token: tok(0, 5), start: 0, count: 12},
-			fenced: true, wantNext: 104, wantCount: 12, wantToken: tok(0, 5), wantOwner: "a",
-		},
-		{
-			name:   "lower epoch is rejected",
-			before: []step{{owner: "a", token: tok(0, 82), start: 100, count: 12}},
-			claim:  step{owner: "b", token: tok(0, 81), start: 0, count: 12},
-			fenced: true, wantNext: 100, wantCount: 12, wantToken: tok(0, 82), wantOwner: "a",
-		},
-		{
-			name:   "lower epoch by the same owner is rejected",
-			before: []step{{owner: "a", token: tok(0, 82), start: 100, count: 12}},
-			claim:  step{owner: "a", token: tok(0, 81), start: 0, count: 12},
-			fenced: true, wantNext: 100, wantCount: 12, wantToken: tok(0, 82), wantOwner: "a",
-		},
-		{
-			name:   "lower incarnation with a higher epoch is rejected",
-			before: []step{{owner: "a", token: tok(1, 2), start: 100, count: 12}},
-			claim:  step{owner: "b", token: tok(0, 900), start: 0, count: 12},
-			fenced: true, wantNext: 100, wantCount: 12, wantToken: tok(1, 2), wantOwner: "a",
-		},
-		{
-			name:     "higher incarnation with a lower epoch is accepted: incarnation leads",
-			before:   []step{{owner: "a", token: tok(0, 900), start: 100, count: 12, commitTo: 130}},
-			claim:    step{owner: "b", token: tok(1, 1), start: 0, count: 12},
-			wantNext: 130, wantCount: 12, wantToken: tok(1, 1), wantOwner: "b",
-		},
-		{
-			name:     "higher token is accepted and the next offset is preserved",
-			before:   []step{{owner: "a", token: tok(0, 81), start: 100, count: 12, commitTo: 150}},
-			claim:    step{owner: "b", token: tok(0, 82), start: 0, count: 12},
-			wantNext: 150, wantCount: 12, wantToken: tok(0, 82), wantOwner: "b",
-		},
-		{
-			name:     "higher token by the same owner is accepted",
-			before:   []step{{owner: "a", token: tok(0, 81), start: 100, count: 12, commitTo: 101}},
-			claim:    step{owner: "a", token: tok(0, 90), start: 0, count: 12},
-			wantNext: 101, wantCount: 12, wantToken: tok(0, 90), wantOwner: "a",
-		},
-		{
-			name:     "hand-back to the first owner at a still higher token",
-			before:   []step{{owner: "a", token: tok(0, 1), start: 0, count: 12, commitTo: 3}, {owner: "b", token: tok(0, 2), count: 12, commitTo: 8}},
-			claim:    step{owner: "a", token: tok(0, 3), start: 0, count: 12},
-			wantNext: 8, wantCount: 12, wantToken: tok(0, 3), wantOwner: "a",
-		},
-		{
-			name:   "the zombie of a hand-off stays fenced at its old token",
-			before: []step{{owner: "a", token: tok(0, 1), start: 0, count: 12, commitTo: 3}, {owner: "b", token: tok(0, 2), count: 12}},
-			claim:  step{owner: "a", token: tok(0, 1), start: 0, count: 12},
-			fenced: true, wantNext: 3, wantCount: 12, wantToken: tok(0, 2), wantOwner: "b",
-		},
-		{
-			// A member given the partition again while its previous lane is
-			// still stopping: the old lane, recovering at the member's newer
-			// epoch, must not take the partition back from the new one.
-			name:   "an older lane of the owner is rejected whatever its token: a newer lane holds the row",
-			before: []step{{owner: "a", token: tok(0, 5), start: 0, count: 12, claim: 9, commitTo: 4}},
-			claim:  step{owner: "a", token: tok(1, 7), start: 0, count: 12, claim: 5},
-			fenced: true, wantNext: 4, wantCount: 12, wantToken: tok(0, 5), wantOwner: "a", wantClaim: 9,
-		},
-		{
-			name:     "a newer lane of the owner at a higher token is accepted",
-			before:   []step{{owner: "a", token: tok(0, 5), start: 0, count: 12, claim: 5, commitTo: 4}},
-			claim:    step{owner: "a", token: tok(0, 7), start: 0, count: 12, claim: 9},
-			wantNext: 4, wantCount: 12, wantToken: tok(0, 7), wantOwner: "a", wantClaim: 9,
-		},
-		{
-			name:   "a newer lane of the owner at the same token is a tie",
-			before: []step{{owner: "a", token: tok(0, 5), start: 0, count: 12, claim: 5}},
-			claim:  step{owner: "a", token: tok(0, 5), start: 0, count: 12, claim: 9},
-			fenced: true, wantNext: 0, wantCount: 12, wantToken: tok(0, 5), wantOwner: "a", wantClaim: 5,
-		},
-		{
-			name:     "another owner's lower claim id does not matter",
-			before:   []step{{owner: "a", token: tok(0, 5), start: 0, count: 12, claim: 9}},
-			claim:    step{owner: "b", token: tok(0, 6), start: 0, count: 12, claim: 2},
-			wantNext: 0, wantCount: 12, wantToken: tok(0, 6), wantOwner: "b", wantClaim: 2,
-		},
-		{
-			name:     "the partition count recorded first is returned to a claim with another count",
-			before:   []step{{owner: "a", token: tok(0, 1), start: 0, count: 12}},
-			claim:    step{owner: "b", token: tok(0, 2), start: 0, count: 24},
-			wantNext: 0, wantCount: 12, wantToken: tok(0, 2), wantOwner: "b",
-		},
-		{
-			name:     "the recorded partition count survives a re-claim with a smaller count",
-			before:   []step{{owner: "a", token: tok(0, 1), start: 0, count: 12}},
-			claim:    step{owner: "a", token: tok(0, 1), start: 0, count: 3},
-			wantNext: 0, wantCount: 12, wantToken: tok(0, 1), wantOwner: "a",
-		},
-	} {
+	for _, c := range claimCases {
+		if c.wantCount == 0 {
+			c.wantCount = 12
+		}
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
-			do := func(s step) (sink.Claimed, error) {
-				e.raiseIncarnation(part.Group, s.token.Incarnation)
-				return e.store.Claim(e.ctx, sink.ClaimRequest{Partition: part, Token: s.token, Owner: s.owner, ClaimID: s.claim, StartOffset: s.start, PartitionCount: s.count})
-			}
 			for _, s := range c.before {
-				got, err := do(s)
+				got, err := e.claimStep(s)
 				if err != nil {
 					t.Fatalf("setup claim %+v: %v", s, err)
 				}
@@ -167,36 +119,9 @@ func TestClaim(t *testing.T) {
 				}
 			}
 			logBefore := e.fenceLog(t, part)
-			got, err := do(c.claim)
+			got, err := e.claimStep(c.claim)
 			if c.fenced {
-				fe := asFenced(t, err)
-				if errors.Is(err, sink.ErrOffsetMismatch) {
-					t.Errorf("a rejected claim matches ErrOffsetMismatch: %v", err)
-				}
-				want := sink.FencedError{Op: "claim", Partition: part, Presented: c.claim.token, Owner: c.claim.owner, From: -1,
-					ClaimID: c.claim.claim, Found: true, Current: c.wantToken, CurrentOwner: c.wantOwner, CurrentClaim: c.wantClaim, NextOffset: c.wantNext}
-				if c.wantToken.Incarnation > c.claim.token.Incarnation {
-					want.StaleIncarnation, want.GroupIncarnation = true, c.wantToken.Incarnation
-				}
-				if c.claim.token.Incarnation > c.wantToken.Incarnation {
-					// the claim raised the group's incarnation (raiseIncarnation)
-					want.StaleIncarnation, want.GroupIncarnation = false, 0
-				}
-				if got, wantSup := fe.Superseded(), c.claim.owner == c.wantOwner && c.wantClaim > c.claim.claim; got != wantSup {
-					t.Errorf("Superseded() = %v, want %v", got, wantSup)
-				}
-				if *fe != want {
-					t.Errorf("FencedError = %+v\nwant          %+v", *fe, want)
-				}
-				msg := err.Error()
-				for _, s := range []string{c.claim.token.String(), c.wantToken.String(), `"` + c.claim.owner + `"`, `"` + c.wantOwner + `"`, part.String(), "claim"} {
-					if !strings.Contains(msg, s) {
-						t.Errorf("error %q does not name %s", msg, s)
-					}
-				}
-				if got != (sink.Claimed{}) {
-					t.Errorf("rejected claim returned %+v", got)
-				}
+				checkClaimRejected(t, c, got, err)
 			} else {
 				if err != nil {
 					t.Fatalf("claim rejected: %v", err)
@@ -205,23 +130,70 @@ func TestClaim(t *testing.T) {
 					t.Errorf("Claim = %+v, want %+v", got, want)
 				}
 			}
-			f := e.mustGet(t, part)
-			if f.Partition != part || f.Token != c.wantToken || f.Owner != c.wantOwner || f.NextOffset != c.wantNext || f.PartitionCount != c.wantCount {
-				t.Errorf("row = {%s %s %q next %d count %d}, want {%s %s %q next %d count %d}",
-					f.Partition, f.Token, f.Owner, f.NextOffset, f.PartitionCount,
-					part, c.wantToken, c.wantOwner, c.wantNext, c.wantCount)
-			}
-			// fence_log: an accepted claim adds exactly one entry, a
-			// rejected one none.
-			logAfter := e.fenceLog(t, part)
-			wantLog := entries(logBefore)
-			if !c.fenced {
-				wantLog = append(wantLog, entry{Kind: "claim", Token: c.claim.token, Owner: c.claim.owner, From: c.wantNext, To: c.wantNext})
-			}
-			if got := entries(logAfter); !slices.Equal(got, wantLog) {
-				t.Errorf("fence_log = %+v\nwant       %+v", got, wantLog)
-			}
+			e.checkClaimRow(t, c, logBefore)
 		})
+	}
+}
+
+// claimStep presents s's claim of part, at the group's incarnation.
+func (e *env) claimStep(s claimStep) (sink.Claimed, error) {
+	if s.count == 0 {
+		s.count = 12
+	}
+	e.raiseIncarnation(part.Group, s.token.Incarnation)
+	return e.store.Claim(e.ctx, sink.ClaimRequest{Partition: part, Token: s.token, Owner: s.owner, ClaimID: s.claim, StartOffset: s.start, PartitionCount: s.count})
+}
+
+// checkClaimRejected checks the rejection of c's claim: its detail, its
+// message, and that it returned nothing.
+func checkClaimRejected(t *testing.T, c claimCase, got sink.Claimed, err error) {
+	t.Helper()
+	fe := asFenced(t, err)
+	if errors.Is(err, sink.ErrOffsetMismatch) {
+		t.Errorf("a rejected claim matches ErrOffsetMismatch: %v", err)
+	}
+	want := sink.FencedError{Op: "claim", Partition: part, Presented: c.claim.token, Owner: c.claim.owner, From: -1,
+		ClaimID: c.claim.claim, Found: true, Current: c.wantToken, CurrentOwner: c.wantOwner, CurrentClaim: c.wantClaim, NextOffset: c.wantNext}
+	if c.wantToken.Incarnation > c.claim.token.Incarnation {
+		want.StaleIncarnation, want.GroupIncarnation = true, c.wantToken.Incarnation
+	}
+	if c.claim.token.Incarnation > c.wantToken.Incarnation {
+		// the claim raised the group's incarnation (raiseIncarnation)
+		want.StaleIncarnation, want.GroupIncarnation = false, 0
+	}
+	if got, wantSup := fe.Superseded(), c.claim.owner == c.wantOwner && c.wantClaim > c.claim.claim; got != wantSup {
+		t.Errorf("Superseded() = %v, want %v", got, wantSup)
+	}
+	if *fe != want {
+		t.Errorf("FencedError = %+v\nwant          %+v", *fe, want)
+	}
+	msg := err.Error()
+	for _, s := range []string{c.claim.token.String(), c.wantToken.String(), `"` + c.claim.owner + `"`, `"` + c.wantOwner + `"`, part.String(), "claim"} {
+		if !strings.Contains(msg, s) {
+			t.Errorf("error %q does not name %s", msg, s)
+		}
+	}
+	if got != (sink.Claimed{}) {
+		t.Errorf("rejected claim returned %+v", got)
+	}
+}
+
+// checkClaimRow checks the row after c's claim, and fence_log: an accepted
+// claim adds exactly one entry to logBefore, a rejected one none.
+func (e *env) checkClaimRow(t *testing.T, c claimCase, logBefore []logEntry) {
+	t.Helper()
+	f := e.mustGet(t, part)
+	if f.Partition != part || f.Token != c.wantToken || f.Owner != c.wantOwner || f.NextOffset != c.wantNext || f.PartitionCount != c.wantCount {
+		t.Errorf("row = {%s %s %q next %d count %d}, want {%s %s %q next %d count %d}",
+			f.Partition, f.Token, f.Owner, f.NextOffset, f.PartitionCount,
+			part, c.wantToken, c.wantOwner, c.wantNext, c.wantCount)
+	}
+	wantLog := entries(logBefore)
+	if !c.fenced {
+		wantLog = append(wantLog, entry{Kind: "claim", Token: c.claim.token, Owner: c.claim.owner, From: c.wantNext, To: c.wantNext})
+	}
+	if got := entries(e.fenceLog(t, part)); !slices.Equal(got, wantLog) {
+		t.Errorf("fence_log = %+v\nwant       %+v", got, wantLog)
 	}
 }
 
@@ -349,17 +321,7 @@ func TestClaimEndsAnOlderClaimantHoldingTheRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A's batch: the fence statement ran, its COMMIT never comes.
-	tx, err := e.pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if _, err := tx.Exec(e.ctx, "SET LOCAL application_name = '"+fence.ApplicationName(7)+"'"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.store.Commit(e.ctx, tx, sink.CommitRequest{Partition: p, Token: a, Owner: "A", ClaimID: 7, From: 0, To: 5}); err != nil {
-		t.Fatal(err)
-	}
+	e.openLaneBatch(t, sink.CommitRequest{Partition: p, Token: a, Owner: "A", ClaimID: 7, From: 0, To: 5})
 	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -372,17 +334,7 @@ func TestClaimEndsAnOlderClaimantHoldingTheRow(t *testing.T) {
 	}
 	t.Logf("claimed %s after the older claimant's session was ended", time.Since(start).Round(time.Millisecond))
 	// A zombie (lower token) waiting on the new owner's row never ends it.
-	tx2, err := e.pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx2.Rollback(context.Background()) })
-	if _, err := tx2.Exec(e.ctx, "SET LOCAL application_name = '"+fence.ApplicationName(9)+"'"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.store.Commit(e.ctx, tx2, sink.CommitRequest{Partition: p, Token: b, Owner: "B", ClaimID: 9, From: 0, To: 3}); err != nil {
-		t.Fatal(err)
-	}
+	tx2 := e.openLaneBatch(t, sink.CommitRequest{Partition: p, Token: b, Owner: "B", ClaimID: 9, From: 0, To: 3})
 	zctx, zcancel := context.WithTimeout(e.ctx, 1500*time.Millisecond)
 	defer zcancel()
 	if _, err := e.store.Claim(zctx, sink.ClaimRequest{Partition: p, Token: a, Owner: "A", ClaimID: 7, PartitionCount: 1}); err == nil {
@@ -408,28 +360,14 @@ func TestClaimRefusedLaterEndsNoSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The newer lane's batch: its fence statement ran, its COMMIT follows.
-	tx, err := e.pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if _, err := tx.Exec(e.ctx, "SET LOCAL application_name = '"+fence.ApplicationName(11)+"'"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.store.Commit(e.ctx, tx, sink.CommitRequest{Partition: p, Token: newer.Token, Owner: "M", ClaimID: 11, From: 0, To: 5}); err != nil {
-		t.Fatal(err)
-	}
+	tx := e.openLaneBatch(t, sink.CommitRequest{Partition: p, Token: newer.Token, Owner: "M", ClaimID: 11, From: 0, To: 5})
 	older := sink.ClaimRequest{Partition: p, Token: sink.Token{Epoch: 7}, Owner: "M", ClaimID: 10, PartitionCount: 1}
-	type result struct {
-		c   sink.Claimed
-		err error
-	}
-	done := make(chan result, 1)
+	done := make(chan claimResult, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
 		defer cancel()
 		c, err := e.store.Claim(ctx, older)
-		done <- result{c, err}
+		done <- claimResult{c, err}
 	}()
 	// Several rounds of the claim's watch (every 250ms).
 	time.Sleep(1500 * time.Millisecond)

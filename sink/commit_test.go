@@ -15,132 +15,131 @@ import (
 	"github.com/tenure-dev/tenure/sink"
 )
 
+// commitClaim is a claim, from start offset 10, that TestCommit's cases
+// make before their commit.
+type commitClaim struct {
+	owner string
+	token sink.Token
+}
+
+var a81, b82 = commitClaim{"a", tok(0, 81)}, commitClaim{"b", tok(0, 82)}
+
+type commitCase struct {
+	name   string
+	claims []commitClaim // in order; each must be accepted
+	// prior commits, accepted, by the claimant named, from the stored offset
+	priorTo []int64
+	req     sink.CommitRequest
+	// outcome
+	fenced, mismatch, invalid bool
+	wantNext                  int64      // row's next offset afterwards
+	wantCurrent               sink.Token // for fenced: the row's token in the error
+	wantOwner                 string
+}
+
+var commitCases = []commitCase{
+	{
+		name:     "matching token, owner and from is accepted",
+		claims:   []commitClaim{a81},
+		req:      sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 15},
+		wantNext: 15,
+	},
+	{
+		name:     "a batch of one record",
+		claims:   []commitClaim{a81},
+		req:      sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 11},
+		wantNext: 11,
+	},
+	{
+		name:     "consecutive commit from the previous To",
+		claims:   []commitClaim{a81},
+		priorTo:  []int64{12, 20},
+		req:      sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 20, To: 25},
+		wantNext: 25,
+	},
+	{
+		name:   "lower token after a newer claim is fenced (G3: the new owner wrote nothing)",
+		claims: []commitClaim{a81, b82},
+		req:    sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 15},
+		fenced: true, wantNext: 10, wantCurrent: tok(0, 82), wantOwner: "b",
+	},
+	{
+		name:   "lower token after a newer claim is fenced even by the new owner's id",
+		claims: []commitClaim{a81, b82},
+		req:    sink.CommitRequest{Token: tok(0, 81), Owner: "b", From: 10, To: 15},
+		fenced: true, wantNext: 10, wantCurrent: tok(0, 82), wantOwner: "b",
+	},
+	{
+		name:   "lower incarnation with a higher epoch is fenced",
+		claims: []commitClaim{a81, {"b", tok(1, 1)}},
+		req:    sink.CommitRequest{Token: tok(0, 900), Owner: "a", From: 10, To: 15},
+		fenced: true, wantNext: 10, wantCurrent: tok(1, 1), wantOwner: "b",
+	},
+	{
+		name:   "higher token than the row's is fenced: it was never claimed",
+		claims: []commitClaim{a81},
+		req:    sink.CommitRequest{Token: tok(0, 82), Owner: "a", From: 10, To: 15},
+		fenced: true, wantNext: 10, wantCurrent: tok(0, 81), wantOwner: "a",
+	},
+	{
+		name:   "same token other owner is fenced",
+		claims: []commitClaim{a81},
+		req:    sink.CommitRequest{Token: tok(0, 81), Owner: "b", From: 10, To: 15},
+		fenced: true, wantNext: 10, wantCurrent: tok(0, 81), wantOwner: "a",
+	},
+	{
+		name:   "from ahead of the stored offset is an offset mismatch",
+		claims: []commitClaim{a81},
+		req:    sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 12, To: 15},
+		fenced: true, mismatch: true, wantNext: 10, wantCurrent: tok(0, 81), wantOwner: "a",
+	},
+	{
+		name:    "a batch committed twice is an offset mismatch the second time",
+		claims:  []commitClaim{a81},
+		priorTo: []int64{15},
+		req:     sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 15},
+		fenced:  true, mismatch: true, wantNext: 15, wantCurrent: tok(0, 81), wantOwner: "a",
+	},
+	{
+		name:    "an overlapping batch is an offset mismatch",
+		claims:  []commitClaim{a81},
+		priorTo: []int64{15},
+		req:     sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 12, To: 20},
+		fenced:  true, mismatch: true, wantNext: 15, wantCurrent: tok(0, 81), wantOwner: "a",
+	},
+	{
+		name:    "the old owner's next batch after the new owner committed is fenced",
+		claims:  []commitClaim{a81, b82},
+		priorTo: []int64{15},
+		req:     sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 15, To: 20},
+		fenced:  true, wantNext: 15, wantCurrent: tok(0, 82), wantOwner: "b",
+	},
+	{
+		name:     "To equal to From is invalid",
+		claims:   []commitClaim{a81},
+		req:      sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 10},
+		invalid:  true,
+		wantNext: 10,
+	},
+	{
+		name:     "To below From is invalid",
+		claims:   []commitClaim{a81},
+		req:      sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 9},
+		invalid:  true,
+		wantNext: 10,
+	},
+}
+
 // TestCommit runs each commit the way a caller does (begin, handler write,
 // Commit, then tx.Commit or tx.Rollback) and checks the row, the handler's
 // effects and the error.
 func TestCommit(t *testing.T) {
 	t.Parallel()
-	type claim struct {
-		owner string
-		token sink.Token
-	}
-	a81, b82 := claim{"a", tok(0, 81)}, claim{"b", tok(0, 82)}
-	for _, c := range []struct {
-		name   string
-		claims []claim // in order, from start offset 10; each must be accepted
-		// prior commits, accepted, by the claimant named, from the stored offset
-		priorTo []int64
-		req     sink.CommitRequest
-		// outcome
-		fenced, mismatch, invalid bool
-		wantNext                  int64      // row's next offset afterwards
-		wantCurrent               sink.Token // for fenced: the row's token in the error
-		wantOwner                 string
-	}{
-		{
-			name:     "matching token, owner and from is accepted",
-			claims:   []claim{a81},
-			req:      sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 15},
-			wantNext: 15,
-		},
-		{
-			name:     "a batch of one record",
-			claims:   []claim{a81},
-			req:      sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 11},
-			wantNext: 11,
-		},
-		{
-			name:     "consecutive commit from the previous To",
-			claims:   []claim{a81},
-			priorTo:  []int64{12, 20},
-			req:      sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 20, To: 25},
-			wantNext: 25,
-		},
-		{
-			name:   "lower token after a newer claim is fenced (G3: the new owner wrote nothing)",
-			claims: []claim{a81, b82},
-			req:    sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 15},
-			fenced: true, wantNext: 10, wantCurrent: tok(0, 82), wantOwner: "b",
-		},
-		{
-			name:   "lower token after a newer claim is fenced even by the new owner's id",
-			claims: []claim{a81, b82},
-			req:    sink.CommitRequest{Token: tok(0, 81), Owner: "b", From: 10, To: 15},
-			fenced: true, wantNext: 10, wantCurrent: tok(0, 82), wantOwner: "b",
-		},
-		{
-			name:   "lower incarnation with a higher epoch is fenced",
-			claims: []claim{a81, {"b", tok(1, 1)}},
-			req:    sink.CommitRequest{Token: tok(0, 900), Owner: "a", From: 10, To: 15},
-			fenced: true, wantNext: 10, wantCurrent: tok(1, 1), wantOwner: "b",
-		},
-		{
-			name:   "higher token than the row's is fenced: it was never claimed",
-			claims: []claim{a81},
-			req:    sink.CommitRequest{Token: tok(0, 82), Owner: "a", From: 10, To: 15},
-			fenced: true, wantNext: 10, wantCurrent: tok(0, 81), wantOwner: "a",
-		},
-		{
-			name:   "same token other owner is fenced",
-			claims: []claim{a81},
-			req:    sink.CommitRequest{Token: tok(0, 81), Owner: "b", From: 10, To: 15},
-			fenced: true, wantNext: 10, wantCurrent: tok(0, 81), wantOwner: "a",
-		},
-		{
-			name:   "from ahead of the stored offset is an offset mismatch",
-			claims: []claim{a81},
-			req:    sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 12, To: 15},
-			fenced: true, mismatch: true, wantNext: 10, wantCurrent: tok(0, 81), wantOwner: "a",
-		},
-		{
-			name:    "a batch committed twice is an offset mismatch the second time",
-			claims:  []claim{a81},
-			priorTo: []int64{15},
-			req:     sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 15},
-			fenced:  true, mismatch: true, wantNext: 15, wantCurrent: tok(0, 81), wantOwner: "a",
-		},
-		{
-			name:    "an overlapping batch is an offset mismatch",
-			claims:  []claim{a81},
-			priorTo: []int64{15},
-			req:     sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 12, To: 20},
-			fenced:  true, mismatch: true, wantNext: 15, wantCurrent: tok(0, 81), wantOwner: "a",
-		},
-		{
-			name:    "the old owner's next batch after the new owner committed is fenced",
-			claims:  []claim{a81, b82},
-			priorTo: []int64{15},
-			req:     sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 15, To: 20},
-			fenced:  true, wantNext: 15, wantCurrent: tok(0, 82), wantOwner: "b",
-		},
-		{
-			name:     "To equal to From is invalid",
-			claims:   []claim{a81},
-			req:      sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 10},
-			invalid:  true,
-			wantNext: 10,
-		},
-		{
-			name:     "To below From is invalid",
-			claims:   []claim{a81},
-			req:      sink.CommitRequest{Token: tok(0, 81), Owner: "a", From: 10, To: 9},
-			invalid:  true,
-			wantNext: 10,
-		},
-	} {
+	for _, c := range commitCases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
-			var last claim
-			for _, cl := range c.claims {
-				e.mustClaim(t, part, cl.token, cl.owner, 10)
-				last = cl
-			}
-			from := int64(10)
-			for _, to := range c.priorTo {
-				e.mustCommit(t, sink.CommitRequest{Partition: part, Token: last.token, Owner: last.owner, From: from, To: to})
-				from = to
-			}
+			e.commitCaseBefore(t, c)
 			before := e.mustGet(t, part)
 			effectsBefore := e.effects(t, part)
 			logBefore := e.fenceLog(t, part)
@@ -159,27 +158,7 @@ func TestCommit(t *testing.T) {
 					t.Errorf("error %v matches ErrFenced; a non-advancing commit is a bug, not a rejection", err)
 				}
 			case c.fenced:
-				fe := asFenced(t, err)
-				if got := errors.Is(err, sink.ErrOffsetMismatch); got != c.mismatch {
-					t.Errorf("errors.Is(err, ErrOffsetMismatch) = %v, want %v (err: %v)", got, c.mismatch, err)
-				}
-				want := sink.FencedError{Op: "commit", Partition: part, Presented: req.Token, Owner: req.Owner, From: req.From,
-					Found: true, Current: c.wantCurrent, CurrentOwner: c.wantOwner, NextOffset: c.wantNext}
-				if *fe != want {
-					t.Errorf("FencedError = %+v\nwant          %+v", *fe, want)
-				}
-				msg := err.Error()
-				names := []string{req.Token.String(), `"` + req.Owner + `"`, part.String()}
-				if c.mismatch {
-					names = append(names, "offset "+strconv.FormatInt(req.From, 10), "offset is "+strconv.FormatInt(c.wantNext, 10))
-				} else {
-					names = append(names, c.wantCurrent.String(), `"`+c.wantOwner+`"`)
-				}
-				for _, s := range names {
-					if !strings.Contains(msg, s) {
-						t.Errorf("error %q does not contain %q", msg, s)
-					}
-				}
+				checkCommitRejected(t, c, req, err)
 			default:
 				if err != nil {
 					t.Fatalf("rejected: %v", err)
@@ -199,24 +178,72 @@ func TestCommit(t *testing.T) {
 			if err != nil && !equalTimePtr(after.CommittedAt, before.CommittedAt) {
 				t.Errorf("a rejected commit changed committed_at: %v -> %v", before.CommittedAt, after.CommittedAt)
 			}
-			// The handler's writes in the same transaction are there if and
-			// only if the commit was accepted; the log gains exactly one
-			// entry for an accepted commit and none for a rejection.
-			wantEffects, wantLog := effectsBefore, entries(logBefore)
-			if err == nil {
-				for o := req.From; o < req.To; o++ {
-					wantEffects = append(wantEffects, o)
-				}
-				wantLog = append(wantLog, entry{Kind: "commit", Token: req.Token, Owner: req.Owner, From: req.From, To: req.To})
-			}
-			slices.Sort(wantEffects)
-			if got := e.effects(t, part); !slices.Equal(got, wantEffects) {
-				t.Errorf("effects = %v, want %v", got, wantEffects)
-			}
-			if got := entries(e.fenceLog(t, part)); !slices.Equal(got, wantLog) {
-				t.Errorf("fence_log = %+v\nwant       %+v", got, wantLog)
-			}
+			e.checkCommitWrites(t, req, err == nil, effectsBefore, logBefore)
 		})
+	}
+}
+
+// commitCaseBefore makes c's claims and its prior commits, the latter by
+// the last claimant.
+func (e *env) commitCaseBefore(t *testing.T, c commitCase) {
+	t.Helper()
+	var last commitClaim
+	for _, cl := range c.claims {
+		e.mustClaim(t, part, cl.token, cl.owner, 10)
+		last = cl
+	}
+	from := int64(10)
+	for _, to := range c.priorTo {
+		e.mustCommit(t, sink.CommitRequest{Partition: part, Token: last.token, Owner: last.owner, From: from, To: to})
+		from = to
+	}
+}
+
+// checkCommitRejected checks the rejection of req, c's commit: its detail
+// and what its message names.
+func checkCommitRejected(t *testing.T, c commitCase, req sink.CommitRequest, err error) {
+	t.Helper()
+	fe := asFenced(t, err)
+	if got := errors.Is(err, sink.ErrOffsetMismatch); got != c.mismatch {
+		t.Errorf("errors.Is(err, ErrOffsetMismatch) = %v, want %v (err: %v)", got, c.mismatch, err)
+	}
+	want := sink.FencedError{Op: "commit", Partition: part, Presented: req.Token, Owner: req.Owner, From: req.From,
+		Found: true, Current: c.wantCurrent, CurrentOwner: c.wantOwner, NextOffset: c.wantNext}
+	if *fe != want {
+		t.Errorf("FencedError = %+v\nwant          %+v", *fe, want)
+	}
+	msg := err.Error()
+	names := []string{req.Token.String(), `"` + req.Owner + `"`, part.String()}
+	if c.mismatch {
+		names = append(names, "offset "+strconv.FormatInt(req.From, 10), "offset is "+strconv.FormatInt(c.wantNext, 10))
+	} else {
+		names = append(names, c.wantCurrent.String(), `"`+c.wantOwner+`"`)
+	}
+	for _, s := range names {
+		if !strings.Contains(msg, s) {
+			t.Errorf("error %q does not contain %q", msg, s)
+		}
+	}
+}
+
+// checkCommitWrites checks what req left: the handler's writes in the same
+// transaction are there if and only if the commit was accepted; the log
+// gains exactly one entry for an accepted commit and none for a rejection.
+func (e *env) checkCommitWrites(t *testing.T, req sink.CommitRequest, accepted bool, effectsBefore []int64, logBefore []logEntry) {
+	t.Helper()
+	wantEffects, wantLog := effectsBefore, entries(logBefore)
+	if accepted {
+		for o := req.From; o < req.To; o++ {
+			wantEffects = append(wantEffects, o)
+		}
+		wantLog = append(wantLog, entry{Kind: "commit", Token: req.Token, Owner: req.Owner, From: req.From, To: req.To})
+	}
+	slices.Sort(wantEffects)
+	if got := e.effects(t, part); !slices.Equal(got, wantEffects) {
+		t.Errorf("effects = %v, want %v", got, wantEffects)
+	}
+	if got := entries(e.fenceLog(t, part)); !slices.Equal(got, wantLog) {
+		t.Errorf("fence_log = %+v\nwant       %+v", got, wantLog)
 	}
 }
 
@@ -241,11 +268,7 @@ func TestCommitG3OldOwnerRejectedAfterNewClaim(t *testing.T) {
 			from := e.mustClaim(t, part, tok(0, 81), "a", 0)
 			reqA := sink.CommitRequest{Partition: part, Token: tok(0, 81), Owner: "a", From: from, To: from + 5}
 
-			tx, err := e.pool.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: iso})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(e.ctx) }()
+			tx := e.begin(t, pgx.TxOptions{IsoLevel: iso})
 			if err := e.handle(tx, reqA); err != nil { // A's snapshot is taken here, before B's claim
 				t.Fatal(err)
 			}
@@ -254,7 +277,7 @@ func TestCommitG3OldOwnerRejectedAfterNewClaim(t *testing.T) {
 				t.Fatalf("B's claim: next offset %d, want %d", next, from)
 			}
 
-			err = e.store.Commit(e.ctx, tx, reqA)
+			err := e.store.Commit(e.ctx, tx, reqA)
 			if err == nil {
 				t.Fatal("A's commit at 0.81 accepted after B claimed at 0.82")
 			}
@@ -347,6 +370,48 @@ type claimResult struct {
 	err error
 }
 
+// begin opens a transaction for the test to end; if it does not, the
+// cleanup rolls it back (a failure must not hang the pool's Close).
+func (e *env) begin(t testing.TB, opts pgx.TxOptions) pgx.Tx {
+	t.Helper()
+	tx, err := e.pool.BeginTx(e.ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+// openBatch is a batch between its fence statement and its COMMIT: the
+// handler's writes and req's Commit ran in a transaction left open, which
+// holds the fencing row until the test ends it.
+func (e *env) openBatch(t testing.TB, req sink.CommitRequest) pgx.Tx {
+	t.Helper()
+	tx := e.begin(t, pgx.TxOptions{})
+	if err := e.handle(tx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Commit(e.ctx, tx, req); err != nil {
+		t.Fatalf("commit %+v: %v", req, err)
+	}
+	return tx
+}
+
+// openLaneBatch is openBatch without the handler's writes, in a session
+// named for req's claim as a lane names it (fence.ApplicationName), so that
+// a newer claim can tell whose it is.
+func (e *env) openLaneBatch(t testing.TB, req sink.CommitRequest) pgx.Tx {
+	t.Helper()
+	tx := e.begin(t, pgx.TxOptions{})
+	if _, err := tx.Exec(e.ctx, "SET LOCAL application_name = '"+fence.ApplicationName(req.ClaimID)+"'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Commit(e.ctx, tx, req); err != nil {
+		t.Fatalf("commit %+v: %v", req, err)
+	}
+	return tx
+}
+
 // A's Commit has run inside A's open transaction, so the fencing row is
 // locked. B's claim must wait for A's transaction to end and then see its
 // outcome: A's To if A committed, A's From if A rolled back.
@@ -372,18 +437,7 @@ func TestClaimWaitsForOpenCommit(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
 			from := e.mustClaim(t, part, tok(0, 81), "a", 10)
-			reqA := sink.CommitRequest{Partition: part, Token: tok(0, 81), Owner: "a", From: from, To: 15}
-			tx, err := e.pool.Begin(e.ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(e.ctx) }()
-			if err := e.handle(tx, reqA); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.store.Commit(e.ctx, tx, reqA); err != nil {
-				t.Fatalf("A's commit: %v", err)
-			}
+			tx := e.openBatch(t, sink.CommitRequest{Partition: part, Token: tok(0, 81), Owner: "a", From: from, To: 15})
 
 			ctx, cancel := context.WithTimeout(e.ctx, 15*time.Second)
 			defer cancel()
@@ -399,12 +453,11 @@ func TestClaimWaitsForOpenCommit(t *testing.T) {
 			case <-time.After(50 * time.Millisecond):
 			}
 
+			end := tx.Rollback
 			if c.commit {
-				err = tx.Commit(e.ctx)
-			} else {
-				err = tx.Rollback(e.ctx)
+				end = tx.Commit
 			}
-			if err != nil {
+			if err := end(e.ctx); err != nil {
 				t.Fatal(err)
 			}
 			var r claimResult
@@ -441,17 +494,7 @@ func TestCommitConcurrentDuplicate(t *testing.T) {
 	e := setup(t)
 	from := e.mustClaim(t, part, tok(0, 5), "a", 0)
 	req := sink.CommitRequest{Partition: part, Token: tok(0, 5), Owner: "a", From: from, To: 4}
-	tx1, err := e.pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx1.Rollback(e.ctx) }()
-	if err := e.handle(tx1, req); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.store.Commit(e.ctx, tx1, req); err != nil {
-		t.Fatal(err)
-	}
+	tx1 := e.openBatch(t, req)
 
 	ctx, cancel := context.WithTimeout(e.ctx, 15*time.Second)
 	defer cancel()
@@ -477,6 +520,7 @@ func TestCommitConcurrentDuplicate(t *testing.T) {
 	if err := tx1.Commit(e.ctx); err != nil {
 		t.Fatal(err)
 	}
+	var err error
 	select {
 	case err = <-res:
 	case <-ctx.Done():
@@ -499,17 +543,7 @@ func TestCommitAcceptedThenRolledBack(t *testing.T) {
 	e := setup(t)
 	from := e.mustClaim(t, part, tok(0, 5), "a", 3)
 	req := sink.CommitRequest{Partition: part, Token: tok(0, 5), Owner: "a", From: from, To: 8}
-	tx, err := e.pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
-	if err := e.handle(tx, req); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.store.Commit(e.ctx, tx, req); err != nil {
-		t.Fatal(err)
-	}
+	tx := e.openBatch(t, req)
 	if err := tx.Rollback(e.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -564,18 +598,14 @@ func TestCommitRejectedOnStarvedPool(t *testing.T) {
 	e.mustClaim(t, part, tok(0, 81), "a", 0)
 	e.mustClaim(t, part, tok(0, 82), "b", 0)
 	req := sink.CommitRequest{Partition: part, Token: tok(0, 81), Owner: "a", From: 0, To: 3}
-	tx, err := e.pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(e.ctx) }()
+	tx := e.begin(t, pgx.TxOptions{})
 	if err := e.handle(tx, req); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, time.Second)
 	defer cancel()
 	began := time.Now()
-	err = e.store.Commit(ctx, tx, req)
+	err := e.store.Commit(ctx, tx, req)
 	if took := time.Since(began); took > 3*time.Second {
 		t.Errorf("rejection took %v with a 1s context", took)
 	}

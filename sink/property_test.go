@@ -30,11 +30,6 @@ import (
 // TENURE_FENCE_SEED replays a run.
 func TestFenceHistoryProperty(t *testing.T) {
 	t.Parallel()
-	const (
-		workers  = 8
-		totalOps = 200
-		start    = 1000
-	)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("TENURE_FENCE_SEED"); s != "" {
 		var err error
@@ -46,120 +41,150 @@ func TestFenceHistoryProperty(t *testing.T) {
 
 	// Enough connections that a rejected commit's second read (outside the
 	// transaction) never waits for a connection.
-	e := setupPool(t, sizedPool(t, 2*workers+2))
+	e := setupPool(t, sizedPool(t, 2*fightWorkers+2))
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()
+	f := &fight{t: t, e: e, ctx: ctx}
+	f.run(seed)
+	if ctx.Err() != nil {
+		t.Fatalf("ran out of time after %d ops: %v", f.ops.Load(), ctx.Err())
+	}
+	t.Logf("%d operations; claims %d accepted, %d rejected; commits %d accepted, %d rejected, %d rolled back by the handler",
+		min(f.ops.Load(), fightMaxOps), f.claimsOK.Load(), f.claimsRejected.Load(), f.commitsOK.Load(), f.commitsRejected.Load(), f.rbk.Load())
+	f.checkHistory()
+}
 
-	var (
-		ops                                                       atomic.Int64
-		claimsOK, claimsRejected, commitsOK, commitsRejected, rbk atomic.Int64
-		wg                                                        sync.WaitGroup
-		granted                                                   coordinator
-		claimMu                                                   sync.Mutex
-		lastClaimant                                              string
-		handOffsSeen                                              atomic.Int64
-	)
+const (
+	fightWorkers  = 8
+	fightTotalOps = 200
 	// A schedule drawn at random may not reach what the test is about (a
 	// run once had 3 accepted claims, all by one worker, and no rejected
-	// commit): past totalOps it goes on, up to maxOps, until it has seen
-	// an accepted commit, a rejected one and a hand-off.
-	const maxOps = 10 * totalOps
-	exercised := func() bool {
-		return commitsOK.Load() > 0 && commitsRejected.Load() > 0 && handOffsSeen.Load() > 0
-	}
-	more := func() bool {
-		n := ops.Add(1)
-		return ctx.Err() == nil && (n <= totalOps || (n <= maxOps && !exercised()))
-	}
-	for w := range workers {
+	// commit): past fightTotalOps it goes on, up to fightMaxOps, until it
+	// has seen an accepted commit, a rejected one and a hand-off.
+	fightMaxOps = 10 * fightTotalOps
+	fightStart  = 1000
+)
+
+// fight is TestFenceHistoryProperty's run: its workers and what they saw.
+type fight struct {
+	t   *testing.T
+	e   *env
+	ctx context.Context
+
+	ops                                                       atomic.Int64
+	claimsOK, claimsRejected, commitsOK, commitsRejected, rbk atomic.Int64
+	granted                                                   coordinator
+	claimMu                                                   sync.Mutex
+	lastClaimant                                              string
+	handOffsSeen                                              atomic.Int64
+}
+
+// run lets the workers fight until the schedule ends.
+func (f *fight) run(seed uint64) {
+	var wg sync.WaitGroup
+	for w := range fightWorkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(seed, uint64(w)))
-			owner := "w" + strconv.Itoa(w)
-			next := sink.Token{Epoch: int32(1 + rng.IntN(5))} // the token it will claim with next
-			var (
-				held  bool       // it believes it holds the partition
-				token sink.Token // at this token
-				from  int64      // from this offset
-			)
-			for more() {
-				if !held || rng.IntN(4) == 0 {
-					switch r := rng.IntN(25); {
-					case r == 0: // a group reset: the incarnation moves on (as a member that
-						// sees epochs restart, or admin group delete, does), epochs restart low
-						cur, err := e.store.Incarnation(ctx, part.Group)
-						if err == nil {
-							cur, _, err = e.store.BumpIncarnation(ctx, part.Group, cur, owner, "property test reset")
-						}
-						if err != nil {
-							if ctx.Err() == nil {
-								t.Errorf("%s: reset: %v", owner, err)
-							}
-							return
-						}
-						next = granted.reset(sink.Token{Incarnation: cur, Epoch: int32(rng.IntN(3))})
-					case r < 12: // the coordinator grants it the newest generation
-						next = granted.next(next, int32(1+rng.IntN(2)))
-					default: // its own idea, possibly stale
-						next.Epoch += int32(1 + rng.IntN(3))
-					}
-					c, err := e.store.Claim(ctx, sink.ClaimRequest{Partition: part, Token: next, Owner: owner, StartOffset: start, PartitionCount: 4})
-					switch {
-					case err == nil:
-						claimsOK.Add(1)
-						held, token, from = true, next, c.NextOffset
-						claimMu.Lock()
-						if lastClaimant != "" && lastClaimant != owner {
-							handOffsSeen.Add(1)
-						}
-						lastClaimant = owner
-						claimMu.Unlock()
-						if c.PartitionCount != 4 {
-							t.Errorf("%s: partition count %d, want 4", owner, c.PartitionCount)
-						}
-					case errors.Is(err, sink.ErrFenced):
-						claimsRejected.Add(1) // a zombie keeps its old belief
-					case ctx.Err() != nil:
-						return
-					default:
-						t.Errorf("%s: claim at %s: %v", owner, next, err)
-						return
-					}
-					continue
-				}
-				req := sink.CommitRequest{Partition: part, Token: token, Owner: owner, From: from, To: from + 1 + int64(rng.IntN(5))}
-				committed, err := commitOnce(ctx, e, req, rng.IntN(10) == 0)
-				switch {
-				case err == nil && committed:
-					commitsOK.Add(1)
-					from = req.To
-				case err == nil:
-					rbk.Add(1) // the handler failed after the fence: retry the batch
-				case errors.Is(err, sink.ErrFenced):
-					commitsRejected.Add(1)
-					switch rng.IntN(3) {
-					case 0: // a well-behaved worker drops the partition
-						held = false
-					case 1: // a zombie that believes the batch went through
-						from = req.To
-					}
-				case ctx.Err() != nil:
-					return
-				default:
-					t.Errorf("%s: commit %+v: %v", owner, req, err)
-					return
-				}
-			}
+			f.worker(rand.New(rand.NewPCG(seed, uint64(w))), "w"+strconv.Itoa(w))
 		}()
 	}
 	wg.Wait()
-	if ctx.Err() != nil {
-		t.Fatalf("ran out of time after %d ops: %v", ops.Load(), ctx.Err())
-	}
-	t.Logf("%d operations; claims %d accepted, %d rejected; commits %d accepted, %d rejected, %d rolled back by the handler",
-		min(ops.Load(), maxOps), claimsOK.Load(), claimsRejected.Load(), commitsOK.Load(), commitsRejected.Load(), rbk.Load())
+}
 
+func (f *fight) exercised() bool {
+	return f.commitsOK.Load() > 0 && f.commitsRejected.Load() > 0 && f.handOffsSeen.Load() > 0
+}
+
+func (f *fight) more() bool {
+	n := f.ops.Add(1)
+	return f.ctx.Err() == nil && (n <= fightTotalOps || (n <= fightMaxOps && !f.exercised()))
+}
+
+// worker is one worker's loop. It runs on a goroutine of its own: it
+// reports with t.Errorf and returns, never t.Fatal.
+func (f *fight) worker(rng *rand.Rand, owner string) {
+	t, e, ctx := f.t, f.e, f.ctx
+	next := sink.Token{Epoch: int32(1 + rng.IntN(5))} // the token it will claim with next
+	var (
+		held  bool       // it believes it holds the partition
+		token sink.Token // at this token
+		from  int64      // from this offset
+	)
+	for f.more() {
+		if !held || rng.IntN(4) == 0 {
+			switch r := rng.IntN(25); {
+			case r == 0: // a group reset: the incarnation moves on (as a member that
+				// sees epochs restart, or admin group delete, does), epochs restart low
+				cur, err := e.store.Incarnation(ctx, part.Group)
+				if err == nil {
+					cur, _, err = e.store.BumpIncarnation(ctx, part.Group, cur, owner, "property test reset")
+				}
+				if err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("%s: reset: %v", owner, err)
+					}
+					return
+				}
+				next = f.granted.reset(sink.Token{Incarnation: cur, Epoch: int32(rng.IntN(3))})
+			case r < 12: // the coordinator grants it the newest generation
+				next = f.granted.next(next, int32(1+rng.IntN(2)))
+			default: // its own idea, possibly stale
+				next.Epoch += int32(1 + rng.IntN(3))
+			}
+			c, err := e.store.Claim(ctx, sink.ClaimRequest{Partition: part, Token: next, Owner: owner, StartOffset: fightStart, PartitionCount: 4})
+			switch {
+			case err == nil:
+				f.claimsOK.Add(1)
+				held, token, from = true, next, c.NextOffset
+				f.claimMu.Lock()
+				if f.lastClaimant != "" && f.lastClaimant != owner {
+					f.handOffsSeen.Add(1)
+				}
+				f.lastClaimant = owner
+				f.claimMu.Unlock()
+				if c.PartitionCount != 4 {
+					t.Errorf("%s: partition count %d, want 4", owner, c.PartitionCount)
+				}
+			case errors.Is(err, sink.ErrFenced):
+				f.claimsRejected.Add(1) // a zombie keeps its old belief
+			case ctx.Err() != nil:
+				return
+			default:
+				t.Errorf("%s: claim at %s: %v", owner, next, err)
+				return
+			}
+			continue
+		}
+		req := sink.CommitRequest{Partition: part, Token: token, Owner: owner, From: from, To: from + 1 + int64(rng.IntN(5))}
+		committed, err := commitOnce(ctx, e, req, rng.IntN(10) == 0)
+		switch {
+		case err == nil && committed:
+			f.commitsOK.Add(1)
+			from = req.To
+		case err == nil:
+			f.rbk.Add(1) // the handler failed after the fence: retry the batch
+		case errors.Is(err, sink.ErrFenced):
+			f.commitsRejected.Add(1)
+			switch rng.IntN(3) {
+			case 0: // a well-behaved worker drops the partition
+				held = false
+			case 1: // a zombie that believes the batch went through
+				from = req.To
+			}
+		case ctx.Err() != nil:
+			return
+		default:
+			t.Errorf("%s: commit %+v: %v", owner, req, err)
+			return
+		}
+	}
+}
+
+// checkHistory checks G1-G3 on fence_log, the row and the effects.
+func (f *fight) checkHistory() {
+	t, e := f.t, f.e
+	t.Helper()
 	log := e.fenceLog(t, part)
 	var nClaims, nCommits, handOffs int64
 	var (
@@ -167,7 +192,7 @@ func TestFenceHistoryProperty(t *testing.T) {
 		holderOwn string
 		maxTok    sink.Token
 		maxOwn    string
-		next      int64 = start
+		next      int64 = fightStart
 	)
 	for i, l := range log {
 		if i == 0 {
@@ -211,17 +236,17 @@ func TestFenceHistoryProperty(t *testing.T) {
 			t.Errorf("unknown kind in %+v", l)
 		}
 	}
-	if nClaims != claimsOK.Load() || nCommits != commitsOK.Load() {
+	if nClaims != f.claimsOK.Load() || nCommits != f.commitsOK.Load() {
 		t.Errorf("fence_log has %d claims and %d commits; the workers saw %d and %d accepted",
-			nClaims, nCommits, claimsOK.Load(), commitsOK.Load())
+			nClaims, nCommits, f.claimsOK.Load(), f.commitsOK.Load())
 	}
-	f := e.mustGet(t, part)
-	if f.NextOffset != next || f.Token != holder || f.Owner != holderOwn {
-		t.Errorf("row = %s %q at %d; history ends with %s %q at %d", f.Token, f.Owner, f.NextOffset, holder, holderOwn, next)
+	row := e.mustGet(t, part)
+	if row.NextOffset != next || row.Token != holder || row.Owner != holderOwn {
+		t.Errorf("row = %s %q at %d; history ends with %s %q at %d", row.Token, row.Owner, row.NextOffset, holder, holderOwn, next)
 	}
-	e.checkEffectsExactlyOnce(t, part, start, next)
-	if nCommits == 0 || commitsRejected.Load() == 0 || handOffs == 0 {
-		t.Errorf("the run did not exercise the fence: %d commits, %d rejected, %d hand-offs", nCommits, commitsRejected.Load(), handOffs)
+	e.checkEffectsExactlyOnce(t, part, fightStart, next)
+	if nCommits == 0 || f.commitsRejected.Load() == 0 || handOffs == 0 {
+		t.Errorf("the run did not exercise the fence: %d commits, %d rejected, %d hand-offs", nCommits, f.commitsRejected.Load(), handOffs)
 	}
 	t.Logf("history: %d entries, %d hand-offs, next offset %d", len(log), handOffs, next)
 }

@@ -32,7 +32,7 @@ func ApplicationName(claimID int64) string { return "tenure:" + strconv.FormatIn
 // Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) EndStaleBlockers(ctx context.Context, p Partition, claimID int64, pid uint32) ([]int32, error) {
 	q := quote(s.schema)
-	rows, err := s.pool.Query(ctx, `SELECT a.pid, pg_terminate_backend(a.pid)
+	return s.terminate(ctx, p, `SELECT a.pid, pg_terminate_backend(a.pid)
 	FROM pg_stat_activity a
 	WHERE a.pid = ANY (pg_blocking_pids($1))
 	  AND EXISTS (SELECT 1 FROM `+q+`.fences f
@@ -44,22 +44,6 @@ func (s *Store) EndStaleBlockers(ctx context.Context, p Partition, claimID int64
 	                AND l.claim_id <> $5
 	                AND l.consumer_group = $2 AND l.topic = $3 AND l.partition = $4)`,
 		int32(pid), p.Group, p.Topic, p.Partition, claimID)
-	if err != nil {
-		return nil, fmt.Errorf("ending the sessions of older claimants of %s: %w", p, err)
-	}
-	defer rows.Close()
-	var ended []int32
-	for rows.Next() {
-		var bpid int32
-		var ok bool
-		if err := rows.Scan(&bpid, &ok); err != nil {
-			return ended, err
-		}
-		if ok {
-			ended = append(ended, bpid)
-		}
-	}
-	return ended, rows.Err()
 }
 
 // claimWatchAfter is how long a claim waits for the fencing row's lock
@@ -121,7 +105,7 @@ func (s *Store) watchClaim(req ClaimRequest, pid uint32) (stop func() int) {
 func (s *Store) endOlderClaimants(ctx context.Context, req ClaimRequest, pid uint32) ([]int32, error) {
 	p, t := req.Partition, req.Token
 	q := quote(s.schema)
-	rows, err := s.pool.Query(ctx, `SELECT a.pid, pg_terminate_backend(a.pid)
+	return s.terminate(ctx, p, `SELECT a.pid, pg_terminate_backend(a.pid)
 	FROM pg_stat_activity a
 	WHERE a.pid = ANY (pg_blocking_pids($1))
 	  AND EXISTS (SELECT 1 FROM `+q+`.fence_log l
@@ -139,6 +123,12 @@ func (s *Store) endOlderClaimants(ctx context.Context, req ClaimRequest, pid uin
 	                     OR ((f.incarnation, f.epoch) = ($5::bigint, $6::integer) AND f.owner = $7 AND f.claim_id = $8))
 	                AND NOT (f.owner = $7 AND f.claim_id > $8))`,
 		int32(pid), p.Group, p.Topic, p.Partition, t.Incarnation, t.Epoch, req.Owner, req.ClaimID)
+}
+
+// terminate runs query, which selects (pid, pg_terminate_backend(pid)) for
+// the sessions of older claimants of p, and returns the PIDs it ended.
+func (s *Store) terminate(ctx context.Context, p Partition, query string, args ...any) ([]int32, error) {
+	rows, err := s.pool.Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("ending the sessions of older claimants of %s: %w", p, err)
 	}
