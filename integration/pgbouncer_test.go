@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
@@ -202,7 +204,13 @@ func TestPgBouncerRefusals(t *testing.T) {
 		t.Errorf("schema pgb_new after refused migrations: %d (%v)", n, err)
 	}
 
-	// The same URL straight to Postgres is not a pooler: accepted.
+	// The same URL straight to Postgres is not a pooler: accepted. (The
+	// group has never run here: a heartbeat row makes it one the schema
+	// knows, or the command would refuse the name.)
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{e.schema}.Sanitize()+`.workers (consumer_group, member_id, client_id, host, pid)
+		VALUES ($1, 'm', 'c', 'h', 1)`, e.group); err != nil {
+		t.Fatal(err)
+	}
 	r = runCLI(t, 60*time.Second, "", "admin", "assignments", "--brokers", strings.Join(e.brokers, ","), "--group", e.group, "--topic", e.topic,
 		"--schema", e.schema, "--database-url", pg.URL())
 	if r.code != 0 {

@@ -144,14 +144,21 @@ func unknownName(kind, name, group, schema string, brokers bool, known []string)
 	if group != "" {
 		where = fmt.Sprintf("no %s %q for group %q in schema %s", kind, name, group, schema)
 	}
+	if len(known) == 0 {
+		// "which has none yet" before the brokers, so that it is the
+		// schema's (or the group's) emptiness it speaks of.
+		if group != "" {
+			where += ", where the group has none yet"
+		} else {
+			where += ", which has none yet"
+		}
+		if brokers {
+			where += ", nor on the brokers"
+		}
+		return where
+	}
 	if brokers {
 		where += " nor on the brokers"
-	}
-	if len(known) == 0 {
-		if group != "" {
-			return where + ", where the group has none yet"
-		}
-		return where + ", which has none yet"
 	}
 	list := closest(name, known)
 	more := ""

@@ -178,6 +178,9 @@ func TestUnknownNameSentence(t *testing.T) {
 			t.Errorf("got %q, want %q", got, c.want)
 		}
 	}
+	if got, want := unknownName("group", "g", "", "s", true, nil), `no group "g" in schema s, which has none yet, nor on the brokers`; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
 	if got := unknownName("group", "a\x01b", "", "s", false, []string{"ab"}); got != `no group "a\x01b" in schema s; groups it has: ab` {
 		t.Errorf("a control character: %q", got)
 	}
