@@ -211,7 +211,7 @@ func checkOddNames(t *testing.T, e *env, c *canary, target string, db []string) 
 			wantFailure(t, r, 1, unknown)
 			r = runCLI(t, 30*time.Second, "", append([]string{"admin", "topic", "acknowledge-partitions", "--brokers", brokers,
 				"--group", odd, "--topic", e.topic}, db...)...)
-			wantFailure(t, r, 1, unknown+" nor on the brokers")
+			wantFailure(t, r, 1, unknown, "nor on the brokers")
 			r = runCLI(t, 30*time.Second, "", append([]string{"admin", "assignments", "--brokers", brokers, "--group", odd}, db...)...)
 			wantFailure(t, r, 1)
 			// Kafka's rules refuse such topic names, on every command.
