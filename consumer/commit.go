@@ -56,7 +56,7 @@ func newCommitter(c *Consumer) committer {
 	case c.cfg.UnsafeNoFence:
 		return unfencedCommitter{}
 	case c.cfg.Strict:
-		return strictCommitter{schema: c.store.Schema()}
+		return strictCommitter{}
 	}
 	return fencedCommitter{}
 }

@@ -29,7 +29,7 @@ func TestCommitterChosenFromConfig(t *testing.T) {
 		want committer
 	}{
 		{"fenced", Config{}, fencedCommitter{}},
-		{"strict", Config{Strict: true}, strictCommitter{schema: store.Schema()}},
+		{"strict", Config{Strict: true}, strictCommitter{}},
 		{"unfenced", Config{UnsafeNoFence: true}, unfencedCommitter{}},
 	} {
 		if got := newCommitter(&Consumer{cfg: c.cfg, store: fence.Of(store)}); got != c.want {

@@ -86,15 +86,13 @@ var errStrictLeftPrepared = errors.New("strict batch left prepared: the coordina
 // strictCommitter is a strict lane's committer (Config.Strict): the fence
 // statement and PREPARE TRANSACTION in one round trip, then the batch's
 // offset commit and the decision (preparedBatch.decide).
-type strictCommitter struct {
-	schema string // the store's: a GID names it (fence.GID)
-}
+type strictCommitter struct{}
 
-func (s strictCommitter) commit(ctx context.Context, l *lane, t *openTx) (txOwner, error) {
+func (strictCommitter) commit(ctx context.Context, l *lane, t *openTx) (txOwner, error) {
 	b := t.b
-	p := &preparedBatch{l: l, b: b, sb: fence.StrictBatch{Partition: l.key, Token: l.token, ClaimID: l.claimID, From: b.From, To: b.To}}
-	p.gid = fence.GID(s.schema, p.sb)
-	err := l.c.store.PrepareBatch(ctx, t.tx, t.req, t.marker, p.gid)
+	p := &preparedBatch{l: l, b: b, sb: fence.StrictBatchOf(t.req)}
+	var err error
+	p.gid, err = l.c.store.PrepareBatch(ctx, t.tx, t.req, t.marker)
 	if err != nil {
 		if ok, out := t.refused(err); ok {
 			return laneOwnsTx, out

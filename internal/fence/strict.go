@@ -114,19 +114,21 @@ func (s *Store) strictFenceSQL() string {
 }
 
 // PrepareBatch is CommitBatch for a strict lane: the fence statement and
-// PREPARE TRANSACTION gid travel together, in one round trip. A nil error
-// means the batch is prepared: it holds its locks (the fencing row's among
+// PREPARE TRANSACTION travel together, in one round trip. It returns the
+// batch's GID (GID of the batch req names), also with an error: a lost
+// answer is resolved by it. A nil error means the batch is prepared: it holds its locks (the fencing row's among
 // them) until COMMIT PREPARED or ROLLBACK PREPARED, whatever becomes of the
 // session. Errors as CommitBatch's: a *FencedError or ErrTxEnded or a
 // *pgconn.PgError mean nothing was prepared; anything else leaves it
 // unknown (ResolvePrepare).
 //
 // Worker protocol: package consumer calls it; not API (see the package doc).
-func (s *Store) PrepareBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, marker, gid string) error {
+func (s *Store) PrepareBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, marker string) (gid string, err error) {
 	p := req.Partition
+	gid = GID(s.schema, StrictBatchOf(req))
 	roles, err := s.preparedRoles(ctx)
 	if err != nil {
-		return fmt.Errorf("prepare of %s: %w", p, err)
+		return gid, fmt.Errorf("prepare of %s: %w", p, err)
 	}
 	end := []string{"PREPARE TRANSACTION " + quoteLiteral(gid)}
 	if roles.setRole() {
@@ -135,8 +137,13 @@ func (s *Store) PrepareBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, 
 		// current at PREPARE.
 		end = append([]string{"SET LOCAL ROLE " + quote(roles.name)}, end...)
 	}
-	return s.fenceAndEnd(ctx, tx, req, "prepare", end, s.strictFenceSQL(), p.Group, p.Topic, p.Partition,
+	return gid, s.fenceAndEnd(ctx, tx, req, "prepare", end, s.strictFenceSQL(), p.Group, p.Topic, p.Partition,
 		req.Token.Incarnation, req.Token.Epoch, req.Owner, req.From, req.To, req.ClaimID, marker, req.LogEpoch, gid)
+}
+
+// StrictBatchOf is the strict batch a commit request names.
+func StrictBatchOf(req CommitRequest) StrictBatch {
+	return StrictBatch{Partition: req.Partition, Token: req.Token, ClaimID: req.ClaimID, From: req.From, To: req.To}
 }
 
 // PrepareOutcome is what ResolvePrepare learned about a PREPARE whose answer
