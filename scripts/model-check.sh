@@ -15,28 +15,21 @@
 # run does not end as expected. `scripts/test.sh` runs it; `make model` too.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-model=$PWD/docs/model/ownership.pml
+# shellcheck source=scripts/model-lib.sh
+source scripts/model-lib.sh
+model_setup model-check
 
-for tool in spin gcc; do
-	command -v "$tool" >/dev/null || { echo "model-check: $tool is not installed (apt-get install spin gcc)" >&2; exit 1; }
-done
-
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-failed=0
-# run NAME EXPECT DEFINES...: EXPECT is pass (no assertion fails and the
-# search is complete) or fail (an assertion fails).
+# run NAME EXPECT DEFINES...: checks $model (the model being run); EXPECT
+# is pass (no assertion fails and the search is complete) or fail (an
+# assertion fails).
 run() {
 	local name=$1 expect=$2
 	shift 2
-	local dir=$work/$name
-	mkdir -p "$dir"
-	cp "$model" "$dir/"
-	printf '%s\n' "$@" >"$dir/defines"
+	local dir states errors complete got
+	run_dir "$name" "$model" "$@"
 	(
 		cd "$dir"
-		spin -a "$@" ownership.pml >/dev/null
+		spin -a "$@" "$(basename "$model")" >/dev/null
 		# COLLAPSE: compressed state vectors (exhaustive, less memory);
 		# MEMLIM in MB bounds what a run may take.
 		gcc -w -O2 -DSAFETY -DCOLLAPSE -DMEMLIM=8000 -o pan pan.c
@@ -44,10 +37,8 @@ run() {
 		./pan -m100000 >pan.out 2>&1 || true
 		echo $((SECONDS - start)) >secs
 	)
-	local out=$dir/pan.out states errors complete=yes got
-	states=$(awk '/states, stored/ { print $1; exit }' "$out")
-	errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$out" | head -n 1)
-	grep -q "Search not completed" "$out" && complete=no
+	local out=$dir/pan.out
+	pan_read "$out"
 	if [[ ${errors:-x} == 0 && $complete == yes ]]; then
 		got=pass
 	elif [[ ${errors:-0} -gt 0 ]] && grep -q "assertion violated" "$out"; then
@@ -81,11 +72,13 @@ counterexample() {
 		else
 			./pan -i -m300 >/dev/null 2>&1 || true
 		fi
-		echo "  counterexample of $title (spin -t ${defines[*]}):"
-		spin -t "${defines[@]}" ownership.pml 2>&1 | grep -E "coordinator:|worker|postgres:|assertion" | sed 's/^ */    /'
+		pml=$(basename "$(ls ./*.pml)")
+		echo "  counterexample of $title (spin -t ${defines[*]} $pml):"
+		spin -t "${defines[@]}" "$pml" 2>&1 | grep -E "coordinator:|worker|postgres:|assertion" | sed 's/^ */    /'
 	)
 }
 
+model=$PWD/docs/model/ownership.pml
 echo "model check: docs/model/ownership.pml ($(spin -V | head -n 1))"
 # The claim protocol tenure runs, without lane recovery: 3 workers, 2 group
 # lifetimes.
