@@ -9,7 +9,12 @@
 # is load-bearing. The shortest counterexamples are printed (docs/fencing.md
 # shows them): of -DOLD, of -DMEMBERCONFIRM (classic), of KIP-848 recovery
 # without the lane order, and the one that keeps KIP-848 recovery from P1
-# for the lane's own assignment.
+# for the lane's own assignment. And joint commits (docs/model/joint.pml:
+# one transaction over two partitions, one of them moved to another worker
+# at any step) must pass, and fail with the fence statement checking row by
+# row (-DPERROW), whose shortest counterexample is printed too, with a
+# failed handler's lane kept in the fence statement (-DMOVEFAILED), and
+# without row locks (-DNOLOCK).
 #
 # Needs spin (Debian package spin) and a C compiler. Exits non-zero if any
 # run does not end as expected. `scripts/test.sh` runs it; `make model` too.
@@ -115,11 +120,25 @@ rk="-DKIP -DNW=2 -DMAXGEN=2 -DMAXASG=3 -DMAXRECOV=2"
 	run no-lane-order-classic pass $rc -DNOLANEORDER
 }
 
+# Joint commits: one transaction over two partitions, 2 workers, either
+# partition moved to the other worker at any step (2 moves in all), 2 jobs
+# per partition, 1 lost COMMIT answer, 1 session ended from outside, 1
+# handler failure, 4 transactions per worker. The fence statement checking
+# row by row (the refused partition's output committed with the others'), a
+# lane whose handler failed kept in it, and no row locks must each fail.
+model=$PWD/docs/model/joint.pml
+echo "model check: docs/model/joint.pml"
+run joint pass
+run joint-fence-row-by-row fail -DPERROW
+run joint-failed-lane-in-fence fail -DMOVEFAILED
+run joint-no-row-locks fail -DNOLOCK
+
 # The counterexamples.
 counterexample old-classic "the old protocol"
 counterexample recovery-member-confirm-classic "recovery vouched for by the member" bfs
 counterexample no-lane-order-kip848 "KIP-848 recovery without the lane order" bfs
 counterexample kip848-recovery-own-assignment "KIP-848 recovery, P1 for the lane's own assignment" bfs
+counterexample joint-fence-row-by-row "a joint commit whose fence statement checks row by row" bfs
 
 if [[ $failed != 0 ]]; then
 	echo "model check FAILED: a run did not end as expected" >&2
