@@ -26,15 +26,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 model=$PWD/docs/model/strict.pml
+# shellcheck source=scripts/model-lib.sh
+source scripts/model-lib.sh
+model_setup model-check-strict
 
-for tool in spin gcc; do
-	command -v "$tool" >/dev/null || { echo "model-check-strict: $tool is not installed (apt-get install spin gcc)" >&2; exit 1; }
-done
-
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-failed=0
 failing=()
 # run NAME EXPECT DEFINES...: EXPECT is pass (no assertion fails, no invalid
 # end state, the search is complete: a depth-first search of compressed
@@ -44,11 +39,8 @@ failing=()
 run() {
 	local name=$1 expect=$2
 	shift 2
-	local dir=$work/$name
-	mkdir -p "$dir"
-	cp "$model" "$dir/"
-	printf '%s\n' "$@" >"$dir/defines"
-	local start end
+	local dir states errors complete got what start end
+	run_dir "$name" "$model" "$@"
 	(
 		cd "$dir"
 		spin -a "$@" strict.pml >/dev/null
@@ -61,10 +53,8 @@ run() {
 	start=$EPOCHREALTIME
 	(cd "$dir" && ./pan -m100000 >pan.out 2>&1) || true
 	end=$EPOCHREALTIME
-	local out=$dir/pan.out states errors complete=yes got what
-	states=$(awk '/states, stored/ { print $1; exit }' "$out")
-	errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$out" | head -n 1)
-	grep -q "Search not completed" "$out" && complete=no
+	local out=$dir/pan.out
+	pan_read "$out"
 	what=$(grep -m 1 "assertion violated" "$out" || true)
 	if [[ ${errors:-x} == 0 && $complete == yes ]]; then
 		got=pass

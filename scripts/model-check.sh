@@ -9,34 +9,32 @@
 # is load-bearing. The shortest counterexamples are printed (docs/fencing.md
 # shows them): of -DOLD, of -DMEMBERCONFIRM (classic), of KIP-848 recovery
 # without the lane order, and the one that keeps KIP-848 recovery from P1
-# for the lane's own assignment.
+# for the lane's own assignment. And joint commits (docs/model/joint.pml:
+# one transaction over two partitions, one of them moved to another worker
+# at any step) must pass, and fail with the fence statement checking row by
+# row (-DPERROW), whose shortest counterexample is printed too, with a
+# failed handler's lane kept in the fence statement (-DMOVEFAILED), and
+# without row locks (-DNOLOCK).
 #
 # Needs spin (Debian package spin) and a C compiler. Exits non-zero if any
 # run does not end as expected. `scripts/test.sh` runs it; `make model` too.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-model=$PWD/docs/model/ownership.pml
+# shellcheck source=scripts/model-lib.sh
+source scripts/model-lib.sh
+model_setup model-check
 
-for tool in spin gcc; do
-	command -v "$tool" >/dev/null || { echo "model-check: $tool is not installed (apt-get install spin gcc)" >&2; exit 1; }
-done
-
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-failed=0
-# run NAME EXPECT DEFINES...: EXPECT is pass (no assertion fails and the
-# search is complete) or fail (an assertion fails).
+# run NAME EXPECT DEFINES...: checks $model (the model being run); EXPECT
+# is pass (no assertion fails and the search is complete) or fail (an
+# assertion fails).
 run() {
 	local name=$1 expect=$2
 	shift 2
-	local dir=$work/$name
-	mkdir -p "$dir"
-	cp "$model" "$dir/"
-	printf '%s\n' "$@" >"$dir/defines"
+	local dir states errors complete got
+	run_dir "$name" "$model" "$@"
 	(
 		cd "$dir"
-		spin -a "$@" ownership.pml >/dev/null
+		spin -a "$@" "$(basename "$model")" >/dev/null
 		# COLLAPSE: compressed state vectors (exhaustive, less memory);
 		# MEMLIM in MB bounds what a run may take.
 		gcc -w -O2 -DSAFETY -DCOLLAPSE -DMEMLIM=8000 -o pan pan.c
@@ -44,10 +42,8 @@ run() {
 		./pan -m100000 >pan.out 2>&1 || true
 		echo $((SECONDS - start)) >secs
 	)
-	local out=$dir/pan.out states errors complete=yes got
-	states=$(awk '/states, stored/ { print $1; exit }' "$out")
-	errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$out" | head -n 1)
-	grep -q "Search not completed" "$out" && complete=no
+	local out=$dir/pan.out
+	pan_read "$out"
 	if [[ ${errors:-x} == 0 && $complete == yes ]]; then
 		got=pass
 	elif [[ ${errors:-0} -gt 0 ]] && grep -q "assertion violated" "$out"; then
@@ -81,11 +77,13 @@ counterexample() {
 		else
 			./pan -i -m300 >/dev/null 2>&1 || true
 		fi
-		echo "  counterexample of $title (spin -t ${defines[*]}):"
-		spin -t "${defines[@]}" ownership.pml 2>&1 | grep -E "coordinator:|worker|postgres:|assertion" | sed 's/^ */    /'
+		pml=$(basename "$(ls ./*.pml)")
+		echo "  counterexample of $title (spin -t ${defines[*]} $pml):"
+		spin -t "${defines[@]}" "$pml" 2>&1 | grep -E "coordinator:|worker|postgres:|assertion" | sed 's/^ */    /'
 	)
 }
 
+model=$PWD/docs/model/ownership.pml
 echo "model check: docs/model/ownership.pml ($(spin -V | head -n 1))"
 # The claim protocol tenure runs, without lane recovery: 3 workers, 2 group
 # lifetimes.
@@ -122,11 +120,25 @@ rk="-DKIP -DNW=2 -DMAXGEN=2 -DMAXASG=3 -DMAXRECOV=2"
 	run no-lane-order-classic pass $rc -DNOLANEORDER
 }
 
+# Joint commits: one transaction over two partitions, 2 workers, either
+# partition moved to the other worker at any step (2 moves in all), 2 jobs
+# per partition, 1 lost COMMIT answer, 1 session ended from outside, 1
+# handler failure, 4 transactions per worker. The fence statement checking
+# row by row (the refused partition's output committed with the others'), a
+# lane whose handler failed kept in it, and no row locks must each fail.
+model=$PWD/docs/model/joint.pml
+echo "model check: docs/model/joint.pml"
+run joint pass
+run joint-fence-row-by-row fail -DPERROW
+run joint-failed-lane-in-fence fail -DMOVEFAILED
+run joint-no-row-locks fail -DNOLOCK
+
 # The counterexamples.
 counterexample old-classic "the old protocol"
 counterexample recovery-member-confirm-classic "recovery vouched for by the member" bfs
 counterexample no-lane-order-kip848 "KIP-848 recovery without the lane order" bfs
 counterexample kip848-recovery-own-assignment "KIP-848 recovery, P1 for the lane's own assignment" bfs
+counterexample joint-fence-row-by-row "a joint commit whose fence statement checks row by row" bfs
 
 if [[ $failed != 0 ]]; then
 	echo "model check FAILED: a run did not end as expected" >&2
