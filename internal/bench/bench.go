@@ -222,6 +222,10 @@ type Config struct {
 	// latency round, in turns, each with its worker flags after WorkerFlags.
 	LatencyOnly     bool
 	LatencyVariants []LatencyVariant
+	// DimensionOnly runs the partition dimension alone (no throughput rows,
+	// profile, latency or scaling runs); the backlog is still sized by a
+	// calibration run when Jobs is 0.
+	DimensionOnly bool
 	// WorkerFlags are extra flags of every tenure worker it runs.
 	WorkerFlags []string
 	// JSONFile, when set, gets the report as JSON.
@@ -306,7 +310,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	rep := &Report{ID: b.id, Machine: machineInfo(ctx, b.pool), StartedAt: time.Now().UTC(), Repeat: cfg.Repeat}
 	naive := cfg.NaiveJobs
-	if (b.jobs == 0 || naive == 0) && !cfg.LatencyOnly {
+	if !cfg.LatencyOnly && (b.jobs == 0 || (naive == 0 && !cfg.DimensionOnly)) {
 		if err := b.calibrate(ctx, rep, &naive); err != nil {
 			return fmt.Errorf("calibration: %w", err)
 		}
@@ -314,7 +318,7 @@ func Run(ctx context.Context, cfg Config) error {
 	naive = min(naive, b.jobs)
 	rep.Settings = map[string]any{"worker_flags": strings.Join(cfg.WorkerFlags, " "), "jobs": b.jobs, "partitions": b.partitions,
 		"value_bytes": b.valueBytes, "keys": b.keys, "naive_jobs": naive, "repeat": cfg.Repeat}
-	if !cfg.LatencyOnly {
+	if !cfg.LatencyOnly && !cfg.DimensionOnly {
 		if err := b.throughput(ctx, rep, naive); err != nil {
 			return err
 		}
@@ -329,7 +333,11 @@ func Run(ctx context.Context, cfg Config) error {
 	// order rotates by round), so that the machine's noise hits them alike.
 	variants := append([]LatencyVariant{{}}, cfg.LatencyVariants...)
 	runs := make([][]map[string]float64, len(variants))
-	for i := range cfg.Repeat {
+	latencyRounds := cfg.Repeat
+	if cfg.DimensionOnly {
+		latencyRounds = 0
+	}
+	for i := range latencyRounds {
 		for k := range variants {
 			v := (k + i) % len(variants)
 			name := variants[v].Name
@@ -349,12 +357,14 @@ func Run(ctx context.Context, cfg Config) error {
 			runs[v] = append(runs[v], l)
 		}
 	}
-	rep.LatencyRuns, rep.Latency = runs[0], summarizeLatency(runs[0])
-	for v, lv := range cfg.LatencyVariants {
-		rep.LatencyVariants = append(rep.LatencyVariants, VariantLatency{Name: lv.Name, WorkerFlags: strings.Join(lv.WorkerFlags, " "), Env: strings.Join(lv.Env, " "),
-			Runs: runs[v+1], Latency: summarizeLatency(runs[v+1])})
+	if latencyRounds > 0 {
+		rep.LatencyRuns, rep.Latency = runs[0], summarizeLatency(runs[0])
+		for v, lv := range cfg.LatencyVariants {
+			rep.LatencyVariants = append(rep.LatencyVariants, VariantLatency{Name: lv.Name, WorkerFlags: strings.Join(lv.WorkerFlags, " "), Env: strings.Join(lv.Env, " "),
+				Runs: runs[v+1], Latency: summarizeLatency(runs[v+1])})
+		}
 	}
-	if !cfg.SkipScaling {
+	if !cfg.SkipScaling && !cfg.DimensionOnly {
 		if rep.Scaling, err = b.scaling(ctx); err != nil {
 			return err
 		}
@@ -422,7 +432,7 @@ func (b *bench) calibrate(ctx context.Context, rep *Report, naive *int) error {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("backlog sized by calibration runs on %d jobs: tenure drained them at %.0f jobs/s (%.1f × %.0f s of that: %d jobs), COPY at %.0f rows/s (%.1f × %.0f s: %d); %d jobs",
 			n, r.JobsPerSec, calibrationFactor, md, byTenure, c.JobsPerSec, copyCalibrationFactor, md, byCopy, b.jobs))
 	}
-	if *naive == 0 {
+	if *naive == 0 && !b.cfg.DimensionOnly {
 		b.say("calibrating: naive on 1500 jobs")
 		r, err := b.runChild(ctx, "calibnaive", topic, 1500, "naive")
 		if err != nil {

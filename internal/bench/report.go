@@ -147,7 +147,10 @@ func Print(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "tenure workers run with %s\n", f)
 	}
 	fmt.Fprintln(w)
-	if len(rep.Results) == 0 {
+	switch {
+	case len(rep.Results) == 0 && rep.Latency == nil:
+		fmt.Fprintln(w, "the partition dimension only (--dimension-only): no throughput rows, latency or scaling runs")
+	case len(rep.Results) == 0:
 		fmt.Fprintln(w, "latency runs only (--latency-only): no throughput rows")
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

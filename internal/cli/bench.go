@@ -21,6 +21,7 @@ type benchCmd struct {
 	latencySeconds, latencyRate, scalingJobs      int
 	repeat                                        int
 	skipScaling, partitionsDimension, latencyOnly bool
+	dimensionOnly                                 bool
 	dimensionPartitions, latencyVariants          string
 }
 
@@ -41,6 +42,7 @@ func (c *benchCmd) define(f *flagSet) {
 	f.Int(&c.scalingJobs, "scaling-jobs", 500_000, "jobs of each scaling run (1, 2, 3 workers; 1, 12, 48 partitions)")
 	f.Bool(&c.skipScaling, "skip-scaling", false, "skip the scaling runs")
 	f.Bool(&c.partitionsDimension, "partitions-dimension", true, "run the partition dimension (part of the default run; --partitions-dimension=false skips it): the same backlog over each of --dimension-partitions with 3 workers, one SIGKILLed a third of the way through: rate, CPU per job, peak RSS per worker, claims per second at start-up, the hand-off time")
+	f.Bool(&c.dimensionOnly, "dimension-only", false, "run only the partition dimension (no throughput rows, profile, latency or scaling runs; the backlog is still calibrated unless --jobs is given)")
 	f.String(&c.dimensionPartitions, "dimension-partitions", "12,120,1000", "the partition counts of the partition dimension, comma-separated", arg("P,P,..."))
 	f.String(&c.jsonOut, "json", "", "also write the report as JSON to this file", arg("FILE"))
 }
@@ -57,6 +59,9 @@ func (c *benchCmd) check([]string) error {
 	}
 	if _, err := c.dimension(); err != nil {
 		return err
+	}
+	if c.dimensionOnly && (c.latencyOnly || !c.partitionsDimension) {
+		return usagef("--dimension-only runs the partition dimension alone: it goes with neither --latency-only nor --partitions-dimension=false")
 	}
 	if _, err := bench.ParseLatencyVariants(c.latencyVariants); err != nil {
 		return usagef("--latency-variants: %v", err)
@@ -108,7 +113,7 @@ func (c *benchCmd) run(ctx context.Context) error {
 		LatencySeconds: c.latencySeconds, LatencyRate: c.latencyRate, ScalingJobs: c.scalingJobs, SkipScaling: c.skipScaling,
 		Repeat: c.repeat, DimensionPartitions: dim,
 		WorkerFlags: strings.Fields(c.workerFlags), JSONFile: c.jsonOut,
-		LatencyOnly: c.latencyOnly, LatencyVariants: variants,
+		LatencyOnly: c.latencyOnly, LatencyVariants: variants, DimensionOnly: c.dimensionOnly,
 		Getenv: c.getenv, Stdout: c.stdout, Progress: c.stderr,
 	})
 }
