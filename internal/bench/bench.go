@@ -124,6 +124,7 @@ func (r *Row) col(f func(Result) float64) []float64 {
 type PartitionRun struct {
 	Partitions int   `json:"partitions"`
 	Workers    int   `json:"workers"`
+	Round      int   `json:"round"` // from 0
 	Jobs       int64 `json:"jobs"`
 	// Up to the kill: rate, CPU (the workers' and the server's) per
 	// million jobs, the largest worker's peak RSS.
@@ -147,6 +148,46 @@ type PartitionRun struct {
 	Note                string  `json:"note,omitempty"`
 }
 
+// result is the run's rate, CPU and peak RSS as a Result (up to the
+// kill), for a Row.
+func (p PartitionRun) result() Result {
+	return Result{Name: fmt.Sprintf("tenure, %d partitions", p.Partitions), Jobs: p.Jobs, JobsPerSec: p.JobsPerSec,
+		CPUPerMJobs: p.CPUPerMJobs, DBCPUPerMJobs: p.DBCPUPerMJobs, PeakRSSMB: p.PeakRSSMB}
+}
+
+// PartitionCount is one partition count of the dimension over its rounds:
+// tenure's 3 workers beside the at-least-once program's 3 processes (one
+// COPY per poll across partitions), both up to a third of the same backlog.
+// Row i of each is round i.
+type PartitionCount struct {
+	Partitions  int `json:"partitions"`
+	Tenure      Row `json:"tenure"`
+	AtLeastOnce Row `json:"at_least_once"`
+	// HandOffSeconds is tenure's longest hand-off over the rounds that had
+	// one (a killed worker whose partitions still had jobs).
+	HandOffSeconds Stat      `json:"hand_off_seconds_max"`
+	handOffs       []float64 // NaN: none that round
+}
+
+// addTenure adds a round of tenure's.
+func (c *PartitionCount) addTenure(r PartitionRun) {
+	c.Partitions = r.Partitions
+	c.Tenure.Name = fmt.Sprintf("tenure at %d partitions", r.Partitions)
+	c.Tenure.add(r.result())
+	h := math.NaN()
+	if r.HandedOff > 0 {
+		h = r.HandOffSeconds
+	}
+	c.handOffs = append(c.handOffs, h)
+	c.HandOffSeconds = summarize(c.handOffs)
+}
+
+// addAtLeastOnce adds a round of the at-least-once program's.
+func (c *PartitionCount) addAtLeastOnce(r Result) {
+	c.AtLeastOnce.Name = fmt.Sprintf("at-least-once at %d partitions", c.Partitions)
+	c.AtLeastOnce.add(r)
+}
+
 type Report struct {
 	ID       string            `json:"id"` // in the names of the run's topics, schemas and groups
 	Machine  map[string]string `json:"machine"`
@@ -164,7 +205,13 @@ type Report struct {
 	LatencyRate float64        `json:"latency_rate"`
 	Scaling     []Result       `json:"scaling,omitempty"`
 	Partitions  []PartitionRun `json:"partition_dimension,omitempty"`
-	Targets     []Target       `json:"targets"`
+	// PartitionCounts are the partition dimension side by side with the
+	// at-least-once program, one per count, in --dimension-partitions order.
+	PartitionCounts []PartitionCount `json:"partition_dimension_by_count,omitempty"`
+	// DimensionSessionTimeout is the dimension workers' session timeout
+	// (seconds): the hand-off target is it plus 2.
+	DimensionSessionTimeout float64  `json:"partition_dimension_session_timeout_seconds,omitempty"`
+	Targets                 []Target `json:"targets"`
 	// Profile is where a tenure worker's CPU goes (one more run, profiled).
 	Profile *Profile `json:"profile,omitempty"`
 	// WhereTimeGoes explains the targets not met.
@@ -217,6 +264,9 @@ type Config struct {
 	// DimensionPartitions are the partition counts of the partition
 	// dimension (3 workers each, the same backlog); none: skipped.
 	DimensionPartitions []int
+	// DimensionRepeat is the rounds of the partition dimension (at least 1):
+	// each runs tenure and the at-least-once program at every count.
+	DimensionRepeat int
 	// LatencyOnly runs the latency runs alone (no calibration, throughput
 	// rows or profile); LatencyVariants are run beside the default in each
 	// latency round, in turns, each with its worker flags after WorkerFlags.
@@ -369,12 +419,8 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	for _, p := range cfg.DimensionPartitions {
-		r, err := b.partitionRun(ctx, p, 3)
-		if err != nil {
-			return fmt.Errorf("partition dimension, %d partitions: %w", p, err)
-		}
-		rep.Partitions = append(rep.Partitions, r)
+	if err := b.dimension(ctx, rep); err != nil {
+		return err
 	}
 	rep.Targets = targets(rep)
 	rep.WhereTimeGoes = whereTimeGoes(rep)
@@ -386,6 +432,41 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		if err := os.WriteFile(cfg.JSONFile, append(data, '\n'), 0o644); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// dimension runs the partition dimension: in each of DimensionRepeat
+// rounds, at every count, tenure's run and the at-least-once program's, in
+// turns (which goes first alternates by round, so that the machine's noise
+// hits them alike).
+func (b *bench) dimension(ctx context.Context, rep *Report) error {
+	if len(b.cfg.DimensionPartitions) == 0 {
+		return nil
+	}
+	rep.DimensionSessionTimeout = dimSessionTimeout.Seconds()
+	rep.PartitionCounts = make([]PartitionCount, len(b.cfg.DimensionPartitions))
+	for i := range max(b.cfg.DimensionRepeat, 1) {
+		for k, p := range b.cfg.DimensionPartitions {
+			c := &rep.PartitionCounts[k]
+			c.Partitions = p
+			for turn := range 2 {
+				if (turn+i)%2 == 0 {
+					r, err := b.partitionRun(ctx, p, 3, i)
+					if err != nil {
+						return fmt.Errorf("partition dimension, %d partitions: %w", p, err)
+					}
+					rep.Partitions = append(rep.Partitions, r)
+					c.addTenure(r)
+				} else {
+					r, err := b.aloPartitionRun(ctx, p, 3, i)
+					if err != nil {
+						return fmt.Errorf("partition dimension, at-least-once, %d partitions: %w", p, err)
+					}
+					c.addAtLeastOnce(r)
+				}
+			}
 		}
 	}
 	return nil
