@@ -534,12 +534,11 @@ func (b *bench) throughput(ctx context.Context, rep *Report, naive int) error {
 	if err != nil {
 		return err
 	}
-	strictSkip := ""
-	if err := sink.CheckPreparedTransactions(ctx, b.pool); err != nil {
-		strictSkip = "skipped: this PostgreSQL server refuses prepared transactions (max_prepared_transactions is 0), which --strict needs; run the bench against a server with it above 0 for this row"
-		if !errors.Is(err, sink.ErrNoPreparedTransactions) {
-			strictSkip = "skipped: " + err.Error()
-		}
+	strictWhat := "the same with strict hand-off (--strict: PREPARE TRANSACTION, offset commit, COMMIT PREPARED per batch)"
+	strict, strictSkip, closeStrict := b.strictDB(ctx, rep)
+	defer closeStrict()
+	if strict != b {
+		strictWhat += ", on the bench's throwaway PostgreSQL cluster (see above)"
 	}
 	traced := append(slices.Clone(noTracing), "OTEL_SDK_DISABLED=false", "OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_ENDPOINT="+b.otlpURL)
 	steps := []struct {
@@ -552,8 +551,14 @@ func (b *bench) throughput(ctx context.Context, rep *Report, naive int) error {
 		{"tenure-unfenced", "the same without the fence statement (--unsafe-no-fence)", "", func(i int) (Result, error) {
 			return b.runWorkers(ctx, fmt.Sprintf("unfenced%d", i), topic, b.jobs, 1, []string{"--unsafe-no-fence"}, nil)
 		}},
-		{"tenure-strict", "the same with strict hand-off (--strict: PREPARE TRANSACTION, offset commit, COMMIT PREPARED per batch)", strictSkip, func(i int) (Result, error) {
-			return b.runWorkers(ctx, fmt.Sprintf("strict%d", i), topic, b.jobs, 1, []string{"--strict"}, nil)
+		{"tenure-strict", strictWhat, strictSkip, func(i int) (Result, error) {
+			r, err := strict.runWorkers(ctx, fmt.Sprintf("strict%d", i), topic, b.jobs, 1, []string{"--strict"}, nil)
+			if strict != b {
+				// Its groups are on the bench's broker: b's clean-up
+				// deletes them.
+				b.groups, strict.groups = append(b.groups, strict.groups...), nil
+			}
+			return r, err
 		}},
 		{"tenure-traced", "tenure with tracing on, exporting OTLP/HTTP to a discarding receiver in the bench (other runs: OTEL_SDK_DISABLED=true)", "", func(i int) (Result, error) {
 			return b.runWorkers(ctx, fmt.Sprintf("traced%d", i), topic, b.jobs, 1, nil, traced)
@@ -599,6 +604,65 @@ func (b *bench) throughput(ctx context.Context, rep *Report, naive int) error {
 	}
 	rep.Profile = prof
 	return nil
+}
+
+// strictDB is the bench the tenure-strict row runs on: b when its server
+// takes prepared transactions; else a copy of b on a throwaway cluster
+// (throwaway.go) with the same broker, settings copied from b's server, a
+// note in rep saying so; else nil and why the row is skipped, in one
+// sentence. done stops and removes the cluster.
+func (b *bench) strictDB(ctx context.Context, rep *Report) (strict *bench, skip string, done func()) {
+	done = func() {}
+	err := sink.CheckPreparedTransactions(ctx, b.pool)
+	if err == nil {
+		return b, "", done
+	}
+	if !errors.Is(err, sink.ErrNoPreparedTransactions) {
+		return nil, "skipped: " + err.Error(), done
+	}
+	refuses := "this PostgreSQL server refuses prepared transactions (max_prepared_transactions is 0), which --strict needs"
+	settings, err := serverSettings(ctx, b.pool, copiedSettings)
+	if err != nil {
+		return nil, fmt.Sprintf("skipped: %s, and its settings could not be read for a throwaway cluster: %v", refuses, err), done
+	}
+	b.say("%s: starting a throwaway PostgreSQL cluster for the tenure-strict row", refuses)
+	c, err := startThrowawayPG(ctx, settings)
+	if errors.Is(err, errNoPostgresBinaries) {
+		return nil, fmt.Sprintf("skipped: %s, and no PostgreSQL server binaries (initdb) were found here to start a throwaway cluster with them", refuses), done
+	}
+	if err != nil {
+		return nil, fmt.Sprintf("skipped: %s, and a throwaway cluster with them did not start: %v", refuses, err), done
+	}
+	pool, err := pgxpool.New(ctx, c.URL())
+	if err == nil {
+		err = sink.CheckPreparedTransactions(ctx, pool)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		_ = c.Close()
+		return nil, fmt.Sprintf("skipped: %s, and the throwaway cluster started for it did not serve: %v", refuses, err), done
+	}
+	done = func() {
+		pool.Close()
+		if err := c.Close(); err != nil {
+			b.say("removing the throwaway PostgreSQL cluster: %v", err)
+		}
+	}
+	var version string
+	_ = pool.QueryRow(ctx, `SHOW server_version`).Scan(&version)
+	var copied []string
+	for _, k := range copiedSettings {
+		if v, ok := settings[k]; ok {
+			copied = append(copied, k+"="+v)
+		}
+	}
+	rep.Notes = append(rep.Notes, fmt.Sprintf("tenure-strict ran on a throwaway PostgreSQL %s cluster the bench started on port %d with max_prepared_transactions = 100, since the server at --database-url has it at 0; "+
+		"its settings copied from that server (%s), but another server, on the same cores, with cold caches: compare its row with the others' less closely", version, c.port, strings.Join(copied, ", ")))
+	s := *b
+	s.pool, s.dbURL, s.postmaster, s.schemas, s.groups = pool, c.URL(), 0, nil, nil
+	return &s, "", done
 }
 
 // scaling runs tenure with 1, 2 and 3 workers and 1, 12 and 48 partitions,

@@ -299,12 +299,19 @@ func Print(w io.Writer, rep *Report) {
 		_ = tw.Flush()
 	}
 	if len(rep.Partitions) > 0 {
-		fmt.Fprintln(w, "\npartition dimension (the same backlog, 3 workers, --session-timeout 6s; one run each; rate, CPU and RSS up to the SIGKILL of one worker a third of the way through;")
+		fmt.Fprintln(w, "\npartition dimension (the same backlog, 3 workers, --session-timeout 6s; one run per count and round; rate, CPU and RSS up to the SIGKILL of one worker a third of the way through;")
 		fmt.Fprintln(w, "  held: the partitions the killed worker held at the kill (its last claims); hand-off: the longest time from the kill to another worker's first commit on one of them that still had jobs, and to its claim):")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  PARTITIONS\tWORKERS\tJOBS/S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tPEAK RSS MB (per worker)\tCLAIMS/S AT START\tHELD\tHANDED OFF\tHAND-OFF MAX S\tCLAIMED MAX S")
+		// The round, when there is more than one.
+		round := func(p PartitionRun) string { return "" }
+		head := ""
+		if slices.ContainsFunc(rep.Partitions, func(p PartitionRun) bool { return p.Round > 0 }) {
+			round = func(p PartitionRun) string { return strconv.Itoa(p.Round+1) + "\t" }
+			head = "ROUND\t"
+		}
+		fmt.Fprintln(tw, "  "+head+"PARTITIONS\tWORKERS\tJOBS/S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tPEAK RSS MB (per worker)\tCLAIMS/S AT START\tHELD\tHANDED OFF\tHAND-OFF MAX S\tCLAIMED MAX S")
 		for _, p := range rep.Partitions {
-			fmt.Fprintf(tw, "  %d\t%d\t%.0f\t%.2f\t%s\t%.0f\t%.0f\t%d\t%d\t%.1f\t%.1f\t%s\n", p.Partitions, p.Workers, p.JobsPerSec, p.CPUPerMJobs, dbs(p.DBCPUPerMJobs),
+			fmt.Fprintf(tw, "  %s%d\t%d\t%.0f\t%.2f\t%s\t%.0f\t%.0f\t%d\t%d\t%.1f\t%.1f\t%s\n", round(p), p.Partitions, p.Workers, p.JobsPerSec, p.CPUPerMJobs, dbs(p.DBCPUPerMJobs),
 				p.PeakRSSMB, p.ClaimsPerSec, p.Held, p.HandedOff, p.HandOffSeconds, p.HandOffClaimSeconds, p.Note)
 		}
 		_ = tw.Flush()
@@ -416,8 +423,12 @@ func printDimension(w io.Writer, rep *Report) {
 	for _, c := range rep.PartitionCounts {
 		rounds = max(rounds, len(c.Tenure.Runs))
 	}
+	over := "one round"
+	if rounds > 1 {
+		over = fmt.Sprintf("median (min–max) of %d rounds", rounds)
+	}
 	fmt.Fprintf(w, "\npartition dimension side by side: tenure's 3 workers and the at-least-once program's 3 processes (one COPY per poll across partitions, no fencing) on the same backlog,\n"+
-		"  each up to a third of it (tenure's: the SIGKILL); median (min–max) of %d rounds; CPU: the processes' and Postgres's together; ratios: tenure's over the at-least-once program's, of the medians:\n", rounds)
+		"  each up to a third of it (tenure's: the SIGKILL); %s; CPU: the processes' and Postgres's together; ratios: tenure's over the at-least-once program's, of the medians:\n", over)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  PARTITIONS\tTENURE JOBS/S\tAT-LEAST-ONCE JOBS/S\tRATE RATIO\tTENURE CPU S/1M\tAT-LEAST-ONCE CPU S/1M\tCPU RATIO\tTENURE PEAK RSS MB\tAT-LEAST-ONCE PEAK RSS MB\tHAND-OFF MAX S")
 	ratio := func(a, b Stat) string {
