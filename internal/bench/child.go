@@ -49,7 +49,7 @@ func Child(ctx context.Context, cfg ChildConfig) error {
 	switch cfg.Kind {
 	case "alo", "naive":
 		if cfg.PerPoll && (cfg.Kind != "alo" || cfg.BatchMax > 0) {
-			return errors.New("per-poll is an alo mode that writes a whole poll in one COPY: it takes no batch-max")
+			return errors.New("per-poll writes a whole poll in one COPY, for kind alo only: it takes no batch-max")
 		}
 		return benchConsume(ctx, cfg.Pool, cfg.Kind, cfg.Brokers, cfg.Group, cfg.Topic, cfg.Schema, cfg.Jobs, cfg.BatchMax, cfg.PerPoll, cfg.KafkaOpts)
 	case "copy":

@@ -155,7 +155,7 @@ func (c *benchChild) check(args []string) error {
 	switch c.kind = args[0]; c.kind {
 	case "alo", "naive", "copy":
 		if c.perPoll && (c.kind != "alo" || c.batchMax > 0) {
-			return usagef("--per-poll is an alo mode that writes a whole poll in one COPY: it goes with neither --batch-max nor kind %s", c.kind)
+			return usagef("--per-poll writes a whole poll in one COPY, for kind alo only: it takes no --batch-max")
 		}
 		return nil
 	}
