@@ -163,7 +163,13 @@ func (c *benchChild) check(args []string) error {
 }
 
 func (c *benchChild) run(ctx context.Context) error {
-	pool, err := openDB(ctx, c.dbURL, poolSize{max: 32, min: 4})
+	size := poolSize{max: 32, min: 4}
+	if c.perPoll {
+		// One COPY at a time: the partition dimension runs three of these
+		// beside each other, on a server other work shares.
+		size = poolSize{max: 2, min: 1}
+	}
+	pool, err := openDB(ctx, c.dbURL, size)
 	if err != nil {
 		return err
 	}
