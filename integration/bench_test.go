@@ -186,6 +186,9 @@ func checkBenchDimensions(t *testing.T, rep benchReport, jobs, scaling int64) {
 		if a := c.AtLeastOnce.Runs[0]; a.Jobs < jobs/3 || a.Jobs > jobs || a.JobsPerSec <= 0 || a.PeakRSSMB <= 0 {
 			t.Errorf("partition count %d: the at-least-once run %+v", c.Partitions, a)
 		}
+		if n := c.Tenure.Runs[0].Jobs; n < jobs/3 || n > jobs {
+			t.Errorf("partition count %d: tenure measured over %d jobs up to the kill, want from a third of %d to all", c.Partitions, n, jobs)
+		}
 	}
 	for _, p := range rep.Partitions {
 		// SIGKILL loses no job and duplicates none: exactly every job.

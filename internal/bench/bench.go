@@ -126,6 +126,9 @@ type PartitionRun struct {
 	Workers    int   `json:"workers"`
 	Round      int   `json:"round"` // from 0
 	Jobs       int64 `json:"jobs"`
+	// JobsToKill are the rows committed by the kill: what the rate, CPU
+	// and RSS below are measured over.
+	JobsToKill int64 `json:"jobs_up_to_kill"`
 	// Up to the kill: rate, CPU (the workers' and the server's) per
 	// million jobs, the largest worker's peak RSS.
 	JobsPerSec    float64  `json:"jobs_per_sec"`
@@ -148,10 +151,9 @@ type PartitionRun struct {
 	Note                string  `json:"note,omitempty"`
 }
 
-// result is the run's rate, CPU and peak RSS as a Result (up to the
-// kill), for a Row.
+// result is the run up to the kill as a Result, for a Row.
 func (p PartitionRun) result() Result {
-	return Result{Name: fmt.Sprintf("tenure, %d partitions", p.Partitions), Jobs: p.Jobs, JobsPerSec: p.JobsPerSec,
+	return Result{Name: fmt.Sprintf("tenure, %d partitions", p.Partitions), Jobs: p.JobsToKill, JobsPerSec: p.JobsPerSec,
 		CPUPerMJobs: p.CPUPerMJobs, DBCPUPerMJobs: p.DBCPUPerMJobs, PeakRSSMB: p.PeakRSSMB}
 }
 
@@ -367,7 +369,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	naive = min(naive, b.jobs)
 	rep.Settings = map[string]any{"worker_flags": strings.Join(cfg.WorkerFlags, " "), "jobs": b.jobs, "partitions": b.partitions,
-		"value_bytes": b.valueBytes, "keys": b.keys, "naive_jobs": naive, "repeat": cfg.Repeat}
+		"value_bytes": b.valueBytes, "keys": b.keys, "naive_jobs": naive, "repeat": cfg.Repeat,
+		"dimension_repeat": max(cfg.DimensionRepeat, 1)}
 	if !cfg.LatencyOnly && !cfg.DimensionOnly {
 		if err := b.throughput(ctx, rep, naive); err != nil {
 			return err

@@ -150,6 +150,7 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers, round int) (Pa
 	if span := last.Sub(first).Seconds(); span > 0 {
 		out.JobsPerSec = float64(n) / span
 	}
+	out.JobsToKill = n
 	out.CPUPerMJobs = cpu / float64(n) * 1e6
 	if db0.ok && db1.ok {
 		v := (db1.seconds - db0.seconds) / float64(n) * 1e6
