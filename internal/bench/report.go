@@ -233,7 +233,10 @@ func Print(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "tenure bench: %v jobs of %v bytes over %v partitions, %v keys; %s, %s cores, %s\n",
 		rep.Settings["jobs"], rep.Settings["value_bytes"], rep.Settings["partitions"], rep.Settings["keys"],
 		rep.Machine["cpu"], rep.Machine["cores"], rep.Machine["postgres"])
-	fmt.Fprintf(w, "each figure: median (min–max) of %d runs; rates from the first row's commit to the last\n", rep.Repeat)
+	if len(rep.Results) > 0 || rep.Latency != nil {
+		// The partition dimension says its own rounds.
+		fmt.Fprintf(w, "each figure: median (min–max) of %d runs; rates from the first row's commit to the last\n", rep.Repeat)
+	}
 	for _, n := range rep.Notes {
 		fmt.Fprintf(w, "%s\n", n)
 	}
