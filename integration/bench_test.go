@@ -62,8 +62,10 @@ func TestBenchSmall(t *testing.T) {
 			t.Errorf("profile %+v: %v", p, err)
 		}
 		verdicts := map[string]bool{"met": true, "unclear": true, "not met": true}
-		if len(rep.Targets) != 8 {
-			t.Errorf("%d targets, want 8", len(rep.Targets))
+		// The throughput rows' and the latency's 8, and the partition
+		// dimension's 5 at its largest count.
+		if len(rep.Targets) != 13 {
+			t.Errorf("%d targets, want 13", len(rep.Targets))
 		}
 		for _, tg := range rep.Targets {
 			if !verdicts[tg.Verdict] {
