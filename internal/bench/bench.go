@@ -124,7 +124,11 @@ func (r *Row) col(f func(Result) float64) []float64 {
 type PartitionRun struct {
 	Partitions int   `json:"partitions"`
 	Workers    int   `json:"workers"`
+	Round      int   `json:"round"` // from 0
 	Jobs       int64 `json:"jobs"`
+	// JobsToKill are the rows committed by the kill: what the rate, CPU
+	// and RSS below are measured over.
+	JobsToKill int64 `json:"jobs_up_to_kill"`
 	// Up to the kill: rate, CPU (the workers' and the server's) per
 	// million jobs, the largest worker's peak RSS.
 	JobsPerSec    float64  `json:"jobs_per_sec"`
@@ -147,6 +151,45 @@ type PartitionRun struct {
 	Note                string  `json:"note,omitempty"`
 }
 
+// result is the run up to the kill as a Result, for a Row.
+func (p PartitionRun) result() Result {
+	return Result{Name: fmt.Sprintf("tenure, %d partitions", p.Partitions), Jobs: p.JobsToKill, JobsPerSec: p.JobsPerSec,
+		CPUPerMJobs: p.CPUPerMJobs, DBCPUPerMJobs: p.DBCPUPerMJobs, PeakRSSMB: p.PeakRSSMB}
+}
+
+// PartitionCount is one partition count of the dimension over its rounds:
+// tenure's 3 workers beside the at-least-once program's 3 processes (one
+// COPY per poll across partitions), both up to a third of the same backlog.
+// Row i of each is round i.
+type PartitionCount struct {
+	Partitions  int `json:"partitions"`
+	Tenure      Row `json:"tenure"`
+	AtLeastOnce Row `json:"at_least_once"`
+	// HandOffSeconds is tenure's longest hand-off over the rounds that had
+	// one (a killed worker whose partitions still had jobs).
+	HandOffSeconds Stat      `json:"hand_off_seconds_max"`
+	handOffs       []float64 // NaN: none that round
+}
+
+// addTenure adds a round of tenure's.
+func (c *PartitionCount) addTenure(r PartitionRun) {
+	c.Partitions = r.Partitions
+	c.Tenure.Name = fmt.Sprintf("tenure at %d partitions", r.Partitions)
+	c.Tenure.add(r.result())
+	h := math.NaN()
+	if r.HandedOff > 0 {
+		h = r.HandOffSeconds
+	}
+	c.handOffs = append(c.handOffs, h)
+	c.HandOffSeconds = summarize(c.handOffs)
+}
+
+// addAtLeastOnce adds a round of the at-least-once program's.
+func (c *PartitionCount) addAtLeastOnce(r Result) {
+	c.AtLeastOnce.Name = fmt.Sprintf("at-least-once at %d partitions", c.Partitions)
+	c.AtLeastOnce.add(r)
+}
+
 type Report struct {
 	ID       string            `json:"id"` // in the names of the run's topics, schemas and groups
 	Machine  map[string]string `json:"machine"`
@@ -164,7 +207,13 @@ type Report struct {
 	LatencyRate float64        `json:"latency_rate"`
 	Scaling     []Result       `json:"scaling,omitempty"`
 	Partitions  []PartitionRun `json:"partition_dimension,omitempty"`
-	Targets     []Target       `json:"targets"`
+	// PartitionCounts are the partition dimension side by side with the
+	// at-least-once program, one per count, in --dimension-partitions order.
+	PartitionCounts []PartitionCount `json:"partition_dimension_by_count,omitempty"`
+	// DimensionSessionTimeout is the dimension workers' session timeout
+	// (seconds): the hand-off target is it plus 2.
+	DimensionSessionTimeout float64  `json:"partition_dimension_session_timeout_seconds,omitempty"`
+	Targets                 []Target `json:"targets"`
 	// Profile is where a tenure worker's CPU goes (one more run, profiled).
 	Profile *Profile `json:"profile,omitempty"`
 	// WhereTimeGoes explains the targets not met.
@@ -217,11 +266,18 @@ type Config struct {
 	// DimensionPartitions are the partition counts of the partition
 	// dimension (3 workers each, the same backlog); none: skipped.
 	DimensionPartitions []int
+	// DimensionRepeat is the rounds of the partition dimension (at least 1):
+	// each runs tenure and the at-least-once program at every count.
+	DimensionRepeat int
 	// LatencyOnly runs the latency runs alone (no calibration, throughput
 	// rows or profile); LatencyVariants are run beside the default in each
 	// latency round, in turns, each with its worker flags after WorkerFlags.
 	LatencyOnly     bool
 	LatencyVariants []LatencyVariant
+	// DimensionOnly runs the partition dimension alone (no throughput rows,
+	// profile, latency or scaling runs); the backlog is still sized by a
+	// calibration run when Jobs is 0.
+	DimensionOnly bool
 	// WorkerFlags are extra flags of every tenure worker it runs.
 	WorkerFlags []string
 	// JSONFile, when set, gets the report as JSON.
@@ -306,15 +362,16 @@ func Run(ctx context.Context, cfg Config) error {
 
 	rep := &Report{ID: b.id, Machine: machineInfo(ctx, b.pool), StartedAt: time.Now().UTC(), Repeat: cfg.Repeat}
 	naive := cfg.NaiveJobs
-	if (b.jobs == 0 || naive == 0) && !cfg.LatencyOnly {
+	if !cfg.LatencyOnly && (b.jobs == 0 || (naive == 0 && !cfg.DimensionOnly)) {
 		if err := b.calibrate(ctx, rep, &naive); err != nil {
 			return fmt.Errorf("calibration: %w", err)
 		}
 	}
 	naive = min(naive, b.jobs)
 	rep.Settings = map[string]any{"worker_flags": strings.Join(cfg.WorkerFlags, " "), "jobs": b.jobs, "partitions": b.partitions,
-		"value_bytes": b.valueBytes, "keys": b.keys, "naive_jobs": naive, "repeat": cfg.Repeat}
-	if !cfg.LatencyOnly {
+		"value_bytes": b.valueBytes, "keys": b.keys, "naive_jobs": naive, "repeat": cfg.Repeat,
+		"dimension_repeat": max(cfg.DimensionRepeat, 1)}
+	if !cfg.LatencyOnly && !cfg.DimensionOnly {
 		if err := b.throughput(ctx, rep, naive); err != nil {
 			return err
 		}
@@ -329,7 +386,11 @@ func Run(ctx context.Context, cfg Config) error {
 	// order rotates by round), so that the machine's noise hits them alike.
 	variants := append([]LatencyVariant{{}}, cfg.LatencyVariants...)
 	runs := make([][]map[string]float64, len(variants))
-	for i := range cfg.Repeat {
+	latencyRounds := cfg.Repeat
+	if cfg.DimensionOnly {
+		latencyRounds = 0
+	}
+	for i := range latencyRounds {
 		for k := range variants {
 			v := (k + i) % len(variants)
 			name := variants[v].Name
@@ -349,22 +410,20 @@ func Run(ctx context.Context, cfg Config) error {
 			runs[v] = append(runs[v], l)
 		}
 	}
-	rep.LatencyRuns, rep.Latency = runs[0], summarizeLatency(runs[0])
-	for v, lv := range cfg.LatencyVariants {
-		rep.LatencyVariants = append(rep.LatencyVariants, VariantLatency{Name: lv.Name, WorkerFlags: strings.Join(lv.WorkerFlags, " "), Env: strings.Join(lv.Env, " "),
-			Runs: runs[v+1], Latency: summarizeLatency(runs[v+1])})
+	if latencyRounds > 0 {
+		rep.LatencyRuns, rep.Latency = runs[0], summarizeLatency(runs[0])
+		for v, lv := range cfg.LatencyVariants {
+			rep.LatencyVariants = append(rep.LatencyVariants, VariantLatency{Name: lv.Name, WorkerFlags: strings.Join(lv.WorkerFlags, " "), Env: strings.Join(lv.Env, " "),
+				Runs: runs[v+1], Latency: summarizeLatency(runs[v+1])})
+		}
 	}
-	if !cfg.SkipScaling {
+	if !cfg.SkipScaling && !cfg.DimensionOnly {
 		if rep.Scaling, err = b.scaling(ctx); err != nil {
 			return err
 		}
 	}
-	for _, p := range cfg.DimensionPartitions {
-		r, err := b.partitionRun(ctx, p, 3)
-		if err != nil {
-			return fmt.Errorf("partition dimension, %d partitions: %w", p, err)
-		}
-		rep.Partitions = append(rep.Partitions, r)
+	if err := b.dimension(ctx, rep); err != nil {
+		return err
 	}
 	rep.Targets = targets(rep)
 	rep.WhereTimeGoes = whereTimeGoes(rep)
@@ -376,6 +435,41 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		if err := os.WriteFile(cfg.JSONFile, append(data, '\n'), 0o644); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// dimension runs the partition dimension: in each of DimensionRepeat
+// rounds, at every count, tenure's run and the at-least-once program's, in
+// turns (which goes first alternates by round, so that the machine's noise
+// hits them alike).
+func (b *bench) dimension(ctx context.Context, rep *Report) error {
+	if len(b.cfg.DimensionPartitions) == 0 {
+		return nil
+	}
+	rep.DimensionSessionTimeout = dimSessionTimeout.Seconds()
+	rep.PartitionCounts = make([]PartitionCount, len(b.cfg.DimensionPartitions))
+	for i := range max(b.cfg.DimensionRepeat, 1) {
+		for k, p := range b.cfg.DimensionPartitions {
+			c := &rep.PartitionCounts[k]
+			c.Partitions = p
+			for turn := range 2 {
+				if (turn+i)%2 == 0 {
+					r, err := b.partitionRun(ctx, p, 3, i)
+					if err != nil {
+						return fmt.Errorf("partition dimension, %d partitions: %w", p, err)
+					}
+					rep.Partitions = append(rep.Partitions, r)
+					c.addTenure(r)
+				} else {
+					r, err := b.aloPartitionRun(ctx, p, 3, i)
+					if err != nil {
+						return fmt.Errorf("partition dimension, at-least-once, %d partitions: %w", p, err)
+					}
+					c.addAtLeastOnce(r)
+				}
+			}
 		}
 	}
 	return nil
@@ -422,7 +516,7 @@ func (b *bench) calibrate(ctx context.Context, rep *Report, naive *int) error {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("backlog sized by calibration runs on %d jobs: tenure drained them at %.0f jobs/s (%.1f × %.0f s of that: %d jobs), COPY at %.0f rows/s (%.1f × %.0f s: %d); %d jobs",
 			n, r.JobsPerSec, calibrationFactor, md, byTenure, c.JobsPerSec, copyCalibrationFactor, md, byCopy, b.jobs))
 	}
-	if *naive == 0 {
+	if *naive == 0 && !b.cfg.DimensionOnly {
 		b.say("calibrating: naive on 1500 jobs")
 		r, err := b.runChild(ctx, "calibnaive", topic, 1500, "naive")
 		if err != nil {
@@ -443,12 +537,11 @@ func (b *bench) throughput(ctx context.Context, rep *Report, naive int) error {
 	if err != nil {
 		return err
 	}
-	strictSkip := ""
-	if err := sink.CheckPreparedTransactions(ctx, b.pool); err != nil {
-		strictSkip = "skipped: this PostgreSQL server refuses prepared transactions (max_prepared_transactions is 0), which --strict needs; run the bench against a server with it above 0 for this row"
-		if !errors.Is(err, sink.ErrNoPreparedTransactions) {
-			strictSkip = "skipped: " + err.Error()
-		}
+	strictWhat := "the same with strict hand-off (--strict: PREPARE TRANSACTION, offset commit, COMMIT PREPARED per batch)"
+	strict, strictSkip, closeStrict := b.strictDB(ctx, rep)
+	defer closeStrict()
+	if strict != b {
+		strictWhat += ", on the bench's throwaway PostgreSQL cluster (see above)"
 	}
 	traced := append(slices.Clone(noTracing), "OTEL_SDK_DISABLED=false", "OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_ENDPOINT="+b.otlpURL)
 	steps := []struct {
@@ -461,8 +554,14 @@ func (b *bench) throughput(ctx context.Context, rep *Report, naive int) error {
 		{"tenure-unfenced", "the same without the fence statement (--unsafe-no-fence)", "", func(i int) (Result, error) {
 			return b.runWorkers(ctx, fmt.Sprintf("unfenced%d", i), topic, b.jobs, 1, []string{"--unsafe-no-fence"}, nil)
 		}},
-		{"tenure-strict", "the same with strict hand-off (--strict: PREPARE TRANSACTION, offset commit, COMMIT PREPARED per batch)", strictSkip, func(i int) (Result, error) {
-			return b.runWorkers(ctx, fmt.Sprintf("strict%d", i), topic, b.jobs, 1, []string{"--strict"}, nil)
+		{"tenure-strict", strictWhat, strictSkip, func(i int) (Result, error) {
+			r, err := strict.runWorkers(ctx, fmt.Sprintf("strict%d", i), topic, b.jobs, 1, []string{"--strict"}, nil)
+			if strict != b {
+				// Its groups are on the bench's broker: b's clean-up
+				// deletes them.
+				b.groups, strict.groups = append(b.groups, strict.groups...), nil
+			}
+			return r, err
 		}},
 		{"tenure-traced", "tenure with tracing on, exporting OTLP/HTTP to a discarding receiver in the bench (other runs: OTEL_SDK_DISABLED=true)", "", func(i int) (Result, error) {
 			return b.runWorkers(ctx, fmt.Sprintf("traced%d", i), topic, b.jobs, 1, nil, traced)
@@ -508,6 +607,65 @@ func (b *bench) throughput(ctx context.Context, rep *Report, naive int) error {
 	}
 	rep.Profile = prof
 	return nil
+}
+
+// strictDB is the bench the tenure-strict row runs on: b when its server
+// takes prepared transactions; else a copy of b on a throwaway cluster
+// (throwaway.go) with the same broker, settings copied from b's server, a
+// note in rep saying so; else nil and why the row is skipped, in one
+// sentence. done stops and removes the cluster.
+func (b *bench) strictDB(ctx context.Context, rep *Report) (strict *bench, skip string, done func()) {
+	done = func() {}
+	err := sink.CheckPreparedTransactions(ctx, b.pool)
+	if err == nil {
+		return b, "", done
+	}
+	if !errors.Is(err, sink.ErrNoPreparedTransactions) {
+		return nil, "skipped: " + err.Error(), done
+	}
+	refuses := "this PostgreSQL server refuses prepared transactions (max_prepared_transactions is 0), which --strict needs"
+	settings, err := serverSettings(ctx, b.pool, copiedSettings)
+	if err != nil {
+		return nil, fmt.Sprintf("skipped: %s, and its settings could not be read for a throwaway cluster: %v", refuses, err), done
+	}
+	b.say("%s: starting a throwaway PostgreSQL cluster for the tenure-strict row", refuses)
+	c, err := startThrowawayPG(ctx, settings)
+	if errors.Is(err, errNoPostgresBinaries) {
+		return nil, fmt.Sprintf("skipped: %s, and no PostgreSQL server binaries (initdb) were found here to start a throwaway cluster with them", refuses), done
+	}
+	if err != nil {
+		return nil, fmt.Sprintf("skipped: %s, and a throwaway cluster with them did not start: %v", refuses, err), done
+	}
+	pool, err := pgxpool.New(ctx, c.URL())
+	if err == nil {
+		err = sink.CheckPreparedTransactions(ctx, pool)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		_ = c.Close()
+		return nil, fmt.Sprintf("skipped: %s, and the throwaway cluster started for it did not serve: %v", refuses, err), done
+	}
+	done = func() {
+		pool.Close()
+		if err := c.Close(); err != nil {
+			b.say("removing the throwaway PostgreSQL cluster: %v", err)
+		}
+	}
+	var version string
+	_ = pool.QueryRow(ctx, `SHOW server_version`).Scan(&version)
+	var copied []string
+	for _, k := range copiedSettings {
+		if v, ok := settings[k]; ok {
+			copied = append(copied, k+"="+v)
+		}
+	}
+	rep.Notes = append(rep.Notes, fmt.Sprintf("tenure-strict ran on a throwaway PostgreSQL %s cluster the bench started on port %d with max_prepared_transactions = 100, since the server at --database-url has it at 0; "+
+		"its settings copied from that server (%s), but another server, on the same cores, with cold caches: compare its row with the others' less closely", version, c.port, strings.Join(copied, ", ")))
+	s := *b
+	s.pool, s.dbURL, s.postmaster, s.schemas, s.groups = pool, c.URL(), 0, nil, nil
+	return &s, "", done
 }
 
 // scaling runs tenure with 1, 2 and 3 workers and 1, 12 and 48 partitions,

@@ -191,3 +191,96 @@ func TestProfileAreas(t *testing.T) {
 		t.Error("an empty profile was summarized")
 	}
 }
+
+// The partition dimension's targets: at the largest count, tenure's rate
+// over its own at 12 and over the at-least-once program's at the same
+// count, its CPU per job (workers and Postgres together) over its own at
+// 12, its peak RSS, and the hand-off against the session timeout + 2 s,
+// each judged by the spread of the rounds (round i over round i).
+func TestBenchDimensionTargets(t *testing.T) {
+	type round struct {
+		rate, cpu, db, rss, handOff float64
+		handedOff                   int
+		alo                         float64
+	}
+	count := func(parts int, rounds ...round) PartitionCount {
+		var c PartitionCount
+		for i, r := range rounds {
+			db := r.db
+			c.addTenure(PartitionRun{Partitions: parts, Workers: 3, Round: i, Jobs: 1000, JobsPerSec: r.rate, CPUPerMJobs: r.cpu, DBCPUPerMJobs: &db,
+				PeakRSSMB: r.rss, HandedOff: r.handedOff, Held: r.handedOff, HandOffSeconds: r.handOff})
+			adb := 1.0
+			c.addAtLeastOnce(Result{Jobs: 1000, JobsPerSec: r.alo, CPUPerMJobs: 0.5, DBCPUPerMJobs: &adb, PeakRSSMB: 900})
+		}
+		return c
+	}
+	rep := &Report{Repeat: 1, DimensionSessionTimeout: 6, Settings: map[string]any{}, PartitionCounts: []PartitionCount{
+		count(12, round{100, 1, 1, 100, 5, 3, 200}, round{110, 1, 1, 100, 5, 3, 200}, round{120, 1, 1, 100, 5, 3, 200}),
+		// The largest count, not the last listed, is the one judged.
+		count(1000, round{80, 1.1, 1.6, 140, 7.5, 5, 85}, round{70, 1.1, 1.6, 145, 0, 0, 75}, round{90, 1.1, 1.6, 149, 7.9, 4, 95}),
+		count(120, round{90, 1, 1, 120, 6, 4, 100}, round{90, 1, 1, 120, 6, 4, 100}, round{90, 1, 1, 120, 6, 4, 100}),
+	}}
+	rep.Targets = targets(rep)
+	got := map[string]Target{}
+	for _, tg := range rep.Targets {
+		got[tg.Name] = tg
+	}
+	for _, c := range []struct {
+		name, want, verdict string
+		value               float64
+	}{
+		// Per round 0.80, 0.64, 0.75: the median of the medians (80/110)
+		// alone would say met.
+		{"partition dimension: tenure at 1000 / tenure at 12 partitions (jobs/s)", ">= 0.7", Unclear, 80.0 / 110},
+		// Against the at-least-once program at 1000 (85, 75, 95), not at 12.
+		{"partition dimension: tenure / at-least-once at 1000 partitions (jobs/s)", ">= 0.9", Met, 80.0 / 85},
+		// Workers and Postgres: 2.7 over 2.0; the workers' alone (1.1) would
+		// be met.
+		{"partition dimension: tenure's CPU per job (workers + Postgres) at 1000 / at 12 partitions", "<= 1.3", NotMet, 2.7 / 2.0},
+		{"partition dimension: tenure's peak RSS per worker at 1000 partitions (MB)", "<= 150", Met, 145},
+		// The round with nothing to hand off is left out: 7.5 and 7.9.
+		{"partition dimension: hand-off after a SIGKILL at 1000 partitions, session timeout 6 s + 2 s (s)", "<= 8", Met, 7.7},
+	} {
+		tg, ok := got[c.name]
+		if !ok {
+			t.Errorf("no target %q among %v", c.name, rep.Targets)
+			continue
+		}
+		if tg.Want != c.want || tg.Verdict != c.verdict || math.Abs(tg.Value-c.value) > 1e-9 {
+			t.Errorf("target %q: %+v, want %s, %s, value %.4f", c.name, tg, c.want, c.verdict, c.value)
+		}
+	}
+	if h := got["partition dimension: hand-off after a SIGKILL at 1000 partitions, session timeout 6 s + 2 s (s)"].Spread; h.N != 2 || h.Min != 7.5 || h.Max != 7.9 {
+		t.Errorf("hand-off spread %+v: want the two rounds that handed off, 7.5–7.9", h)
+	}
+	if s := got["partition dimension: tenure at 1000 / tenure at 12 partitions (jobs/s)"].Spread; math.Abs(s.Min-70.0/110) > 1e-9 || math.Abs(s.Max-0.8) > 1e-9 {
+		t.Errorf("rate spread %+v: want round over round, 0.64–0.80", s)
+	}
+	rep.WhereTimeGoes = whereTimeGoes(rep)
+	var sb strings.Builder
+	Print(&sb, rep)
+	for _, w := range []string{"partition dimension side by side", "RATE RATIO", "AT-LEAST-ONCE JOBS/S",
+		"80 (70–90)", "85 (75–95)", "0.94", "2.70", "1.50", "not met", "tenure at 1000 partitions: process 1.10 + Postgres 1.60 = 2.70"} {
+		if !strings.Contains(sb.String(), w) {
+			t.Errorf("the report lacks %q:\n%s", w, sb.String())
+		}
+	}
+	// The rate and the CPU targets are explained by the same rows: once.
+	if len(rep.WhereTimeGoes) != 1 {
+		t.Errorf("where the time goes: %q, want one line", rep.WhereTimeGoes)
+	}
+
+	// One count: nothing to compare tenure's own rate and CPU with, and a
+	// hand-off never measured is unclear, not met.
+	one := &Report{DimensionSessionTimeout: 6, PartitionCounts: []PartitionCount{count(12, round{100, 1, 1, 100, 0, 0, 100})}}
+	var names []string
+	for _, tg := range targets(one) {
+		names = append(names, tg.Name)
+		if strings.Contains(tg.Name, "hand-off") && (tg.Verdict != Unclear || !strings.Contains(tg.Note, "no round")) {
+			t.Errorf("hand-off never measured: %+v, want unclear", tg)
+		}
+	}
+	if all := strings.Join(names, "; "); len(names) != 3 || strings.Contains(all, "/ tenure at") || strings.Contains(all, "CPU per job") {
+		t.Errorf("one count's targets: %q, want tenure / at-least-once, RSS and hand-off", names)
+	}
+}

@@ -37,6 +37,9 @@ type ChildConfig struct {
 	// when ctx ends). Partitions: copy's parallel writers. BatchMax: alo's
 	// rows per COPY, at most (0: each partition's part of a poll in one).
 	Jobs, Partitions, BatchMax int
+	// PerPoll: alo writes all of a poll, across its partitions, in one
+	// COPY (BatchMax must be 0).
+	PerPoll bool
 }
 
 // Child runs one of the programs `tenure bench` compares tenure with: what
@@ -45,7 +48,10 @@ type ChildConfig struct {
 func Child(ctx context.Context, cfg ChildConfig) error {
 	switch cfg.Kind {
 	case "alo", "naive":
-		return benchConsume(ctx, cfg.Pool, cfg.Kind, cfg.Brokers, cfg.Group, cfg.Topic, cfg.Schema, cfg.Jobs, cfg.BatchMax, cfg.KafkaOpts)
+		if cfg.PerPoll && (cfg.Kind != "alo" || cfg.BatchMax > 0) {
+			return errors.New("per-poll writes a whole poll in one COPY, for kind alo only: it takes no batch-max")
+		}
+		return benchConsume(ctx, cfg.Pool, cfg.Kind, cfg.Brokers, cfg.Group, cfg.Topic, cfg.Schema, cfg.Jobs, cfg.BatchMax, cfg.PerPoll, cfg.KafkaOpts)
 	case "copy":
 		return benchCopy(ctx, cfg.Pool, cfg.Schema, cfg.Table, cfg.Jobs, cfg.Partitions)
 	}
@@ -55,11 +61,12 @@ func Child(ctx context.Context, cfg ChildConfig) error {
 // benchConsume is the at-least-once program (alo: every polled batch of a
 // partition written by COPY, in batches of at most batchMax rows (0: all of
 // it at once), in parallel across partitions, then the Kafka offsets
-// committed: no fencing, a crash between the two repeats the batch) or the
-// naive one (one autocommitted INSERT per job, in the order polled, then the
+// committed: no fencing, a crash between the two repeats the batch; with
+// perPoll, all of a poll across its partitions in one COPY, what a user
+// with many partitions would write) or the naive one (one autocommitted INSERT per job, in the order polled, then the
 // offsets).
 // It stops after jobs jobs (0: when ctx ends).
-func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers []string, group, topic, schema string, jobs, batchMax int, sec []kgo.Opt) error {
+func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers []string, group, topic, schema string, jobs, batchMax int, perPoll bool, sec []kgo.Opt) error {
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, sec...)...)
@@ -76,7 +83,26 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 			return nil
 		}
 		var g errgroup.Group
-		if kind == "naive" {
+		switch {
+		case perPoll:
+			// One COPY for the poll, whatever partitions it spans: one
+			// transaction per poll, not one per partition.
+			recs := fetches.Records()
+			if len(recs) == 0 {
+				break
+			}
+			g.Go(func() error {
+				rows := make([][]any, len(recs))
+				for i, r := range recs {
+					rows[i] = []any{r.Topic, r.Partition, r.Offset, string(r.Key), r.Key, int64(0), int32(0), "bench"}
+				}
+				if _, err := pool.CopyFrom(ctx, tbl, ledgerColumns, pgx.CopyFromRows(rows)); err != nil {
+					return err
+				}
+				done.Add(int64(len(recs)))
+				return nil
+			})
+		case kind == "naive":
 			// In order, one statement (one transaction) per job.
 			g.Go(func() error {
 				for _, r := range fetches.Records() {
@@ -89,7 +115,7 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 				}
 				return nil
 			})
-		} else {
+		default:
 			fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 				if len(p.Records) == 0 {
 					return

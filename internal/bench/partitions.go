@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -27,14 +28,15 @@ import (
 // (the first started, not necessarily the first to join) could hold
 // nothing, or die in the middle of its join and stall the group for the
 // whole default rebalance timeout.
-func (b *bench) partitionRun(ctx context.Context, parts, workers int) (PartitionRun, error) {
-	out := PartitionRun{Partitions: parts, Workers: workers}
-	name := fmt.Sprintf("dim%dp", parts)
-	b.say("partition dimension: %d partitions, %d workers", parts, workers)
+func (b *bench) partitionRun(ctx context.Context, parts, workers, round int) (PartitionRun, error) {
+	out := PartitionRun{Partitions: parts, Workers: workers, Round: round}
+	name := fmt.Sprintf("dim%dpr%d", parts, round)
+	b.say("partition dimension, round %d: tenure, %d partitions, %d workers", round+1, parts, workers)
 	topic, err := b.topic(ctx, name, parts)
 	if err != nil {
 		return out, err
 	}
+	defer b.dropTopics(topic) // the development broker keeps every record in memory
 	s, err := b.schema(ctx, name)
 	if err != nil {
 		return out, err
@@ -52,7 +54,7 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 	for i := range workers {
 		args := append([]string{"worker", "--brokers", strings.Join(b.brokers, ","), "--group", group, "--topic", topic,
 			"--database-url", b.dbURL, "--schema", s, "--handler", "ledger", "--no-migrate", "--log-level", "error",
-			"--name", fmt.Sprintf("bench-%d", i), "--session-timeout", "6s", "--rebalance-timeout", "10s",
+			"--name", fmt.Sprintf("bench-%d", i), "--session-timeout", dimSessionTimeout.String(), "--rebalance-timeout", "10s",
 			"--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"},
 			slices.Concat(b.kafkaArgs, b.workerFlags)...)
 		p, err := startProc(nil, args...)
@@ -148,6 +150,7 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 	if span := last.Sub(first).Seconds(); span > 0 {
 		out.JobsPerSec = float64(n) / span
 	}
+	out.JobsToKill = n
 	out.CPUPerMJobs = cpu / float64(n) * 1e6
 	if db0.ok && db1.ok {
 		v := (db1.seconds - db0.seconds) / float64(n) * 1e6
@@ -204,6 +207,158 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers int) (Partition
 	}
 	b.say("partition dimension, %d partitions: %.0f jobs/s, %.0f claims/s, hand-off %.1f s (claimed within %.1f s) over %d of the %d partitions %s held when killed after %d of %d jobs", parts, out.JobsPerSec, out.ClaimsPerSec, out.HandOffSeconds, out.HandOffClaimSeconds, out.HandedOff, out.Held, victim, n, b.jobs)
 	return out, nil
+}
+
+// dimSessionTimeout is the partition dimension's --session-timeout (the
+// classic protocol's lowest): the hand-off target is this plus 2 s.
+const dimSessionTimeout = 6 * time.Second
+
+// aloPartitionRun is the at-least-once program's run beside partitionRun's:
+// workers `bench-child alo --per-poll` processes in one consumer group (one
+// COPY per poll across partitions, what a user with many partitions would
+// write), on a topic of its own of parts partitions, the same backlog
+// produced once the group has settled, measured the same way up to a third
+// of it (rate, the processes' and the server's CPU per job, the largest
+// peak RSS); then they are stopped. Nothing is killed: the program has no
+// hand-off to measure (a crash repeats its batches).
+func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) (Result, error) {
+	name := fmt.Sprintf("alodim%dpr%d", parts, round)
+	b.say("partition dimension, round %d: at-least-once, %d partitions, %d processes", round+1, parts, workers)
+	topic, err := b.topic(ctx, name, parts)
+	if err != nil {
+		return Result{}, err
+	}
+	defer b.dropTopics(topic)
+	s, err := b.schema(ctx, name)
+	if err != nil {
+		return Result{}, err
+	}
+	defer b.dropSchema(s)
+	group := b.group(name)
+	var procs []*proc
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	db0 := b.postgresCPU(ctx)
+	for range workers {
+		p, err := startProc(nil, append([]string{"bench-child", "alo", "--per-poll", "--brokers", strings.Join(b.brokers, ","), "--group", group,
+			"--topic", topic, "--database-url", b.dbURL, "--schema", s, "--jobs", "0"}, b.kafkaArgs...)...)
+		if err != nil {
+			return Result{}, err
+		}
+		procs = append(procs, p)
+	}
+	// Settled: every process a member with partitions, all of them assigned
+	// (the group's view: the program has no fencing rows to read).
+	adm := kadm.NewClient(b.cl)
+	for settle := time.Now(); ; {
+		members, assigned, err := groupAssignment(ctx, adm, group, topic)
+		if err != nil {
+			return Result{}, err
+		}
+		if members >= workers && assigned == parts {
+			break
+		}
+		if time.Since(settle) > 2*time.Minute {
+			return Result{}, fmt.Errorf("%d partitions, %d processes: after 2 minutes the group has %d members holding %d partitions", parts, workers, members, assigned)
+		}
+		for _, p := range procs {
+			if p.Exited() {
+				return Result{}, fmt.Errorf("an at-least-once process exited before the group settled: %s", p.lastOutput())
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	produced := make(chan error, 1)
+	go func() { produced <- b.produce(ctx, topic, b.jobs) }()
+	defer func() {
+		if produced != nil {
+			<-produced
+		}
+	}()
+	// A third of the way by the group's committed offsets (after the rows:
+	// never ahead of them), read from the broker so that the server whose
+	// CPU is measured is not asked.
+	if err := b.wait(ctx, s, "ledger", int64(b.jobs/3), procs, func(ctx context.Context) (n int64, err error) {
+		offs, err := adm.FetchOffsets(ctx, group)
+		offs.Each(func(o kadm.OffsetResponse) {
+			if o.Topic == topic && o.Err == nil {
+				n += o.At
+			}
+		})
+		return n, err
+	}); err != nil {
+		return Result{}, err
+	}
+	var r Result
+	var cpu float64
+	for _, p := range procs {
+		c, rss := p.usage()
+		cpu += c
+		r.PeakRSSMB = max(r.PeakRSSMB, rss)
+	}
+	db1 := b.postgresCPU(ctx)
+	var at time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&at); err != nil {
+		return r, err
+	}
+	var first, last time.Time
+	q := pgx.Identifier{s, "ledger"}.Sanitize()
+	if err := b.pool.QueryRow(ctx, `SELECT count(*), min(committed_at), max(committed_at) FROM `+q+` WHERE committed_at <= $1`, at).Scan(&r.Jobs, &first, &last); err != nil {
+		return r, err
+	}
+	if r.Jobs == 0 {
+		return r, fmt.Errorf("%d partitions: no row was written by the time a third of the jobs was committed", parts)
+	}
+	if span := last.Sub(first).Seconds(); span > 0 {
+		r.JobsPerSec, r.DrainSeconds = float64(r.Jobs)/span, span
+	}
+	r.CPUPerMJobs = cpu / float64(r.Jobs) * 1e6
+	if db0.ok && db1.ok {
+		v := (db1.seconds - db0.seconds) / float64(r.Jobs) * 1e6
+		r.DBCPUPerMJobs = &v
+	}
+	for _, p := range procs {
+		p.stop()
+	}
+	err, produced = <-produced, nil
+	if err != nil {
+		return r, err
+	}
+	b.say("partition dimension, %d partitions: at-least-once %.0f jobs/s over the first %d jobs", parts, r.JobsPerSec, r.Jobs)
+	return r, nil
+}
+
+// groupAssignment is the group's members and the partitions of topic
+// assigned among them once the group is stable (0, 0 before).
+func groupAssignment(ctx context.Context, adm *kadm.Client, group, topic string) (members, assigned int, err error) {
+	dg, err := adm.DescribeGroups(ctx, group)
+	if err != nil {
+		return 0, 0, err
+	}
+	g, ok := dg[group]
+	if !ok || g.Err != nil || g.State != "Stable" {
+		return 0, 0, nil
+	}
+	for _, m := range g.Members {
+		c, ok := m.Assigned.AsConsumer()
+		if !ok {
+			continue
+		}
+		held := 0
+		for _, t := range c.Topics {
+			if t.Topic == topic {
+				held += len(t.Partitions)
+			}
+		}
+		if held > 0 {
+			members++
+		}
+		assigned += held
+	}
+	return members, assigned, nil
 }
 
 // victim is the worker whose members hold the most of the topic's

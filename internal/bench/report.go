@@ -56,12 +56,71 @@ func targets(rep *Report) []Target {
 	ratio("tenure-traced / tenure (jobs/s)", "tenure-traced", "tenure", rate, ">= 0.90", "")
 	ratio("fenced / unfenced (jobs/s)", "tenure", "tenure-unfenced", rate, ">= 0.95", "")
 	ratio("tenure / naive (jobs/s)", "tenure", "naive", rate, ">= 100", "")
+	t = append(t, dimensionTargets(rep)...)
 	for i := range t {
 		if t[i].Verdict == "" {
 			t[i].Verdict = verdict(t[i].Spread, t[i].Want)
 		}
 	}
 	return t
+}
+
+// dimensionBase and dimensionTop are the partition counts the dimension's
+// targets compare: 12 (the throughput rows' default) or else the smallest,
+// and the largest. ok is false without a dimension.
+func dimensionBase(rep *Report) (base, top *PartitionCount, ok bool) {
+	for i := range rep.PartitionCounts {
+		c := &rep.PartitionCounts[i]
+		if len(c.Tenure.Runs) == 0 {
+			continue
+		}
+		if base == nil || c.Partitions == 12 || (base.Partitions != 12 && c.Partitions < base.Partitions) {
+			base = c
+		}
+		if top == nil || c.Partitions > top.Partitions {
+			top = c
+		}
+	}
+	return base, top, top != nil
+}
+
+// dimensionTargets judges the partition dimension at its largest count
+// against tenure's own at the base count (dimensionBase) and against the
+// at-least-once program's at the same count; like the others, by the
+// whole spread of the rounds (ratios: round i over round i).
+func dimensionTargets(rep *Report) []Target {
+	base, top, ok := dimensionBase(rep)
+	if !ok {
+		return nil
+	}
+	var t []Target
+	ratio := func(name string, a, b *Row, f func(Result) float64, want, note string) {
+		if len(a.Runs) == 0 || len(b.Runs) == 0 {
+			return
+		}
+		s := ratioStat(a.col(f), b.col(f))
+		t = append(t, Target{Name: name, Value: s.Median, Spread: s, Want: want, Note: note})
+	}
+	n, n0 := top.Partitions, base.Partitions
+	if top != base {
+		ratio(fmt.Sprintf("partition dimension: tenure at %d / tenure at %d partitions (jobs/s)", n, n0), &top.Tenure, &base.Tenure, rate, ">= 0.7", "")
+	}
+	ratio(fmt.Sprintf("partition dimension: tenure / at-least-once at %d partitions (jobs/s)", n), &top.Tenure, &top.AtLeastOnce, rate, ">= 0.9", "")
+	if top != base {
+		note := ""
+		if top.Tenure.DBCPUPerMJobs == nil || base.Tenure.DBCPUPerMJobs == nil {
+			note = "the workers' CPU only: the PostgreSQL server's was not measured"
+		}
+		ratio(fmt.Sprintf("partition dimension: tenure's CPU per job (workers + Postgres) at %d / at %d partitions", n, n0), &top.Tenure, &base.Tenure, totalCPU, "<= 1.3", note)
+	}
+	t = append(t, Target{Name: fmt.Sprintf("partition dimension: tenure's peak RSS per worker at %d partitions (MB)", n),
+		Value: top.Tenure.PeakRSSMB.Median, Spread: top.Tenure.PeakRSSMB, Want: "<= 150"})
+	h := Target{Name: fmt.Sprintf("partition dimension: hand-off after a SIGKILL at %d partitions, session timeout %g s + 2 s (s)", n, rep.DimensionSessionTimeout),
+		Value: top.HandOffSeconds.Median, Spread: top.HandOffSeconds, Want: "<= " + strconv.FormatFloat(rep.DimensionSessionTimeout+2, 'f', -1, 64)}
+	if top.HandOffSeconds.N == 0 {
+		h.Verdict, h.Note = Unclear, "no round had a partition with jobs left to hand off"
+	}
+	return append(t, h)
 }
 
 // whereTimeGoes explains the targets that are not met: the cost per job
@@ -90,6 +149,8 @@ func whereTimeGoes(rep *Report) []string {
 		}
 		var line string
 		switch {
+		case strings.HasPrefix(t.Name, "partition dimension: "):
+			line = dimensionWhere(rep, t, split)
 		case strings.Contains(t.Name, "at-least-once"):
 			if a, b := by["tenure"], by["at-least-once"]; a != nil && b != nil {
 				line = fmt.Sprintf("%s: %s; %s; tenure's extra: process %+.2f, Postgres %+.2f", t.Name, split(a), split(b),
@@ -120,7 +181,8 @@ func whereTimeGoes(rep *Report) []string {
 		case strings.Contains(t.Name, "RSS"):
 			line = t.Name + ": the worker's fetch buffers (--partition-buffer-bytes per partition, --worker-buffer-bytes per worker) bound its memory"
 		}
-		if line != "" && !slices.ContainsFunc(out, func(o string) bool { return strings.HasSuffix(o, line[strings.Index(line, ": ")+2:]) }) {
+		// Two targets explained alike (the same rows) get one line.
+		if line != "" && !slices.ContainsFunc(out, func(o string) bool { return strings.HasSuffix(o, strings.TrimPrefix(line, t.Name+": ")) }) {
 			out = append(out, line)
 		}
 	}
@@ -134,12 +196,47 @@ func whereTimeGoes(rep *Report) []string {
 	return out
 }
 
+// dimensionWhere explains a partition dimension target not met: the cost
+// per job at the largest count split as split does, against tenure's at
+// the base count and the at-least-once program's at the same count.
+func dimensionWhere(rep *Report, t Target, split func(*Row) string) string {
+	base, top, ok := dimensionBase(rep)
+	if !ok {
+		return ""
+	}
+	switch {
+	case strings.Contains(t.Name, "RSS"):
+		return fmt.Sprintf("%s: at %d partitions each worker holds about %d of them, each with its fetch buffer (--partition-buffer-bytes), all of them within --worker-buffer-bytes; the at-least-once program's processes peaked at %s MB",
+			t.Name, top.Partitions, (top.Partitions+2)/3, top.AtLeastOnce.PeakRSSMB.cell(0))
+	case strings.Contains(t.Name, "hand-off"):
+		var claimed []float64
+		for _, r := range rep.Partitions {
+			if r.Partitions == top.Partitions && r.HandedOff > 0 {
+				claimed = append(claimed, r.HandOffClaimSeconds)
+			}
+		}
+		return fmt.Sprintf("%s: the last of the killed worker's partitions was claimed within %s s of the kill (the group's share: the session timeout is %.0f s), first committed on within %s s (the rest: the new owners' lanes getting to it)",
+			t.Name, summarize(claimed).cell(1), rep.DimensionSessionTimeout, top.HandOffSeconds.cell(1))
+	}
+	parts := []string{split(&top.Tenure)}
+	if base != top {
+		parts = append(parts, split(&base.Tenure))
+	}
+	if len(top.AtLeastOnce.Runs) > 0 {
+		parts = append(parts, split(&top.AtLeastOnce))
+	}
+	return t.Name + ": " + strings.Join(parts, "; ")
+}
+
 // Print writes the report as tables.
 func Print(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "tenure bench: %v jobs of %v bytes over %v partitions, %v keys; %s, %s cores, %s\n",
 		rep.Settings["jobs"], rep.Settings["value_bytes"], rep.Settings["partitions"], rep.Settings["keys"],
 		rep.Machine["cpu"], rep.Machine["cores"], rep.Machine["postgres"])
-	fmt.Fprintf(w, "each figure: median (min–max) of %d runs; rates from the first row's commit to the last\n", rep.Repeat)
+	if len(rep.Results) > 0 || rep.Latency != nil {
+		// The partition dimension says its own rounds.
+		fmt.Fprintf(w, "each figure: median (min–max) of %d runs; rates from the first row's commit to the last\n", rep.Repeat)
+	}
 	for _, n := range rep.Notes {
 		fmt.Fprintf(w, "%s\n", n)
 	}
@@ -147,7 +244,10 @@ func Print(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "tenure workers run with %s\n", f)
 	}
 	fmt.Fprintln(w)
-	if len(rep.Results) == 0 {
+	switch {
+	case len(rep.Results) == 0 && rep.Latency == nil:
+		fmt.Fprintln(w, "the partition dimension only (--dimension-only): no throughput rows, latency or scaling runs")
+	case len(rep.Results) == 0:
 		fmt.Fprintln(w, "latency runs only (--latency-only): no throughput rows")
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -202,15 +302,25 @@ func Print(w io.Writer, rep *Report) {
 		_ = tw.Flush()
 	}
 	if len(rep.Partitions) > 0 {
-		fmt.Fprintln(w, "\npartition dimension (the same backlog, 3 workers, --session-timeout 6s; one run each; rate, CPU and RSS up to the SIGKILL of one worker a third of the way through;")
+		fmt.Fprintln(w, "\npartition dimension (the same backlog, 3 workers, --session-timeout 6s; one run per count and round; rate, CPU and RSS up to the SIGKILL of one worker a third of the way through;")
 		fmt.Fprintln(w, "  held: the partitions the killed worker held at the kill (its last claims); hand-off: the longest time from the kill to another worker's first commit on one of them that still had jobs, and to its claim):")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  PARTITIONS\tWORKERS\tJOBS/S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tPEAK RSS MB (per worker)\tCLAIMS/S AT START\tHELD\tHANDED OFF\tHAND-OFF MAX S\tCLAIMED MAX S")
+		// The round, when there is more than one.
+		round := func(p PartitionRun) string { return "" }
+		head := ""
+		if slices.ContainsFunc(rep.Partitions, func(p PartitionRun) bool { return p.Round > 0 }) {
+			round = func(p PartitionRun) string { return strconv.Itoa(p.Round+1) + "\t" }
+			head = "ROUND\t"
+		}
+		fmt.Fprintln(tw, "  "+head+"PARTITIONS\tWORKERS\tJOBS/S\tCPU S/1M JOBS\tPOSTGRES CPU S/1M\tPEAK RSS MB (per worker)\tCLAIMS/S AT START\tHELD\tHANDED OFF\tHAND-OFF MAX S\tCLAIMED MAX S")
 		for _, p := range rep.Partitions {
-			fmt.Fprintf(tw, "  %d\t%d\t%.0f\t%.2f\t%s\t%.0f\t%.0f\t%d\t%d\t%.1f\t%.1f\t%s\n", p.Partitions, p.Workers, p.JobsPerSec, p.CPUPerMJobs, dbs(p.DBCPUPerMJobs),
+			fmt.Fprintf(tw, "  %s%d\t%d\t%.0f\t%.2f\t%s\t%.0f\t%.0f\t%d\t%d\t%.1f\t%.1f\t%s\n", round(p), p.Partitions, p.Workers, p.JobsPerSec, p.CPUPerMJobs, dbs(p.DBCPUPerMJobs),
 				p.PeakRSSMB, p.ClaimsPerSec, p.Held, p.HandedOff, p.HandOffSeconds, p.HandOffClaimSeconds, p.Note)
 		}
 		_ = tw.Flush()
+	}
+	if len(rep.PartitionCounts) > 0 {
+		printDimension(w, rep)
 	}
 	fmt.Fprintln(w, "\ntargets (ratios: the ratio of the medians, spread: the lowest and highest per-repeat ratio; met only when the whole spread is on the right side, unclear when it straddles):")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -306,4 +416,40 @@ func printStages(w io.Writer, indent string, l map[string]Stat) {
 	}
 	fmt.Fprintf(w, "%s  the fence log's commit time (the end-to-end figure's) minus the worker's COMMIT returning: p50 %s ms, p99 %s ms\n", indent,
 		l["fencelog_vs_commit_p50"].cell(1), l["fencelog_vs_commit_p99"].cell(1))
+}
+
+// printDimension writes the partition dimension side by side: tenure's
+// workers and the at-least-once program's processes at every count, with
+// tenure's ratio to it.
+func printDimension(w io.Writer, rep *Report) {
+	rounds := 0
+	for _, c := range rep.PartitionCounts {
+		rounds = max(rounds, len(c.Tenure.Runs))
+	}
+	over := "one round"
+	if rounds > 1 {
+		over = fmt.Sprintf("median (min–max) of %d rounds", rounds)
+	}
+	fmt.Fprintf(w, "\npartition dimension side by side: tenure's 3 workers and the at-least-once program's 3 processes (one COPY per poll across partitions, no fencing) on the same backlog,\n"+
+		"  each up to a third of it (tenure's: the SIGKILL); %s; CPU: the processes' and Postgres's together; ratios: tenure's over the at-least-once program's, of the medians:\n", over)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  PARTITIONS\tTENURE JOBS/S\tAT-LEAST-ONCE JOBS/S\tRATE RATIO\tTENURE CPU S/1M\tAT-LEAST-ONCE CPU S/1M\tCPU RATIO\tTENURE PEAK RSS MB\tAT-LEAST-ONCE PEAK RSS MB\tHAND-OFF MAX S")
+	ratio := func(a, b Stat) string {
+		if a.N == 0 || b.N == 0 || b.Median == 0 {
+			return "-"
+		}
+		return strconv.FormatFloat(a.Median/b.Median, 'f', 2, 64)
+	}
+	cpu := func(r Row) Stat {
+		if r.TotalCPUPerMJobs != nil {
+			return *r.TotalCPUPerMJobs
+		}
+		return r.CPUPerMJobs
+	}
+	for _, c := range rep.PartitionCounts {
+		t, a := c.Tenure, c.AtLeastOnce
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Partitions, t.JobsPerSec.cell(0), a.JobsPerSec.cell(0), ratio(t.JobsPerSec, a.JobsPerSec),
+			cpu(t).cell(2), cpu(a).cell(2), ratio(cpu(t), cpu(a)), t.PeakRSSMB.cell(0), a.PeakRSSMB.cell(0), c.HandOffSeconds.cell(1))
+	}
+	_ = tw.Flush()
 }

@@ -19,8 +19,9 @@ type benchCmd struct {
 	dbURL, workerFlags, jsonOut                   string
 	jobs, partitions, valueBytes, keys, naiveJobs int
 	latencySeconds, latencyRate, scalingJobs      int
-	repeat                                        int
+	repeat, dimensionRepeat                       int
 	skipScaling, partitionsDimension, latencyOnly bool
+	dimensionOnly                                 bool
 	dimensionPartitions, latencyVariants          string
 }
 
@@ -41,6 +42,8 @@ func (c *benchCmd) define(f *flagSet) {
 	f.Int(&c.scalingJobs, "scaling-jobs", 500_000, "jobs of each scaling run (1, 2, 3 workers; 1, 12, 48 partitions)")
 	f.Bool(&c.skipScaling, "skip-scaling", false, "skip the scaling runs")
 	f.Bool(&c.partitionsDimension, "partitions-dimension", true, "run the partition dimension (part of the default run; --partitions-dimension=false skips it): the same backlog over each of --dimension-partitions with 3 workers, one SIGKILLed a third of the way through: rate, CPU per job, peak RSS per worker, claims per second at start-up, the hand-off time")
+	f.Int(&c.dimensionRepeat, "dimension-repeat", 1, "rounds of the partition dimension, each running tenure and the at-least-once program at every count; its targets are judged by the spread of the rounds", arg("N"))
+	f.Bool(&c.dimensionOnly, "dimension-only", false, "run only the partition dimension (no throughput rows, profile, latency or scaling runs; the backlog is still calibrated unless --jobs is given)")
 	f.String(&c.dimensionPartitions, "dimension-partitions", "12,120,1000", "the partition counts of the partition dimension, comma-separated", arg("P,P,..."))
 	f.String(&c.jsonOut, "json", "", "also write the report as JSON to this file", arg("FILE"))
 }
@@ -57,6 +60,12 @@ func (c *benchCmd) check([]string) error {
 	}
 	if _, err := c.dimension(); err != nil {
 		return err
+	}
+	if c.dimensionRepeat < 1 {
+		return usagef("--dimension-repeat must be at least 1")
+	}
+	if c.dimensionOnly && (c.latencyOnly || !c.partitionsDimension) {
+		return usagef("--dimension-only runs the partition dimension alone: it goes with neither --latency-only nor --partitions-dimension=false")
 	}
 	if _, err := bench.ParseLatencyVariants(c.latencyVariants); err != nil {
 		return usagef("--latency-variants: %v", err)
@@ -106,9 +115,9 @@ func (c *benchCmd) run(ctx context.Context) error {
 		Pool:      pool, DatabaseURL: c.dbURL,
 		Jobs: c.jobs, Partitions: c.partitions, ValueBytes: c.valueBytes, Keys: c.keys, NaiveJobs: c.naiveJobs,
 		LatencySeconds: c.latencySeconds, LatencyRate: c.latencyRate, ScalingJobs: c.scalingJobs, SkipScaling: c.skipScaling,
-		Repeat: c.repeat, DimensionPartitions: dim,
+		Repeat: c.repeat, DimensionPartitions: dim, DimensionRepeat: c.dimensionRepeat,
 		WorkerFlags: strings.Fields(c.workerFlags), JSONFile: c.jsonOut,
-		LatencyOnly: c.latencyOnly, LatencyVariants: variants,
+		LatencyOnly: c.latencyOnly, LatencyVariants: variants, DimensionOnly: c.dimensionOnly,
 		Getenv: c.getenv, Stdout: c.stdout, Progress: c.stderr,
 	})
 }
@@ -122,6 +131,7 @@ type benchChild struct {
 	kafka                              kafkaFlags
 	group, topic, dbURL, schema, table string
 	jobs, partitions, batchMax         int
+	perPoll                            bool
 	kind                               string
 }
 
@@ -135,6 +145,7 @@ func (c *benchChild) define(f *flagSet) {
 	f.Int(&c.jobs, "jobs", 0, "copy: rows to write; naive: stop after this many")
 	f.Int(&c.partitions, "partitions", 12, "copy: parallel writers (one per partition)", arg("P"))
 	f.Int(&c.batchMax, "batch-max", 0, "alo: rows per COPY, at most (0: each partition's part of a poll in one COPY)")
+	f.Bool(&c.perPoll, "per-poll", false, "alo: all of a poll, across its partitions, in one COPY")
 }
 
 func (c *benchChild) check(args []string) error {
@@ -143,19 +154,28 @@ func (c *benchChild) check(args []string) error {
 	}
 	switch c.kind = args[0]; c.kind {
 	case "alo", "naive", "copy":
+		if c.perPoll && (c.kind != "alo" || c.batchMax > 0) {
+			return usagef("--per-poll writes a whole poll in one COPY, for kind alo only: it takes no --batch-max")
+		}
 		return nil
 	}
 	return usagef("unknown kind %q: alo, naive or copy", c.kind)
 }
 
 func (c *benchChild) run(ctx context.Context) error {
-	pool, err := openDB(ctx, c.dbURL, poolSize{max: 32, min: 4})
+	size := poolSize{max: 32, min: 4}
+	if c.perPoll {
+		// One COPY at a time: the partition dimension runs three of these
+		// beside each other, on a server other work shares.
+		size = poolSize{max: 2, min: 1}
+	}
+	pool, err := openDB(ctx, c.dbURL, size)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	cfg := bench.ChildConfig{Kind: c.kind, Pool: pool, Schema: c.schema, Table: c.table, Brokers: c.kafka.list(),
-		Group: c.group, Topic: c.topic, Jobs: c.jobs, Partitions: c.partitions, BatchMax: c.batchMax}
+		Group: c.group, Topic: c.topic, Jobs: c.jobs, Partitions: c.partitions, BatchMax: c.batchMax, PerPoll: c.perPoll}
 	if c.kind != "copy" {
 		if cfg.KafkaOpts, err = c.kafka.kgoOpts(nil); err != nil {
 			return err

@@ -65,6 +65,11 @@ func TestFlagParseErrors(t *testing.T) {
 		{append([]string{"admin", "job", "--group", "g", "t/0/-1"}, db...), nil, `job "t/0/-1": the offset "-1" is not a whole number, 0 or more`},
 		{append([]string{"admin", "job", "--group", "g", "t/0"}, db...), nil, `job "t/0" is not TOPIC/PARTITION/OFFSET`},
 		{append([]string{"admin", "dlq", "show", "x"}, db...), nil, `dead letter ID "x" is not a positive integer`},
+		// The bench's modes that do not go together.
+		{[]string{"bench", "--dimension-only", "--latency-only"}, nil, `--dimension-only runs the partition dimension alone: it goes with neither --latency-only nor --partitions-dimension=false`},
+		{[]string{"bench", "--dimension-repeat", "0"}, nil, `--dimension-repeat must be at least 1`},
+		{[]string{"bench-child", "alo", "--per-poll", "--batch-max", "10"}, nil, `--per-poll writes a whole poll in one COPY, for kind alo only: it takes no --batch-max`},
+		{[]string{"bench-child", "naive", "--per-poll"}, nil, `--per-poll writes a whole poll in one COPY, for kind alo only: it takes no --batch-max`},
 	} {
 		code, stdout, stderr := runInEnv(t, c.vars, c.args...)
 		if stdout != "" {
