@@ -166,6 +166,14 @@ func (e *env) mustCommit(t testing.TB, req sink.CommitRequest) {
 	}
 }
 
+// claimAndCommit claims p for owner "a" with tk (from 0 on a new row) and commits
+// up to next: the row a worker leaves with every job below next done.
+func (e *env) claimAndCommit(t testing.TB, p sink.Partition, tk sink.Token, next int64) {
+	t.Helper()
+	from := e.mustClaim(t, p, tk, "a", 0)
+	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: from, To: next})
+}
+
 func (e *env) mustGet(t testing.TB, p sink.Partition) sink.Fence {
 	t.Helper()
 	f, err := e.store.Get(e.ctx, p)
