@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +25,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
+	"github.com/tenure-dev/tenure/internal/testinfra/tenurebin"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -34,20 +34,14 @@ import (
 var tenureBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "tenure-integration-")
+	bin, remove, err := tenurebin.Build()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	tenureBin = filepath.Join(dir, "tenure")
-	build := exec.Command("go", "build", "-o", tenureBin, "github.com/tenure-dev/tenure/cmd/tenure")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building tenure:", err)
-		os.Exit(1)
-	}
+	tenureBin = bin
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
