@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -274,4 +275,21 @@ func asFenced(t testing.TB, err error) *sink.FencedError {
 		t.Fatalf("error %v (%T) is not a *FencedError", err, err)
 	}
 	return fe
+}
+
+// atOnce runs f(0) to f(n-1) on goroutines of their own, released together
+// so that they race, and returns when all have returned.
+func atOnce(n int, f func(i int)) {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			f(i)
+		}()
+	}
+	close(start)
+	wg.Wait()
 }
