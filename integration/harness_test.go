@@ -33,17 +33,7 @@ import (
 // tenureBin is the `tenure` binary built once for the package.
 var tenureBin string
 
-func TestMain(m *testing.M) {
-	bin, remove, err := tenurebin.Build()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	tenureBin = bin
-	code := m.Run()
-	remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(tenurebin.Run(m, &tenureBin)) }
 
 // sessionTimeout is the group session timeout the tests run with: short, so
 // that a paused worker is evicted quickly.

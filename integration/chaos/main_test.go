@@ -177,13 +177,5 @@ func TestMain(m *testing.M) {
 	if testing.Short() {
 		os.Exit(m.Run()) // TestChaos skips itself: no binary needed
 	}
-	bin, remove, err := tenurebin.Build()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	tenureBin = bin
-	code := m.Run()
-	remove()
-	os.Exit(code)
+	os.Exit(tenurebin.Run(m, &tenureBin))
 }

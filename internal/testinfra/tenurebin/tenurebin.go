@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"testing"
 )
 
 // Build builds cmd/tenure into a new temporary folder. It returns the
@@ -25,4 +26,19 @@ func Build() (bin string, remove func(), err error) {
 		return "", nil, fmt.Errorf("building tenure: %v\n%s", err, out)
 	}
 	return bin, remove, nil
+}
+
+// Run is a TestMain's body for a package whose tests run the binary: it
+// builds it into *bin, runs the tests and removes the binary. It returns
+// the exit code for os.Exit: m.Run's, or 1 when the build failed (said on
+// stderr).
+func Run(m *testing.M, bin *string) int {
+	b, remove, err := Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer remove()
+	*bin = b
+	return m.Run()
 }
