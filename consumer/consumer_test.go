@@ -104,6 +104,18 @@ func (b *bundle) start(cfg consumer.Config) (stop func() error) {
 	return stop
 }
 
+// runUntilDone runs a worker with cfg until every record produced so far is
+// processed (within timeout, see waitDone) and stops it; a worker that does
+// not stop cleanly fails the test.
+func (b *bundle) runUntilDone(cfg consumer.Config, timeout time.Duration) {
+	b.t.Helper()
+	stop := b.start(cfg)
+	b.waitDone(timeout)
+	if err := stop(); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
 func (b *bundle) endOffsets() map[int32]int64 {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

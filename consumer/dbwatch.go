@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+
+	"github.com/tenure-dev/tenure/internal/tick"
 )
 
 // A worker whose database connections hang (a host that vanished, a
@@ -90,33 +92,30 @@ func (c *Consumer) probeDatabase(ctx context.Context) {
 		c.runProbes(ctx)
 	}()
 	defer func() { <-probed }()
-	t := time.NewTicker(probeEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		silent := time.Since(time.Unix(0, c.db.lastOK.Load()))
-		if c.cfg.DatabaseTimeout < 0 || silent < c.cfg.DatabaseTimeout || c.db.down.Load() {
-			continue
-		}
-		c.db.mu.Lock()
-		stepDown := c.db.stepDown
-		if stepDown != nil {
-			c.db.down.Store(true)
-			c.db.okRun.Store(0)
-			c.db.answered = make(chan struct{})
-		}
-		c.db.mu.Unlock()
-		if stepDown != nil {
-			c.stats.stepDowns.Add(1)
-			c.log.Error("the database has not answered for "+silent.Round(time.Second).String()+
-				": giving this worker's partitions up (leaving the group) until it answers again",
-				zap.Duration("database_timeout", c.cfg.DatabaseTimeout), zap.Bool("stepped_down", true))
-			stepDown()
-		}
+	tick.Every(ctx, probeEvery, c.judgeDatabase)
+}
+
+// judgeDatabase steps the worker down when the database has not answered
+// for DatabaseTimeout and it is not down already.
+func (c *Consumer) judgeDatabase() {
+	silent := time.Since(time.Unix(0, c.db.lastOK.Load()))
+	if c.cfg.DatabaseTimeout < 0 || silent < c.cfg.DatabaseTimeout || c.db.down.Load() {
+		return
+	}
+	c.db.mu.Lock()
+	stepDown := c.db.stepDown
+	if stepDown != nil {
+		c.db.down.Store(true)
+		c.db.okRun.Store(0)
+		c.db.answered = make(chan struct{})
+	}
+	c.db.mu.Unlock()
+	if stepDown != nil {
+		c.stats.stepDowns.Add(1)
+		c.log.Error("the database has not answered for "+silent.Round(time.Second).String()+
+			": giving this worker's partitions up (leaving the group) until it answers again",
+			zap.Duration("database_timeout", c.cfg.DatabaseTimeout), zap.Bool("stepped_down", true))
+		stepDown()
 	}
 }
 
@@ -130,21 +129,14 @@ func (c *Consumer) runProbes(ctx context.Context) {
 			cancel()
 		}
 	}()
-	t := time.NewTicker(probeEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	tick.Every(ctx, probeEvery, func() {
 		ok := c.probeOnce(ctx)
 		if ctx.Err() != nil {
-			return
+			return // the probe was cut short: no answer either way
 		}
 		if !ok {
 			c.db.okRun.Store(0)
-			continue
+			return
 		}
 		c.noteDatabase()
 		if n := c.db.okRun.Add(1); n >= rejoinAfter && c.db.down.Load() {
@@ -155,7 +147,7 @@ func (c *Consumer) runProbes(ctx context.Context) {
 			}
 			c.db.mu.Unlock()
 		}
-	}
+	})
 }
 
 // probeOnce reports whether the database answered one round trip: SELECT 1

@@ -32,21 +32,10 @@ func TestProbeCountsARefusalAsAnAnswer(t *testing.T) {
 // A host that never answers is silent, whatever the dial budget.
 func TestProbeOfASilentHostFails(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { _ = c.Close() })
-		}
-	}()
-	c := probeConsumer(t, "postgres://tenure@"+ln.Addr().String()+"/db?sslmode=disable&connect_timeout=1")
+	ended := make(chan struct{})
+	addr := serveLocal(t, func(conn net.Conn) { <-ended }) // says nothing until the test ends
+	t.Cleanup(func() { close(ended) })
+	c := probeConsumer(t, "postgres://tenure@"+addr+"/db?sslmode=disable&connect_timeout=1")
 	start := time.Now()
 	if c.probeOnce(context.Background()) {
 		t.Fatal("a host that never answered was counted as an answer")
@@ -100,6 +89,31 @@ func probeConsumer(t *testing.T, url string) *Consumer {
 // slots are taken does.
 func refusingServer(t *testing.T, code, msg string) string {
 	t.Helper()
+	return serveLocal(t, func(conn net.Conn) {
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		var n [4]byte
+		if _, err := io.ReadFull(conn, n[:]); err != nil {
+			return
+		}
+		if _, err := io.CopyN(io.Discard, conn, int64(binary.BigEndian.Uint32(n[:]))-4); err != nil {
+			return
+		}
+		var body []byte
+		for _, f := range [][2]string{{"S", "FATAL"}, {"V", "FATAL"}, {"C", code}, {"M", msg}} {
+			body = append(append(append(body, f[0][0]), f[1]...), 0)
+		}
+		body = append(body, 0)
+		out := append([]byte{'E', 0, 0, 0, 0}, body...)
+		binary.BigEndian.PutUint32(out[1:5], uint32(4+len(body)))
+		_, _ = conn.Write(out)
+	})
+}
+
+// serveLocal listens on a loopback port until the test ends and runs serve
+// on each connection, on a goroutine of its own, closing the connection
+// after it. It returns the address.
+func serveLocal(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -111,25 +125,10 @@ func refusingServer(t *testing.T, code, msg string) string {
 			if err != nil {
 				return
 			}
-			go func(conn net.Conn) {
+			go func() {
 				defer conn.Close()
-				_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-				var n [4]byte
-				if _, err := io.ReadFull(conn, n[:]); err != nil {
-					return
-				}
-				if _, err := io.CopyN(io.Discard, conn, int64(binary.BigEndian.Uint32(n[:]))-4); err != nil {
-					return
-				}
-				var body []byte
-				for _, f := range [][2]string{{"S", "FATAL"}, {"V", "FATAL"}, {"C", code}, {"M", msg}} {
-					body = append(append(append(body, f[0][0]), f[1]...), 0)
-				}
-				body = append(body, 0)
-				out := append([]byte{'E', 0, 0, 0, 0}, body...)
-				binary.BigEndian.PutUint32(out[1:5], uint32(4+len(body)))
-				_, _ = conn.Write(out)
-			}(conn)
+				serve(conn)
+			}()
 		}
 	}()
 	return ln.Addr().String()

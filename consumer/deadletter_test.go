@@ -156,11 +156,7 @@ func TestConnectionErrorsNeverDeadLetter(t *testing.T) {
 	})
 	cfg := b.config(h, zap.NewNop())
 	cfg.MaxAttempts = 2
-	stop := b.start(cfg)
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 60*time.Second)
 	dls, err := b.store.DeadLetters(context.Background(), sink.DeadLetterFilter{Group: b.group})
 	if err != nil {
 		t.Fatal(err)

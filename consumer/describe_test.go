@@ -11,11 +11,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/tenure-dev/tenure/internal/devbroker"
-	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -343,68 +340,17 @@ func TestDescribeMultiTopicGroup(t *testing.T) {
 }
 
 func testDescribeMultiTopicGroup(t *testing.T, proto Protocol) {
-	c, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: 3 * time.Second, ConsumerHeartbeat: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	pool := testdb.Pool(t)
-	schema := testdb.Schema(t, pool)
-	store, err := sink.NewStore(pool, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	parts := map[string]int32{"alpha": 2, "beta": 3}
-	for topic, n := range parts {
-		if _, err := kadm.NewClient(cl).CreateTopic(ctx, n, 1, nil, topic); err != nil {
-			t.Fatal(err)
-		}
-	}
-	group := "g-" + schema
+	w := newLiveWorld(t, parts)
 	noop := HandlerFunc(func(context.Context, Tx, *Batch) error { return nil })
 	for i := range 2 {
-		cons, err := New(Config{
-			Brokers: c.ListenAddrs(), Group: group, Topics: []string{"alpha", "beta"},
-			Store: store, Handler: noop, Protocol: proto, ClientID: fmt.Sprintf("w%d", i),
-			SessionTimeout: 3 * time.Second, RebalanceTimeout: 5 * time.Second,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rctx, stop := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- cons.Run(rctx) }()
-		t.Cleanup(func() {
-			stop()
-			select {
-			case <-done:
-			case <-time.After(60 * time.Second):
-				t.Error("consumer did not stop")
-			}
-		})
+		w.start(Config{Topics: []string{"alpha", "beta"}, Handler: noop, Protocol: proto, ClientID: fmt.Sprintf("w%d", i)})
 	}
-
-	var rows []Assignment
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		rows, err = Describe(ctx, cl, store, group, nil)
-		// Both members must own partitions: the first one to join holds
-		// everything for a moment.
-		if err == nil && allOK(rows, parts) && len(memberIDs(rows)) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no stable view of both topics, fully claimed by both members, within 60s: err %v, rows %+v", err, rows)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	// Both members must own partitions: the first one to join holds
+	// everything for a moment.
+	rows := w.waitRows(60*time.Second, "stable view of both topics, fully claimed by both members", func(rows []Assignment) bool {
+		return allOK(rows, parts) && len(memberIDs(rows)) == 2
+	})
 	for _, r := range rows {
 		if r.Epoch == nil && proto == NextGen {
 			t.Errorf("%s/%d: KIP-848 member epoch missing", r.Topic, r.Partition)
@@ -412,7 +358,7 @@ func testDescribeMultiTopicGroup(t *testing.T, proto Protocol) {
 	}
 
 	// Asking for one topic gives that topic only.
-	rows, err = Describe(ctx, cl, store, group, []string{"beta"})
+	rows, err := Describe(w.ctx, w.cl, w.store, w.group, []string{"beta"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,60 +430,13 @@ func TestWithHeartbeatEpochs(t *testing.T) {
 // it: Describe shows the generation the partitions were claimed at.
 func TestDescribeSingleMemberClassicGroupEpoch(t *testing.T) {
 	t.Parallel()
-	c, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: 3 * time.Second, ConsumerHeartbeat: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	pool := testdb.Pool(t)
-	schema := testdb.Schema(t, pool)
-	store, err := sink.NewStore(pool, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 2, 1, nil, "solo"); err != nil {
-		t.Fatal(err)
-	}
-	group := "g-" + schema
-	cons, err := New(Config{
-		Brokers: c.ListenAddrs(), Group: group, Topics: []string{"solo"}, Store: store, Protocol: Classic, ClientID: "solo",
-		Handler:        HandlerFunc(func(context.Context, Tx, *Batch) error { return nil }),
-		SessionTimeout: 3 * time.Second, RebalanceTimeout: 5 * time.Second,
+	solo := map[string]int32{"solo": 2}
+	w := newLiveWorld(t, solo)
+	w.start(Config{Topics: []string{"solo"}, Protocol: Classic, ClientID: "solo",
+		Handler: HandlerFunc(func(context.Context, Tx, *Batch) error { return nil })})
+	rows := w.waitRows(60*time.Second, "epoch for the single member", func(rows []Assignment) bool {
+		return allOK(rows, solo) && rows[0].Epoch != nil && rows[1].Epoch != nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cons.Run(rctx) }()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			t.Error("consumer did not stop")
-		}
-	})
-
-	var rows []Assignment
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		rows, err = Describe(ctx, cl, store, group, nil)
-		if err == nil && allOK(rows, map[string]int32{"solo": 2}) && rows[0].Epoch != nil && rows[1].Epoch != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no epoch for the single member within 60s (the partitions ok: %v): err %v, rows %+v", allOK(rows, map[string]int32{"solo": 2}), err, rows)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 	for _, r := range rows {
 		// One member, one generation: the one it claimed the partitions at.
 		if want := fmt.Sprintf("0.%d", *r.Epoch); r.FenceEpoch != want {

@@ -93,11 +93,7 @@ func TestHandlerErrorsAreTheJobsWhateverTheirType(t *testing.T) {
 	log, _ := dumpedLogger(t)
 	cfg := b.config(h, log)
 	cfg.MaxAttempts = 2
-	stop := b.start(cfg)
-	b.waitDone(30 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 30*time.Second)
 	dls := b.deadLetters()
 	for i, want := range map[int]int{3: 2, 9: 1, 14: 2} {
 		d, ok := dls[value(i)]
@@ -244,11 +240,7 @@ func TestHandlerSQLDataErrorsAreTheJobs(t *testing.T) {
 	})
 	cfg := b.config(h, zap.NewNop())
 	cfg.MaxAttempts = 2
-	stop := b.start(cfg)
-	b.waitDone(30 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 30*time.Second)
 	dls := b.deadLetters()
 	if d, ok := dls["n7"]; !ok || len(dls) != 1 || !strings.Contains(d.Error, "23505") {
 		t.Errorf("dead letters %v, want the duplicate n7 alone, for 23505", dls)

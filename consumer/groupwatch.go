@@ -11,6 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+
+	"github.com/tenure-dev/tenure/internal/tick"
 )
 
 // groupWatchEvery is how often each worker describes its own group (its
@@ -120,28 +122,21 @@ func (w *groupWatch) set(rows []Assignment, now time.Time) (log string, stuck in
 // stuckLogAfter when that list changes.
 func (c *Consumer) watchGroup(ctx context.Context, cl *kgo.Client) {
 	defer c.watch.set(nil, time.Now()) // out of the group: nothing to report
-	t := time.NewTicker(groupWatchEvery)
-	defer t.Stop()
 	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	tick.Every(ctx, groupWatchEvery, func() {
 		dctx, cancel := context.WithTimeout(ctx, groupWatchEvery)
 		rows, err := Describe(dctx, cl, c.cfg.Store, c.cfg.Group, c.cfg.Topics)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
-				return
+				return // the session ended: not a failure to report
 			}
 			c.watch.errors.Add(1)
 			if !failing {
 				failing = true
 				c.log.Warn("describing the group for its stuck partitions failed; the last answer stands until one succeeds", zap.Error(err))
 			}
-			continue
+			return
 		}
 		failing = false
 		switch said, n := c.watch.set(rows, time.Now()); said {
@@ -152,5 +147,5 @@ func (c *Consumer) watchGroup(ctx context.Context, cl *kgo.Client) {
 			c.log.Warn("partitions of the group have jobs waiting and make no progress (tenure admin assignments says why)",
 				zap.Int("partitions", n), zap.String("stuck", said))
 		}
-	}
+	})
 }

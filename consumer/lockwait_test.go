@@ -55,11 +55,7 @@ func TestLockWaitsAreNotTheJobsFault(t *testing.T) {
 	cfg.RetryBackoffMax = 5 * time.Second // a growing backoff would reach seconds within the 4s wait
 	cfg.MaxAttempts = 1
 	cfg.HandlerTimeout = 400 * time.Millisecond
-	stop := b.start(cfg)
-	b.waitDone(30 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 30*time.Second)
 	<-released
 	dls, err := b.store.DeadLetters(ctx, sink.DeadLetterFilter{Group: b.group})
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
+	"github.com/tenure-dev/tenure/internal/tick"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -70,19 +71,12 @@ func mirroredBy(metadata string) (logEpoch int64, ok bool) {
 
 // mirrorOffsets runs the mirror until ctx ends.
 func (c *Consumer) mirrorOffsets(ctx context.Context, cl *kgo.Client) {
-	t := time.NewTicker(mirrorEvery)
-	defer t.Stop()
 	inflight := make(chan struct{}, 1)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	tick.Every(ctx, mirrorEvery, func() {
 		select {
 		case inflight <- struct{}{}: // one mirror commit at a time
 		default:
-			continue
+			return
 		}
 		c.mu.Lock()
 		lanes := make([]*lane, 0, len(c.lanes))
@@ -91,7 +85,7 @@ func (c *Consumer) mirrorOffsets(ctx context.Context, cl *kgo.Client) {
 		}
 		c.mu.Unlock()
 		c.commitMirror(ctx, cl, lanes, func() { <-inflight }, false)
-	}
+	})
 }
 
 // commitMirror commits the acknowledged offsets of lanes that Kafka has not

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tenure-dev/tenure/internal/tick"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -30,16 +31,7 @@ var errRowMoved = errors.New("the partition's fencing row was changed by someone
 
 // watchRows runs the row watch until ctx ends.
 func (c *Consumer) watchRows(ctx context.Context) {
-	t := time.NewTicker(rowWatchEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		c.checkRows(ctx)
-	}
+	tick.Every(ctx, rowWatchEvery, func() { c.checkRows(ctx) })
 }
 
 // checkRows compares the fencing row of each running lane with what the

@@ -80,8 +80,17 @@ func (w *liveWorld) produce(topic string, p int32, values ...string) {
 // run starts a worker of the group on topics; it stops when the test ends.
 func (w *liveWorld) run(h Handler, topics ...string) *Consumer {
 	w.t.Helper()
-	cons, err := New(Config{Brokers: w.brokers, Group: w.group, Topics: topics, Store: w.store, Handler: h,
-		SessionTimeout: 3 * time.Second, RebalanceTimeout: 5 * time.Second, ClientID: "live"})
+	return w.start(Config{Topics: topics, Handler: h, ClientID: "live"})
+}
+
+// start starts a worker of the group with cfg (its topics, handler, and
+// what else the test sets), on the world's broker and store with short
+// session and rebalance timeouts; it stops when the test ends.
+func (w *liveWorld) start(cfg Config) *Consumer {
+	w.t.Helper()
+	cfg.Brokers, cfg.Group, cfg.Store = w.brokers, w.group, w.store
+	cfg.SessionTimeout, cfg.RebalanceTimeout = 3*time.Second, 5*time.Second
+	cons, err := New(cfg)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -113,6 +122,24 @@ func (w *liveWorld) describe(topics ...string) map[string]map[int32]Assignment {
 		out[r.Topic][r.Partition] = r
 	}
 	return out
+}
+
+// waitRows describes the group until cond holds of its rows, for up to
+// timeout; an error of Describe on the way is one more try (the group is
+// still forming), and the last one is reported if cond never holds.
+func (w *liveWorld) waitRows(timeout time.Duration, what string, cond func([]Assignment) bool) []Assignment {
+	w.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		rows, err := Describe(w.ctx, w.cl, w.store, w.group, nil)
+		if err == nil && cond(rows) {
+			return rows
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("no %s within %s: err %v, rows %+v", what, timeout, err, rows)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func (w *liveWorld) waitDescribe(timeout time.Duration, what string, cond func(map[string]map[int32]Assignment) bool, topics ...string) map[string]map[int32]Assignment {

@@ -309,11 +309,7 @@ func TestTracingRetriedThenDeadLettered(t *testing.T) {
 	h, _ := poisonHandler(t, b.schema)
 	cfg := tr.config(b, h, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
 	cfg.MaxAttempts = 2
-	stop := b.start(cfg)
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 60*time.Second)
 	s := spansOf(exp)
 	batches := s.named(consumer.SpanBatch)
 	if len(batches) != 2 {

@@ -24,7 +24,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -46,15 +45,19 @@ import (
 	psaapi "k8s.io/pod-security-admission/api"
 	psapolicy "k8s.io/pod-security-admission/policy"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/tenure-dev/tenure/internal/testinfra/tenurebin"
 )
 
-// tenureBin builds the binary once per test run.
+// tenureBin builds the binary for the test; it is removed when the test
+// ends.
 func tenureBin(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "tenure")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/tenure-dev/tenure/cmd/tenure").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	bin, remove, err := tenurebin.Build()
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(remove)
 	return bin
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/tenure-dev/tenure/internal/testinfra/mdtest"
 )
 
 // runHelp is `tenure <words> --help`, whatever it prints.
@@ -31,7 +33,7 @@ func deployDocs(t *testing.T) map[string]string {
 		docs[p] = string(b)
 	}
 	for _, sec := range []string{"Deploying", "Least privilege"} {
-		docs["../docs/operations.md#"+sec] = readmeSection(t, "../docs/operations.md", sec)
+		docs["../docs/operations.md#"+sec] = mdtest.Section(t, "../docs/operations.md", sec)
 	}
 	return docs
 }
@@ -84,8 +86,8 @@ func TestDeployDocsCiteWhatExists(t *testing.T) {
 	for where, text := range deployDocs(t) {
 		// Command lines, in code blocks and code spans.
 		var lines []string
-		for _, b := range append(codeBlocks(text, "```sh"), codeBlocks(text, "```")...) {
-			lines = append(lines, strings.Split(b, "\n")...)
+		for _, b := range append(mdtest.CodeBlocks(text, "```sh"), mdtest.CodeBlocks(text, "```")...) {
+			lines = append(lines, b...)
 		}
 		for _, m := range backquoted.FindAllStringSubmatch(text, -1) {
 			lines = append(lines, m[1])

@@ -18,54 +18,14 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/tenure-dev/tenure/internal/testinfra/mdtest"
 )
 
 // The first deploy is the command sequence in README.md ("First deploy on
 // Kubernetes"). The tests run it as written, with bash, a kubectl that
 // records what it is asked (no cluster runs here) and, for the rehearsal,
 // the real psql against a throwaway PostgreSQL.
-
-// readmeSection is the section of README.md under the level-2 heading
-// title, up to the next level-2 heading.
-func readmeSection(t *testing.T, path, title string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := string(b)
-	start := strings.Index(s, "\n## "+title+"\n")
-	if start < 0 {
-		t.Fatalf("%s has no section %q", path, title)
-	}
-	s = s[start+1:]
-	if end := strings.Index(s, "\n## "); end >= 0 {
-		s = s[:end]
-	}
-	return s
-}
-
-// codeBlocks are the fenced code blocks of s opened by exactly fence
-// ("```sh"), as text.
-func codeBlocks(s, fence string) []string {
-	var blocks []string
-	var cur []string
-	in, keep := false, false
-	for _, line := range strings.Split(s, "\n") {
-		switch {
-		case !in && strings.HasPrefix(line, "```"):
-			in, keep, cur = true, line == fence, nil
-		case in && line == "```":
-			in = false
-			if keep {
-				blocks = append(blocks, strings.Join(cur, "\n")+"\n")
-			}
-		case in:
-			cur = append(cur, line)
-		}
-	}
-	return blocks
-}
 
 // firstDeployDoc is the first deploy as README.md has it: the block that
 // sets the operator's values, and the block of commands.
@@ -76,10 +36,11 @@ type firstDeployDoc struct {
 
 func readFirstDeploy(t *testing.T) firstDeployDoc {
 	t.Helper()
-	sec := readmeSection(t, "README.md", "First deploy on Kubernetes")
+	sec := mdtest.Section(t, "README.md", "First deploy on Kubernetes")
 	var d firstDeployDoc
 	d.section = sec
-	for _, b := range codeBlocks(sec, "```sh") {
+	for _, lines := range mdtest.CodeBlocks(sec, "```sh") {
+		b := strings.Join(lines, "\n") + "\n"
 		switch {
 		case strings.HasPrefix(b, "IMAGE="):
 			d.settings = b

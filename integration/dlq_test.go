@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -32,27 +33,12 @@ type dlqRow struct {
 
 func deadLetterRows(t *testing.T, e *env) []dlqRow {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rows, err := e.pool.Query(ctx, `SELECT id, partition, job_offset, job_key, job_value, headers::text, error, attempts,
+	return queryRows(t, e, func(row pgx.CollectableRow) (r dlqRow, err error) {
+		err = row.Scan(&r.id, &r.partition, &r.offset, &r.key, &r.value, &r.headers, &r.err, &r.attempts, &r.token, &r.owner, &r.status)
+		return r, err
+	}, `SELECT id, partition, job_offset, job_key, job_value, headers::text, error, attempts,
 		incarnation || '.' || epoch, owner, status FROM "`+e.schema+`".dead_letters WHERE consumer_group = $1 AND topic = $2 ORDER BY id`,
 		e.group, e.topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []dlqRow
-	for rows.Next() {
-		var r dlqRow
-		if err := rows.Scan(&r.id, &r.partition, &r.offset, &r.key, &r.value, &r.headers, &r.err, &r.attempts, &r.token, &r.owner, &r.status); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // exportsAt counts the export writes of one job.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/testinfra/pgha"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
@@ -107,26 +109,11 @@ type fenceCommit struct {
 
 func loadFenceCommits(t *testing.T, e *env) []fenceCommit {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	rows, err := e.pool.Query(ctx, `SELECT topic, partition, from_offset, to_offset, claim_id, incarnation || '.' || epoch, at FROM "`+e.schema+`".fence_log
+	return queryRows(t, e, func(row pgx.CollectableRow) (c fenceCommit, err error) {
+		err = row.Scan(&c.topic, &c.partition, &c.from, &c.to, &c.claimID, &c.token, &c.at)
+		return c, err
+	}, `SELECT topic, partition, from_offset, to_offset, claim_id, incarnation || '.' || epoch, at FROM "`+e.schema+`".fence_log
 		WHERE consumer_group = $1 AND kind = 'commit' ORDER BY id`, e.group)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []fenceCommit
-	for rows.Next() {
-		var c fenceCommit
-		if err := rows.Scan(&c.topic, &c.partition, &c.from, &c.to, &c.claimID, &c.token, &c.at); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // missingCommits is the acknowledged commits the database does not have: no

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 )
@@ -194,22 +196,7 @@ func memberOf(t *testing.T, w *worker) string {
 // ownedBy lists the partitions whose fencing row names member as owner.
 func (e *env) ownedBy(t *testing.T, member string) []int32 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rows, err := e.pool.Query(ctx, `SELECT partition FROM "`+e.schema+`".fences WHERE consumer_group = $1 AND owner = $2 ORDER BY partition`, e.group, member)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []int32
-	for rows.Next() {
-		var p int32
-		if err := rows.Scan(&p); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, p)
-	}
-	return out
+	return queryRows(t, e, pgx.RowTo[int32], `SELECT partition FROM "`+e.schema+`".fences WHERE consumer_group = $1 AND owner = $2 ORDER BY partition`, e.group, member)
 }
 
 // firstCommitByOthers is the time of the first commit of partition p after

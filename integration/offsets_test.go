@@ -73,23 +73,7 @@ func resetJSON(t *testing.T, e *env, args ...string) resetOutput {
 // many times each job ran.
 func ledgerCounts(t *testing.T, e *env, p int32) map[int64]int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rows, err := e.pool.Query(ctx, `SELECT job_offset, count(*) FROM "`+e.schema+`".ledger WHERE topic = $1 AND partition = $2 GROUP BY job_offset`, e.topic, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[int64]int{}
-	for rows.Next() {
-		var o int64
-		var n int
-		if err := rows.Scan(&o, &n); err != nil {
-			t.Fatal(err)
-		}
-		out[o] = n
-	}
-	return out
+	return queryMap[int64, int](t, e, `SELECT job_offset, count(*) FROM "`+e.schema+`".ledger WHERE topic = $1 AND partition = $2 GROUP BY job_offset`, e.topic, p)
 }
 
 // expectRuns applies what a printed reset says to the number of runs each

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -279,19 +280,6 @@ func topicCommitsSince(t *testing.T, e *env, id int64) int {
 
 func fenceLogSince(t *testing.T, e *env, id int64) []string {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT kind || ' ' || partition || ' [' || from_offset || ',' || to_offset || ') by ' || owner
+	return queryRows(t, e, pgx.RowTo[string], `SELECT kind || ' ' || partition || ' [' || from_offset || ',' || to_offset || ') by ' || owner
 		FROM "`+e.schema+`".fence_log WHERE id > $1 ORDER BY id`, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s)
-	}
-	return out
 }

@@ -157,6 +157,18 @@ var (
 	abandoned      = map[string]any{"msg": "batch abandoned: lane stopped"}
 )
 
+// resumeLost thaws w, frozen with a batch in flight while another worker
+// took its partition, waits until that batch ends (rejected, abandoned, or
+// one of also) and fails t if it committed instead.
+func (w *worker) resumeLost(t *testing.T, also ...map[string]any) {
+	t.Helper()
+	w.resume()
+	w.waitLogAny(30*time.Second, append([]map[string]any{rejected, batchCommitted, abandoned}, also...)...)
+	if w.findLog(batchCommitted) != nil {
+		t.Errorf("%s's batch committed after it lost the partition", w.name)
+	}
+}
+
 func committedLogCount(t *testing.T, e *env) int {
 	t.Helper()
 	var n int
@@ -206,15 +218,11 @@ func TestPausedMidTransaction(t *testing.T) {
 	b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	waitCommitted(t, e, 0, e.highWatermark(0), "B")
 
-	a.resume()
 	// Postgres has already ended A's session, so A's commit statement fails
 	// on a dead connection (nothing was sent to COMMIT: the outcome is
 	// certain) and the batch is retried or abandoned as A learns it lost
 	// the partition; a retry meets the fence.
-	a.waitLogAny(30*time.Second, rejected, batchCommitted, abandoned)
-	if a.findLog(batchCommitted) != nil {
-		t.Errorf("A's batch committed after it lost the partition")
-	}
+	a.resumeLost(t)
 	b.stop(30 * time.Second)
 	a.stop(30 * time.Second)
 	h := checkRun(t, e, expect{partitions: []int32{0}})

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/testinfra/mdtest"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
@@ -28,42 +29,7 @@ type tourStep struct {
 // title, up to the next level-2 heading.
 func readmeSection(t *testing.T, title string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := string(b)
-	start := strings.Index(s, "\n## "+title+"\n")
-	if start < 0 {
-		t.Fatalf("README.md has no section %q", title)
-	}
-	s = s[start+1:]
-	if end := strings.Index(s, "\n## "); end >= 0 {
-		s = s[:end]
-	}
-	return s
-}
-
-// codeBlocks returns the lines of each fenced code block of s whose
-// opening fence is exactly fence (e.g. "```sh").
-func codeBlocks(s, fence string) [][]string {
-	var blocks [][]string
-	var cur []string
-	in, keep := false, false
-	for _, line := range strings.Split(s, "\n") {
-		switch {
-		case !in && strings.HasPrefix(line, "```"):
-			in, keep, cur = true, line == fence, nil
-		case in && line == "```":
-			in = false
-			if keep {
-				blocks = append(blocks, cur)
-			}
-		case in:
-			cur = append(cur, line)
-		}
-	}
-	return blocks
+	return mdtest.Section(t, filepath.Join("..", "README.md"), title)
 }
 
 // readmeTour reads the commands of README.md's tour, in order.
@@ -280,7 +246,7 @@ func runTourStep(t *testing.T, i int, st tourStep, cmd, dir string, env []string
 func TestREADMETwoCommands(t *testing.T) {
 	t.Parallel()
 	sec := readmeSection(t, "Two commands")
-	blocks := codeBlocks(sec, "```sh")
+	blocks := mdtest.CodeBlocks(sec, "```sh")
 	if len(blocks) != 2 {
 		t.Fatalf("README's \"Two commands\" shows %d sh blocks, want 2: run it, run the tests", len(blocks))
 	}
@@ -323,7 +289,7 @@ func TestREADMETwoCommands(t *testing.T) {
 // shows under "Two commands" ("..." marks lines left out).
 func readmeDemoExcerpt(t *testing.T) []string {
 	t.Helper()
-	blocks := codeBlocks(readmeSection(t, "Two commands"), "```")
+	blocks := mdtest.CodeBlocks(readmeSection(t, "Two commands"), "```")
 	if len(blocks) != 1 {
 		t.Fatalf("README's \"Two commands\" shows %d plain blocks, want 1: the demo's output", len(blocks))
 	}

@@ -99,26 +99,7 @@ func TestShortFaultsMoveNothing(t *testing.T) {
 // claim ids.
 func (e *env) claimsOf(t *testing.T, member string) map[int32]int64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rows, err := e.pool.Query(ctx, `SELECT partition, claim_id FROM "`+e.schema+`".fences WHERE consumer_group = $1 AND owner = $2`, e.group, member)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[int32]int64{}
-	for rows.Next() {
-		var p int32
-		var c int64
-		if err := rows.Scan(&p, &c); err != nil {
-			t.Fatal(err)
-		}
-		out[p] = c
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return queryMap[int32, int64](t, e, `SELECT partition, claim_id FROM "`+e.schema+`".fences WHERE consumer_group = $1 AND owner = $2`, e.group, member)
 }
 
 // firstCommitAfter is the time and claim id of the first commit of

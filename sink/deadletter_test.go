@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -77,16 +79,8 @@ func (e *env) actions(t testing.TB, id int64) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -471,44 +465,35 @@ func TestReplayConcurrent(t *testing.T) {
 	d2 := e.park(t, deadLetter("g", "jobs", 0, 1))
 	var produced atomic.Int32
 	const n = 8
-	var wg sync.WaitGroup
 	var succeeded atomic.Int32
-	start := make(chan struct{})
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			_, err := e.store.Replay(e.ctx, d2.ID, "many", func(context.Context, sink.DeadLetter) (string, int32, int64, error) {
-				produced.Add(1)
-				return "jobs", 0, 51, nil
-			})
-			if err == nil {
-				succeeded.Add(1)
-			} else if !strings.Contains(err.Error(), "already replayed") {
-				t.Errorf("replay: %v", err)
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
+	atOnce(n, func(int) {
+		_, err := e.store.Replay(e.ctx, d2.ID, "many", func(context.Context, sink.DeadLetter) (string, int32, int64, error) {
+			produced.Add(1)
+			return "jobs", 0, 51, nil
+		})
+		if err == nil {
+			succeeded.Add(1)
+		} else if !strings.Contains(err.Error(), "already replayed") {
+			t.Errorf("replay: %v", err)
+		}
+	})
 	if produced.Load() != 1 || succeeded.Load() != 1 || len(e.actions(t, d2.ID)) != 1 {
 		t.Fatalf("%d concurrent replays produced %d times, %d succeeded, actions %v", n, produced.Load(), succeeded.Load(), e.actions(t, d2.ID))
 	}
 
 	// A replay racing a discard: one wins, the other is refused.
 	d3 := e.park(t, deadLetter("g", "jobs", 0, 2))
-	var wg2 sync.WaitGroup
+	var wg sync.WaitGroup
 	var replayErr, discardErr error
-	wg2.Add(2)
+	wg.Add(2)
 	go func() {
-		defer wg2.Done()
+		defer wg.Done()
 		_, replayErr = e.store.Replay(e.ctx, d3.ID, "r", func(context.Context, sink.DeadLetter) (string, int32, int64, error) {
 			return "jobs", 0, 52, nil
 		})
 	}()
-	go func() { defer wg2.Done(); discardErr = e.store.Discard(e.ctx, d3.ID, "d") }()
-	wg2.Wait()
+	go func() { defer wg.Done(); discardErr = e.store.Discard(e.ctx, d3.ID, "d") }()
+	wg.Wait()
 	if (replayErr == nil) == (discardErr == nil) {
 		t.Fatalf("replay %v, discard %v: exactly one must win", replayErr, discardErr)
 	}

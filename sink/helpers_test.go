@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -166,6 +167,14 @@ func (e *env) mustCommit(t testing.TB, req sink.CommitRequest) {
 	}
 }
 
+// claimAndCommit claims p for owner "a" with tk (from 0 on a new row) and commits
+// up to next: the row a worker leaves with every job below next done.
+func (e *env) claimAndCommit(t testing.TB, p sink.Partition, tk sink.Token, next int64) {
+	t.Helper()
+	from := e.mustClaim(t, p, tk, "a", 0)
+	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: from, To: next})
+}
+
 func (e *env) mustGet(t testing.TB, p sink.Partition) sink.Fence {
 	t.Helper()
 	f, err := e.store.Get(e.ctx, p)
@@ -266,4 +275,21 @@ func asFenced(t testing.TB, err error) *sink.FencedError {
 		t.Fatalf("error %v (%T) is not a *FencedError", err, err)
 	}
 	return fe
+}
+
+// atOnce runs f(0) to f(n-1) on goroutines of their own, released together
+// so that they race, and returns when all have returned.
+func atOnce(n int, f func(i int)) {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			f(i)
+		}()
+	}
+	close(start)
+	wg.Wait()
 }

@@ -2,6 +2,7 @@ package sink_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -18,12 +19,8 @@ func TestAcknowledgeAheadOfLogAfterTheLogGrewAgain(t *testing.T) {
 	e := setup(t)
 	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
 	tk := sink.Token{Epoch: 1}
-	from := e.mustClaim(t, p, tk, "a", 0)
-	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: from, To: 38})
-	if err := e.store.HoldPartition(e.ctx, sink.Hold{Partition: p, Kind: sink.HoldAheadOfLog, Reason: "the stored next offset 38 is above the log's end 36",
-		NextOffset: 38, LogStart: 0, HighWatermark: 36, From: -1, To: -1, Owner: "a", Token: tk}); err != nil {
-		t.Fatal(err)
-	}
+	e.claimAndCommit(t, p, tk, 38)
+	e.mustHold(t, aheadOfLog(p, tk, 38, 36))
 	h, err := e.store.AcknowledgeHold(e.ctx, p, "ops", 0, 60, [16]byte{})
 	if err != nil {
 		t.Fatal(err)
@@ -37,12 +34,8 @@ func TestAcknowledgeAheadOfLogAfterTheLogGrewAgain(t *testing.T) {
 
 	// A log that is shorter still when acknowledged: down to its end now.
 	p.Partition = 1
-	from = e.mustClaim(t, p, tk, "a", 0)
-	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: from, To: 38})
-	if err := e.store.HoldPartition(e.ctx, sink.Hold{Partition: p, Kind: sink.HoldAheadOfLog, Reason: "ahead",
-		NextOffset: 38, LogStart: 0, HighWatermark: 36, From: -1, To: -1, Owner: "a", Token: tk}); err != nil {
-		t.Fatal(err)
-	}
+	e.claimAndCommit(t, p, tk, 38)
+	e.mustHold(t, aheadOfLog(p, tk, 38, 36))
 	if _, err := e.store.AcknowledgeHold(e.ctx, p, "ops", 0, 30, [16]byte{}); err != nil {
 		t.Fatal(err)
 	}
@@ -60,17 +53,14 @@ func TestHoldsOfDifferentKindsStayOpenTogether(t *testing.T) {
 	e := setup(t)
 	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
 	tk := sink.Token{Epoch: 1}
-	from := e.mustClaim(t, p, tk, "a", 0)
-	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: from, To: 10})
+	e.claimAndCommit(t, p, tk, 10)
 	bug := sink.Hold{Partition: p, Kind: sink.HoldHandlerBug, Reason: "the handler committed", NextOffset: 10, LogStart: -1, HighWatermark: -1,
 		From: 10, To: 12, FirstJob: "t/0/10", LastJob: "t/0/11", Owner: "a", Token: tk, AckedOffset: -1}
 	trunc := sink.Hold{Partition: p, Kind: sink.HoldLogTruncated, Reason: "the log starts at 15", NextOffset: 10, LogStart: 15, HighWatermark: 20,
 		From: -1, To: -1, Owner: "a", Token: tk, AckedOffset: -1}
 	stall := sink.Hold{Partition: p, Kind: sink.HoldStalled, Reason: "recovering", NextOffset: 10, LogStart: -1, HighWatermark: -1, From: -1, To: -1, Owner: "a", AckedOffset: -1}
 	for _, h := range []sink.Hold{bug, trunc, trunc, stall} { // the same finding twice replaces itself; a stall never hides a hold
-		if err := e.store.HoldPartition(e.ctx, h); err != nil {
-			t.Fatal(err)
-		}
+		e.mustHold(t, h)
 	}
 	open, err := e.store.OpenHolds(e.ctx, "g")
 	if err != nil {
@@ -114,16 +104,12 @@ func TestAcknowledgementStartsANewLogEpoch(t *testing.T) {
 	e := setup(t)
 	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
 	tk := sink.Token{Epoch: 1}
-	from := e.mustClaim(t, p, tk, "a", 0)
-	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: from, To: 40})
+	e.claimAndCommit(t, p, tk, 40)
 	if e.mustGet(t, p).LogEpoch != 0 {
 		t.Fatal("a new row is not at log epoch 0")
 	}
 	// The log lost offsets 36 to 39 and reuses them.
-	if err := e.store.HoldPartition(e.ctx, sink.Hold{Partition: p, Kind: sink.HoldAheadOfLog, Reason: "ahead", NextOffset: 40, LogStart: 0,
-		HighWatermark: 36, From: -1, To: -1, Owner: "a", Token: tk, AckedOffset: -1}); err != nil {
-		t.Fatal(err)
-	}
+	e.mustHold(t, aheadOfLog(p, tk, 40, 36))
 	if _, err := e.store.AcknowledgeHold(e.ctx, p, "ops", 0, 36, [16]byte{}); err != nil {
 		t.Fatal(err)
 	}
@@ -145,14 +131,26 @@ func TestAcknowledgementStartsANewLogEpoch(t *testing.T) {
 	}
 	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: 36, To: 38, LogEpoch: 1})
 	// A handler bug's acknowledgement moves nothing and keeps the epoch.
-	if err := e.store.HoldPartition(e.ctx, sink.Hold{Partition: p, Kind: sink.HoldHandlerBug, Reason: "bug", NextOffset: 38, LogStart: -1,
-		HighWatermark: -1, From: 38, To: 39, Owner: "a", Token: tk, AckedOffset: -1}); err != nil {
-		t.Fatal(err)
-	}
+	e.mustHold(t, sink.Hold{Partition: p, Kind: sink.HoldHandlerBug, Reason: "bug", NextOffset: 38, LogStart: -1,
+		HighWatermark: -1, From: 38, To: 39, Owner: "a", Token: tk, AckedOffset: -1})
 	if _, err := e.store.AcknowledgeHold(e.ctx, p, "ops", 0, 60, [16]byte{}); err != nil {
 		t.Fatal(err)
 	}
 	if f := e.mustGet(t, p); f.LogEpoch != 1 || f.NextOffset != 38 {
 		t.Errorf("after a handler bug's acknowledgement: %+v", f)
+	}
+}
+
+// aheadOfLog is the hold a worker records when p's stored next offset is
+// above hw, the end of its log.
+func aheadOfLog(p sink.Partition, tk sink.Token, next, hw int64) sink.Hold {
+	return sink.Hold{Partition: p, Kind: sink.HoldAheadOfLog, Reason: fmt.Sprintf("the stored next offset %d is above the log's end %d", next, hw),
+		NextOffset: next, LogStart: 0, HighWatermark: hw, From: -1, To: -1, Owner: "a", Token: tk, AckedOffset: -1}
+}
+
+func (e *env) mustHold(t testing.TB, h sink.Hold) {
+	t.Helper()
+	if err := e.store.HoldPartition(e.ctx, h); err != nil {
+		t.Fatalf("hold %+v: %v", h, err)
 	}
 }

@@ -3,7 +3,6 @@ package sink_test
 import (
 	"errors"
 	"math"
-	"sync"
 	"testing"
 
 	"github.com/tenure-dev/tenure/internal/fence"
@@ -90,21 +89,12 @@ func TestBumpIncarnationConcurrent(t *testing.T) {
 	e := setup(t)
 	const n = 12
 	for from := int64(0); from < 3; from++ {
-		var wg sync.WaitGroup
 		nows := make([]int64, n)
 		moved := make([]bool, n)
 		errs := make([]error, n)
-		start := make(chan struct{})
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				nows[i], moved[i], errs[i] = e.store.BumpIncarnation(e.ctx, "g", from, "member", "race")
-			}()
-		}
-		close(start)
-		wg.Wait()
+		atOnce(n, func(i int) {
+			nows[i], moved[i], errs[i] = e.store.BumpIncarnation(e.ctx, "g", from, "member", "race")
+		})
 		winners := 0
 		for i := range n {
 			if errs[i] != nil {
@@ -199,18 +189,12 @@ func TestRegisterHighEpoch(t *testing.T) {
 	}
 
 	// Concurrent registrations end at the highest, each seeing at least its own.
-	var wg sync.WaitGroup
-	for i := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := e.store.Register(e.ctx, "race", int32(10+i), "m")
-			if err != nil || r.HighEpoch < int32(10+i) {
-				t.Errorf("Register(%d) = %+v, %v", 10+i, r, err)
-			}
-		}()
-	}
-	wg.Wait()
+	atOnce(16, func(i int) {
+		r, err := e.store.Register(e.ctx, "race", int32(10+i), "m")
+		if err != nil || r.HighEpoch < int32(10+i) {
+			t.Errorf("Register(%d) = %+v, %v", 10+i, r, err)
+		}
+	})
 	if r := func() fence.Registration { r, _ := e.store.Register(e.ctx, "race", 0, "m"); return r }(); r.HighEpoch != 25 {
 		t.Fatalf("high epoch after concurrent registrations = %d, want 25", r.HighEpoch)
 	}

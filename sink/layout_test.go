@@ -3,7 +3,6 @@ package sink_test
 import (
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -126,19 +125,8 @@ func TestCheckLayoutConcurrentFirstSight(t *testing.T) {
 	const n = 8
 	for round := range 20 {
 		topic := "t" + string(rune('a'+round))
-		var wg sync.WaitGroup
 		errs := make([]error, n)
-		start := make(chan struct{})
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				errs[i] = e.store.CheckLayout(e.ctx, "g", topic, 3)
-			}()
-		}
-		close(start)
-		wg.Wait()
+		atOnce(n, func(i int) { errs[i] = e.store.CheckLayout(e.ctx, "g", topic, 3) })
 		for i, err := range errs {
 			if err != nil {
 				t.Fatalf("round %d, caller %d: %v", round, i, err)

@@ -24,18 +24,7 @@ func TestSetNetworkTimeouts(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("TCP_USER_TIMEOUT is Linux's")
 	}
-	cfg, err := pgx.ParseConfig(testdb.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink.SetNetworkTimeouts(&cfg.Config)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectWithTimeouts(t, testdb.URL())
 	tcp, ok := conn.PgConn().Conn().(*net.TCPConn)
 	if !ok {
 		t.Skipf("the test database is not reached over TCP (%T)", conn.PgConn().Conn())
@@ -83,18 +72,9 @@ func TestSetNetworkTimeoutsOnTheServer(t *testing.T) {
 				}
 				url += sep + c.param
 			}
-			cfg, err := pgx.ParseConfig(url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sink.SetNetworkTimeouts(&cfg.Config)
+			conn := connectWithTimeouts(t, url)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			conn, err := pgx.ConnectConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(ctx)
 			if _, ok := conn.PgConn().Conn().(*net.TCPConn); !ok {
 				t.Skipf("the test database is not reached over TCP (%T): the server ignores these", conn.PgConn().Conn())
 			}
@@ -120,4 +100,27 @@ func TestSetNetworkTimeoutsOnTheServer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// connectWithTimeouts connects to url as SetNetworkTimeouts configures a
+// connection; it is closed when the test ends.
+func connectWithTimeouts(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink.SetNetworkTimeouts(&cfg.Config)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	})
+	return conn
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -49,16 +51,7 @@ func TestCommitBatch(t *testing.T) {
 			if _, err := e.pool.Exec(e.ctx, `CREATE TABLE `+e.q()+`.effects_cb (x int)`); err != nil {
 				t.Fatal(err)
 			}
-			conn, err := e.pool.Acquire(e.ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Release()
-			tx, err := conn.Begin(e.ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
+			tx := e.begin(t, pgx.TxOptions{})
 			if _, err := tx.Exec(e.ctx, `SET LOCAL tenure.tx = 'm1'; INSERT INTO `+e.q()+`.effects_cb VALUES (1)`); err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +60,7 @@ func TestCommitBatch(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			err = e.store.CommitBatch(e.ctx, tx, sink.CommitRequest{Partition: part, Token: tok(0, 7), Owner: "a", From: 0, To: 5}, "m1")
+			err := e.store.CommitBatch(e.ctx, tx, sink.CommitRequest{Partition: part, Token: tok(0, 7), Owner: "a", From: 0, To: 5}, "m1")
 			if err != nil {
 				_ = tx.Rollback(context.Background())
 			}
@@ -103,16 +96,7 @@ func TestResolveSessionEndsAnIdleTransaction(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.mustClaim(t, part, tok(0, 7), "a", 0)
-	conn, err := e.pool.Acquire(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	tx, err := conn.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }() // released on every path: a failure must not hang the pool's Close
+	tx := e.begin(t, pgx.TxOptions{})
 	app := fence.ApplicationName(42)
 	if _, err := tx.Exec(e.ctx, `SET LOCAL application_name = '`+app+`'`); err != nil {
 		t.Fatal(err)
@@ -123,7 +107,7 @@ func TestResolveSessionEndsAnIdleTransaction(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
 	defer cancel()
-	out, err := e.store.ResolveSession(ctx, req, fence.Session{PID: conn.Conn().PgConn().PID(), AppName: app})
+	out, err := e.store.ResolveSession(ctx, req, fence.Session{PID: tx.Conn().PgConn().PID(), AppName: app})
 	if out != fence.NotCommitted || err != nil {
 		t.Fatalf("ResolveSession = %v, %v; want not committed", out, err)
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
+	"github.com/tenure-dev/tenure/internal/tick"
 )
 
 const (
@@ -512,16 +513,7 @@ func (w *world) fences(ctx context.Context) (map[int32]int64, error) {
 // every partition is past the fault's markers.
 func (w *world) track(ctx context.Context) {
 	defer close(w.trackerDone)
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		w.trackOnce(ctx)
-	}
+	tick.Every(ctx, 100*time.Millisecond, func() { w.trackOnce(ctx) })
 }
 
 func (w *world) trackOnce(ctx context.Context) {

@@ -31,6 +31,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/tenure-dev/tenure/internal/history"
+	"github.com/tenure-dev/tenure/internal/tick"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -395,16 +396,7 @@ func (w *world) startOperator() {
 	w.t.Cleanup(w.stopOperator)
 	go func() {
 		defer close(w.trunc.done)
-		t := time.NewTicker(250 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			w.operate(ctx, false)
-		}
+		tick.Every(ctx, 250*time.Millisecond, func() { w.operate(ctx, false) })
 	}()
 }
 

@@ -80,6 +80,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/tick"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -358,16 +359,7 @@ func (w *world) startLiveness() {
 	w.t.Cleanup(w.stopLiveness)
 	go func() {
 		defer close(w.live.stopped)
-		t := time.NewTicker(liveSampleEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			w.sampleLiveness(ctx)
-		}
+		tick.Every(ctx, liveSampleEvery, func() { w.sampleLiveness(ctx) })
 	}()
 }
 

@@ -4,13 +4,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tenure-dev/tenure/internal/testinfra/tenurebin"
 )
 
 var (
@@ -177,20 +177,5 @@ func TestMain(m *testing.M) {
 	if testing.Short() {
 		os.Exit(m.Run()) // TestChaos skips itself: no binary needed
 	}
-	dir, err := os.MkdirTemp("", "tenure-chaos-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	tenureBin = filepath.Join(dir, "tenure")
-	build := exec.Command("go", "build", "-o", tenureBin, "github.com/tenure-dev/tenure/cmd/tenure")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building tenure:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(tenurebin.Run(m, &tenureBin))
 }

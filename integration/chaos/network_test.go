@@ -70,6 +70,7 @@ import (
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
+	"github.com/tenure-dev/tenure/internal/tick"
 )
 
 // Network fault kinds.
@@ -974,16 +975,10 @@ func (w *world) countSessions(ctx context.Context) (all, idleTx int, err error) 
 // sampleSessions runs until ctx ends.
 func (w *world) sampleSessions(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	tick.Every(ctx, time.Second, func() {
 		n, idle, err := w.countSessions(ctx)
 		w.mu.Lock()
+		defer w.mu.Unlock()
 		procs := 0
 		for _, p := range w.all {
 			if !p.exited() {
@@ -996,8 +991,7 @@ func (w *world) sampleSessions(ctx context.Context, done chan<- struct{}) {
 			w.sess.maxIdleTx = max(w.sess.maxIdleTx, idle)
 			w.sess.last = n
 		}
-		w.mu.Unlock()
-	}
+	})
 }
 
 // What became of a partition after a cut: handed off at the first commit of

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -43,15 +44,11 @@ func (c *addPartitions) check([]string) error {
 }
 
 func (c *addPartitions) run(ctx context.Context) error {
-	cl, err := c.client()
+	cl, was, err := c.partitionCount(c.topic)
 	if err != nil {
 		return err
 	}
-	counts, err := checkTopics(c.ctx, cl, c.brokers(), []string{c.topic})
-	if err != nil {
-		return err
-	}
-	was, want := counts[c.topic], c.partitions
+	want := c.partitions
 	switch {
 	case want == was:
 		fmt.Fprintf(c.stdout, "topic %s already has %s; nothing changed\n", c.topic, plural(int(was), "partition"))
@@ -109,15 +106,10 @@ func (c *acknowledgePartitions) check([]string) error {
 }
 
 func (c *acknowledgePartitions) run(ctx context.Context) error {
-	cl, err := c.client()
+	_, count, err := c.partitionCount(c.topic)
 	if err != nil {
 		return err
 	}
-	counts, err := checkTopics(c.ctx, cl, c.brokers(), []string{c.topic})
-	if err != nil {
-		return err
-	}
-	count := counts[c.topic]
 	if c.partitions != 0 && c.partitions != count {
 		return fmt.Errorf("topic %q has %s in Kafka, not %d as --partitions says; nothing was changed", c.topic, plural(int(count), "partition"), c.partitions)
 	}
@@ -171,4 +163,18 @@ func recordedCount(ctx context.Context, store *sink.Store, group, topic string) 
 		}
 	}
 	return 0, nil
+}
+
+// partitionCount connects to Kafka and reads topic's partition count, or
+// says in one sentence why it cannot (unreachable brokers, no such topic).
+func (a *admin) partitionCount(topic string) (*kgo.Client, int32, error) {
+	cl, err := a.client()
+	if err != nil {
+		return nil, 0, err
+	}
+	counts, err := checkTopics(a.ctx, cl, a.brokers(), []string{topic})
+	if err != nil {
+		return nil, 0, err
+	}
+	return cl, counts[topic], nil
 }

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/tick"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -30,20 +31,13 @@ const waitGrace = 3 * time.Second
 // a classic group's rebalance waits for it, until its session times out;
 // without this line the new worker would say nothing for that long.
 func watchWaiting(ctx context.Context, c *consumer.Consumer, store *sink.Store, group string, topics []string, b waitBounds, log *zap.Logger) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
 	var idleSince, asked time.Time
 	said := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	tick.Every(ctx, time.Second, func() {
 		cl := c.Client()
 		if st := c.Stats(); st.Lanes > 0 || st.SteppedDown == 1 || cl == nil {
 			idleSince, asked, said = time.Time{}, time.Time{}, false
-			continue
+			return
 		}
 		if idleSince.IsZero() {
 			idleSince = time.Now()
@@ -51,7 +45,7 @@ func watchWaiting(ctx context.Context, c *consumer.Consumer, store *sink.Store, 
 		// Ask the coordinator once the grace is over, then at most every
 		// waitGrace while there is nothing to say (a claim under way).
 		if said || time.Since(idleSince) < waitGrace || time.Since(asked) < waitGrace {
-			continue
+			return
 		}
 		asked = time.Now()
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -63,14 +57,14 @@ func watchWaiting(ctx context.Context, c *consumer.Consumer, store *sink.Store, 
 		cancel()
 		if err != nil {
 			log.Debug("describing the group to say what this worker waits for", zap.Error(err))
-			continue
+			return
 		}
 		me, _ := cl.GroupMetadata()
 		if why, atMost, fields := waitReason(rows, me, b.protocol, session); why != "" {
 			log.Info("waiting for partitions", append([]zap.Field{zap.String("why", why), zap.String("at_most", atMost)}, fields...)...)
 			said = true
 		}
-	}
+	})
 }
 
 // waitReason says why member me holds none of rows' partitions, and the

@@ -33,6 +33,32 @@ func commit(id int64, p int32, t sink.Token, owner string, from, to int64) Entry
 	return Entry{ID: id, Kind: "commit", Partition: part(p), Token: t, Owner: owner, From: from, To: to}
 }
 
+// effect is one committed effect of job key at (p, off) with token t.
+func effect(key string, p int32, off int64, t sink.Token) Write {
+	return Write{Key: key, Version: 1, Topic: topic, Partition: p, Offset: off, Token: t}
+}
+
+// plantEffect is the case that adds effect w to a clean history, which the
+// checker must report as exactly rules, one of them saying detail.
+func plantEffect(name string, w Write, detail string, rules ...string) plantCase {
+	return plantCase{
+		name:   name,
+		plant:  func(t *testing.T, h *History) { h.Writes = append(h.Writes, w) },
+		rules:  rules,
+		detail: detail,
+	}
+}
+
+// plantLog is the case that inserts entry e into a clean history's log.
+func plantLog(name string, e Entry, detail string, rules ...string) plantCase {
+	return plantCase{
+		name:   name,
+		plant:  func(t *testing.T, h *History) { insertLog(h, e) },
+		rules:  rules,
+		detail: detail,
+	}
+}
+
 // keyOf spreads a partition's jobs over two keys per partition (keys never
 // change partition, as with a fixed partition count).
 func keyOf(p int32, off int64) string { return fmt.Sprintf("k%d-%d", p, off%2) }
@@ -259,14 +285,8 @@ func offsetViolations() []plantCase {
 			rules:  []string{"G1"},
 			detail: "leaves a overlap after 5",
 		},
-		{
-			name: "commit that does not advance",
-			plant: func(t *testing.T, h *History) {
-				insertLog(h, commit(105, 0, tok(0, 5), "B", 12, 12))
-			},
-			rules:  []string{"G1"},
-			detail: "[12,12) does not advance",
-		},
+		plantLog("commit that does not advance", commit(105, 0, tok(0, 5), "B", 12, 12),
+			"[12,12) does not advance", "G1"),
 		{
 			name: "commit that goes backwards",
 			plant: func(t *testing.T, h *History) {
@@ -328,14 +348,8 @@ func tokenViolations() []plantCase {
 			rules:  []string{"G2", "G3"},
 			detail: "commit #180 [18,20) with token 0.7 after a commit with token 1.1",
 		},
-		{
-			name: "G2: claim going backwards",
-			plant: func(t *testing.T, h *History) {
-				insertLog(h, claim(145, 0, tok(0, 6), "X", 15))
-			},
-			rules:  []string{"G2"},
-			detail: "claim #145 with token 0.6 after token 0.7",
-		},
+		plantLog("G2: claim going backwards", claim(145, 0, tok(0, 6), "X", 15),
+			"claim #145 with token 0.6 after token 0.7", "G2"),
 		{
 			name: "G2: claim below an earlier commit",
 			plant: func(t *testing.T, h *History) {
@@ -378,22 +392,10 @@ func tokenViolations() []plantCase {
 // next offset, or none.
 func effectViolations() []plantCase {
 	return []plantCase{
-		{
-			name: "duplicate effect",
-			plant: func(t *testing.T, h *History) {
-				h.Writes = append(h.Writes, Write{Key: "other", Version: 1, Topic: topic, Partition: 0, Offset: 3, Token: tok(0, 3)})
-			},
-			rules:  []string{"duplicate"},
-			detail: "job at offset 3 has 2 committed effects or dead letters",
-		},
-		{
-			name: "dead letter and effect for the same job",
-			plant: func(t *testing.T, h *History) {
-				h.Writes = append(h.Writes, Write{Key: "other", Version: 1, Topic: topic, Partition: 0, Offset: 12, Token: tok(0, 5)})
-			},
-			rules:  []string{"duplicate"},
-			detail: "job at offset 12 is dead-lettered and has a committed effect",
-		},
+		plantEffect("duplicate effect", effect("other", 0, 3, tok(0, 3)),
+			"job at offset 3 has 2 committed effects or dead letters", "duplicate"),
+		plantEffect("dead letter and effect for the same job", effect("other", 0, 12, tok(0, 5)),
+			"job at offset 12 is dead-lettered and has a committed effect", "duplicate"),
 		{
 			name: "job dead-lettered twice",
 			plant: func(t *testing.T, h *History) {
@@ -402,22 +404,10 @@ func effectViolations() []plantCase {
 			rules:  []string{"duplicate"},
 			detail: "job at offset 4 has 2 committed effects or dead letters",
 		},
-		{
-			name: "effect at the next offset",
-			plant: func(t *testing.T, h *History) {
-				h.Writes = append(h.Writes, Write{Key: "other", Version: 1, Topic: topic, Partition: 1, Offset: 6, Token: tok(1, 1)})
-			},
-			rules:  []string{"G1"},
-			detail: "job at offset 6 has a committed effect but the next offset is 6",
-		},
-		{
-			name: "effect beyond the next offset",
-			plant: func(t *testing.T, h *History) {
-				h.Writes = append(h.Writes, Write{Key: "other", Version: 1, Topic: topic, Partition: 0, Offset: 25, Token: tok(1, 1)})
-			},
-			rules:  []string{"G1"},
-			detail: "job at offset 25 has a committed effect but the next offset is 20",
-		},
+		plantEffect("effect at the next offset", effect("other", 1, 6, tok(1, 1)),
+			"job at offset 6 has a committed effect but the next offset is 6", "G1"),
+		plantEffect("effect beyond the next offset", effect("other", 0, 25, tok(1, 1)),
+			"job at offset 25 has a committed effect but the next offset is 20", "G1"),
 		{
 			name: "dead letter at the next offset",
 			plant: func(t *testing.T, h *History) {
@@ -543,7 +533,7 @@ func TestSubtlerViolationsAreDetected(t *testing.T) {
 			why: "CheckWrites checks effects against the next offset only where a fencing row " +
 				"exists; an effect committed for a partition nobody ever claimed passes",
 			plant: func(t *testing.T, h *History) {
-				h.Writes = append(h.Writes, Write{Key: "other", Version: 1, Topic: topic, Partition: 7, Offset: 0, Token: tok(0, 3)})
+				h.Writes = append(h.Writes, effect("other", 7, 0, tok(0, 3)))
 			},
 		},
 	}

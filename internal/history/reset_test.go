@@ -132,14 +132,8 @@ func resetRecordViolations() []plantCase {
 			rules:  []string{"G1"},
 			detail: "commit #45 [20,25) by \"A\" straddles reset #40",
 		},
-		{
-			name: "reset before any claim",
-			plant: func(t *testing.T, h *History) {
-				insertLog(h, reset(5, 0, tok(0, 3), "ops", 0, 0))
-			},
-			rules:  []string{"G1"},
-			detail: "reset #5 from 0 to 0 before any claim",
-		},
+		plantLog("reset before any claim", reset(5, 0, tok(0, 3), "ops", 0, 0),
+			"reset #5 from 0 to 0 before any claim", "G1"),
 		{
 			name: "reset under another token than the holder's",
 			plant: func(t *testing.T, h *History) {
@@ -172,22 +166,10 @@ func resetJobViolations() []plantCase {
 			rules:  []string{"missing"},
 			detail: "job at offset 7 is covered by 2 commits with token 0.3 but has 1 effects or dead letters with it",
 		},
-		{
-			name: "job a reset skipped that has an effect",
-			plant: func(t *testing.T, h *History) {
-				h.Writes = append(h.Writes, Write{Key: "k-27", Version: 1, Topic: topic, Partition: 0, Offset: 27, Token: tok(0, 5)})
-			},
-			rules:  []string{"G1"},
-			detail: "job at offset 27 has a committed effect or dead letter but no commit covers it",
-		},
-		{
-			name: "job run three times where two commits cover it",
-			plant: func(t *testing.T, h *History) {
-				h.Writes = append(h.Writes, Write{Key: "k-8", Version: 1, Topic: topic, Partition: 0, Offset: 8, Token: tok(0, 3)})
-			},
-			rules:  []string{"duplicate"},
-			detail: "job at offset 8 has 3 effects or dead letters with token 0.3 but 2 commits with that token cover it",
-		},
+		plantEffect("job a reset skipped that has an effect", effect("k-27", 0, 27, tok(0, 5)),
+			"job at offset 27 has a committed effect or dead letter but no commit covers it", "G1"),
+		plantEffect("job run three times where two commits cover it", effect("k-8", 0, 8, tok(0, 3)),
+			"job at offset 8 has 3 effects or dead letters with token 0.3 but 2 commits with that token cover it", "duplicate"),
 		{
 			name: "effect of a repeated job under another token",
 			plant: func(t *testing.T, h *History) {
