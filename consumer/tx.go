@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 	"errors"
+	"io"
+	"strings"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +33,21 @@ type Tx interface {
 	// the savepoint and whose Rollback rolls back to it, leaving the batch's
 	// transaction going.
 	Begin(ctx context.Context) (Savepoint, error)
+}
+
+// BinaryCopier is a Tx that also takes COPY rows the handler has encoded
+// itself: CopyFromBinary runs COPY table (columns) FROM STDIN BINARY in the
+// batch's transaction with data as the stream, PostgreSQL's binary COPY
+// format from its header to its trailer, and returns the rows copied.
+// Tx.CopyFrom encodes each value through pgx's type map (a plan looked up
+// per value); a handler that writes many rows of known column types can
+// encode them once, with no per-value lookups and no per-row allocations.
+// The Tx a lane gives a Handler implements it, and so do its savepoints;
+// a test's own Tx need not, so check for it:
+//
+//	if bc, ok := tx.(consumer.BinaryCopier); ok { ... }
+type BinaryCopier interface {
+	CopyFromBinary(ctx context.Context, table pgx.Identifier, columns []string, data io.Reader) (int64, error)
 }
 
 // Savepoint is a nested transaction inside a batch's transaction, opened by
@@ -88,6 +105,36 @@ func (t *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns 
 		return 0, ErrTxDone
 	}
 	return t.tx.CopyFrom(ctx, table, columns, src)
+}
+
+// CopyFromBinary sends data on the transaction's connection, as pgx's own
+// CopyFrom does after encoding (the same COPY statement), and tells the
+// connection's tracer, if it traces COPY, as CopyFrom would.
+func (t *handlerTx) CopyFromBinary(ctx context.Context, table pgx.Identifier, columns []string, data io.Reader) (int64, error) {
+	if t.done.Load() {
+		return 0, ErrTxDone
+	}
+	conn := t.tx.Conn()
+	tracer, _ := conn.Config().Tracer.(pgx.CopyFromTracer)
+	if tracer != nil {
+		ctx = tracer.TraceCopyFromStart(ctx, conn, pgx.TraceCopyFromStartData{TableName: table, ColumnNames: columns})
+	}
+	var sql strings.Builder
+	sql.WriteString("COPY ")
+	sql.WriteString(table.Sanitize())
+	sql.WriteString(" (")
+	for i, c := range columns {
+		if i > 0 {
+			sql.WriteString(", ")
+		}
+		sql.WriteString(pgx.Identifier{c}.Sanitize())
+	}
+	sql.WriteString(") FROM STDIN BINARY")
+	tag, err := conn.PgConn().CopyFrom(ctx, data, sql.String())
+	if tracer != nil {
+		tracer.TraceCopyFromEnd(ctx, conn, pgx.TraceCopyFromEndData{CommandTag: tag, Err: err})
+	}
+	return tag.RowsAffected(), err
 }
 
 func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {

@@ -1,7 +1,9 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -24,7 +26,7 @@ func TestHandlerTxCannotEndTheTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	ctx := context.Background()
-	p := &txProbe{table: pgx.Identifier{b.schema, "out"}.Sanitize()}
+	p := &txProbe{schema: b.schema, table: pgx.Identifier{b.schema, "out"}.Sanitize()}
 	if _, err := b.pool.Exec(ctx, `CREATE TABLE `+p.table+` (job text PRIMARY KEY, note text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -51,9 +53,27 @@ func TestHandlerTxCannotEndTheTransaction(t *testing.T) {
 			t.Errorf("out has %d released and %d rolled-back savepoint rows, want 5 and 0", n, undone)
 		}
 	})
+	t.Run("binary COPY", func(t *testing.T) {
+		for _, l := range p.lacks {
+			t.Errorf("the handler's %s", l)
+		}
+		var n int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+p.table+` WHERE note = 'copied'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 5 {
+			t.Errorf("out has %d rows from binary COPY, want 5", n)
+		}
+	})
 	t.Run("kept past Handle", func(t *testing.T) {
 		if p.kept == nil {
 			t.Fatal("the handler never ran")
+		}
+		if bc, ok := p.kept.(consumer.BinaryCopier); !ok {
+			t.Errorf("%T is not a BinaryCopier", p.kept)
+		} else if _, err := bc.CopyFromBinary(ctx, pgx.Identifier{b.schema, "out"}, []string{"job", "note"},
+			bytes.NewReader(copyRow("late", "late"))); !errors.Is(err, consumer.ErrTxDone) {
+			t.Errorf("binary COPY on a Tx used after Handle returned: %v, want ErrTxDone", err)
 		}
 		if _, err := p.kept.Exec(ctx, `INSERT INTO `+p.table+` VALUES ('late', 'late')`); !errors.Is(err, consumer.ErrTxDone) {
 			t.Errorf("a Tx used after Handle returned: %v, want ErrTxDone", err)
@@ -64,10 +84,12 @@ func TestHandlerTxCannotEndTheTransaction(t *testing.T) {
 // txProbe is a handler that tries what a handler must not be able to do
 // with its Tx, and uses savepoints into table.
 type txProbe struct {
-	table   string
+	schema  string
+	table   string // schema's out, quoted
 	mu      sync.Mutex
 	kept    consumer.Tx
 	reached []string // what the handler could reach that it must not
+	lacks   []string // what the handler's Tx should have and had not
 }
 
 func (p *txProbe) reach(what string) {
@@ -110,10 +132,65 @@ func (p *txProbe) handle(ctx context.Context, tx consumer.Tx, batch *consumer.Ba
 			return err
 		}
 	}
+	if err := p.copyBinary(ctx, tx, batch); err != nil {
+		return err
+	}
 	p.mu.Lock()
 	p.kept = tx
 	p.mu.Unlock()
 	return nil
+}
+
+// copyBinary writes a row per job by binary COPY, half of them through a
+// savepoint (which has it too).
+func (p *txProbe) copyBinary(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+	for i, r := range batch.Records {
+		var sp consumer.Savepoint
+		var via consumer.Tx = tx
+		if i%2 == 1 {
+			var err error
+			if sp, err = tx.Begin(ctx); err != nil {
+				return err
+			}
+			via = sp
+		}
+		bc, ok := via.(consumer.BinaryCopier)
+		if !ok {
+			p.lack(fmt.Sprintf("%T is not a BinaryCopier", via))
+			return nil
+		}
+		n, err := bc.CopyFromBinary(ctx, pgx.Identifier{p.schema, "out"}, []string{"job", "note"},
+			bytes.NewReader(copyRow(consumer.JobID(r)+"/copied", "copied")))
+		if err != nil {
+			return fmt.Errorf("binary COPY: %w", err)
+		}
+		if n != 1 {
+			p.lack(fmt.Sprintf("binary COPY of one row reported %d rows", n))
+		}
+		if sp != nil {
+			if err := sp.Commit(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (p *txProbe) lack(what string) {
+	p.mu.Lock()
+	p.lacks = append(p.lacks, what)
+	p.mu.Unlock()
+}
+
+// copyRow is a binary COPY stream of one row of two text fields.
+func copyRow(a, b string) []byte {
+	out := []byte("PGCOPY\n\377\r\n\000\x00\x00\x00\x00\x00\x00\x00\x00")
+	out = binary.BigEndian.AppendUint16(out, 2)
+	for _, f := range []string{a, b} {
+		out = binary.BigEndian.AppendUint32(out, uint32(len(f)))
+		out = append(out, f...)
+	}
+	return binary.BigEndian.AppendUint16(out, 0xFFFF)
 }
 
 // savepoints writes job's row in a savepoint that is released (its row

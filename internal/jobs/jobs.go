@@ -166,19 +166,44 @@ type Ledger struct {
 	worker string
 }
 
-// Handle copies the batch's rows in with COPY, in the batch's transaction.
+// Handle copies the batch's rows in with COPY, in the batch's transaction:
+// encoded here when the Tx takes binary COPY rows (the lanes' does), by
+// pgx's CopyFrom otherwise.
 func (l *Ledger) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
+	table := pgx.Identifier{l.schema, "ledger"}
+	bc, ok := tx.(consumer.BinaryCopier)
+	if !ok {
+		return l.copyRows(ctx, tx, b)
+	}
+	c := copyBuffers.Get().(*copyBuffer)
+	c.buf = encodeLedger(c.buf[:0], b, l.worker)
+	c.r.Reset(c.buf)
+	_, err := bc.CopyFromBinary(ctx, table, ledgerColumns, &c.r)
+	// Only a COPY that succeeded gives the buffer back. pgx reads the
+	// stream in a goroutine of its own, and when the connection breaks
+	// mid-COPY (a network error, the context's deadline) it returns
+	// without waiting for that goroutine: the goroutine can still be in
+	// c.r.Read, and a lane that took c from the pool would be encoding its
+	// batch into the array being read. Left to the collector instead, c
+	// goes when the goroutine is done with it.
+	if err == nil && cap(c.buf) <= maxKeptCopyBuffer {
+		c.r.Reset(nil)
+		copyBuffers.Put(c)
+	}
+	return err
+}
+
+// copyRows is Handle through pgx's CopyFrom, for a Tx that is not a
+// BinaryCopier: the rows the binary encoding must match.
+func (l *Ledger) copyRows(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
 	rows := make([][]any, len(b.Records))
 	for i, r := range b.Records {
 		// job_key is for reading (and the history checker); job_key_bytes
 		// keeps the key exactly.
-		key := strings.ReplaceAll(strings.ToValidUTF8(string(r.Key), "\uFFFD"), "\x00", "\uFFFD")
-		rows[i] = []any{r.Topic, r.Partition, r.Offset, key, r.Key,
+		rows[i] = []any{r.Topic, r.Partition, r.Offset, ledgerKey(string(r.Key)), r.Key,
 			b.Token.Incarnation, b.Token.Epoch, l.worker}
 	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{l.schema, "ledger"},
-		[]string{"topic", "partition", "job_offset", "job_key", "job_key_bytes", "incarnation", "epoch", "worker"},
-		pgx.CopyFromRows(rows))
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{l.schema, "ledger"}, ledgerColumns, pgx.CopyFromRows(rows))
 	return err
 }
 

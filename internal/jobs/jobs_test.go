@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"io"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -217,5 +220,86 @@ func TestExportRowPerGroupTopicAndKey(t *testing.T) {
 	}
 	if n, err := jobs.CountTableExports(ctx, pool, schema, "", ""); err != nil || n != 3 {
 		t.Errorf("CountTableExports of every group = %d, %v; want 3", n, err)
+	}
+}
+
+// copyTx is txOf with binary COPY, as the lanes' Tx has it: the ledger
+// handler then encodes its rows itself instead of through pgx.
+type copyTx struct{ txOf }
+
+func (t copyTx) CopyFromBinary(ctx context.Context, table pgx.Identifier, columns []string, data io.Reader) (int64, error) {
+	cols := make([]string, len(columns))
+	for i, c := range columns {
+		cols[i] = pgx.Identifier{c}.Sanitize()
+	}
+	tag, err := t.Conn().PgConn().CopyFrom(ctx, data, "COPY "+table.Sanitize()+" ("+strings.Join(cols, ", ")+") FROM STDIN BINARY")
+	return tag.RowsAffected(), err
+}
+
+// ledgerBatch is a batch whose keys and numbers reach every edge of the
+// ledger's encoding: no key (NULL bytes) and an empty one, keys that are
+// not text (invalid UTF-8, NUL, a lone surrogate), U+FFFD itself, other
+// scripts, a long key, and the largest partitions, offsets and tokens.
+func ledgerBatch() *consumer.Batch {
+	keys := [][]byte{nil, {}, []byte("k"), []byte("\xff\xfe"), []byte("a\x00b"), []byte("k\xff\x00"),
+		[]byte("\xed\xa0\x80"), []byte("\uFFFD"), []byte("ключ-鍵"), bytes.Repeat([]byte("x"), 10_000), []byte("\x00")}
+	b := &consumer.Batch{Group: "g", Topic: "jobs.eu_1-x", Partition: math.MaxInt32,
+		Token: sink.Token{Incarnation: math.MaxInt64, Epoch: math.MaxInt32}, Owner: "o"}
+	for i, k := range keys {
+		b.Records = append(b.Records, &kgo.Record{Topic: b.Topic, Partition: b.Partition,
+			Offset: math.MaxInt64 - int64(len(keys)) + int64(i), Key: k, Value: []byte("v")})
+	}
+	b.From, b.To = b.Records[0].Offset, b.Records[len(b.Records)-1].Offset+1
+	return b
+}
+
+// The ledger's own binary encoding writes what pgx's CopyFrom writes for
+// the same batch: every column of every row, NULL and empty told apart.
+func TestLedgerEncodingsWriteTheSameRows(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := ledgerBatch()
+	// Twice each: the second batch's rows are encoded into the buffer the
+	// first one left in the pool.
+	read := func(name string, wrap func(pgx.Tx) consumer.Tx) []string {
+		schema := testdb.Schema(t, pool)
+		h, err := jobs.New("ledger", schema, "wörker-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h.Handle(ctx, wrap(tx), b) }); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		rows, err := pool.Query(ctx, `SELECT format('%s|%s|%s|%s|%s|%s|%s|%s|%s', topic, partition, job_offset, job_key,
+			encode(job_key_bytes, 'hex'), job_key_bytes IS NULL, incarnation, epoch, worker)
+			FROM `+pgx.Identifier{schema, "ledger"}.Sanitize()+` ORDER BY job_offset, job_key`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	viaPgx := read("pgx's CopyFrom", func(tx pgx.Tx) consumer.Tx { return txOf{tx} })
+	own := read("binary COPY", func(tx pgx.Tx) consumer.Tx { return copyTx{txOf{tx}} })
+	if want := 2 * len(b.Records); len(viaPgx) != want {
+		t.Fatalf("pgx's CopyFrom wrote %d rows, want %d", len(viaPgx), want)
+	}
+	if !strings.HasSuffix(viaPgx[0], "||t|9223372036854775807|2147483647|wörker-1") {
+		t.Errorf("no key: %q, want NULL key bytes", viaPgx[0])
+	}
+	if len(own) != len(viaPgx) {
+		t.Fatalf("binary COPY wrote %d rows, pgx's CopyFrom %d", len(own), len(viaPgx))
+	}
+	for i := range own {
+		if own[i] != viaPgx[i] {
+			t.Errorf("row %d: binary COPY wrote\n\t%.200q\npgx's CopyFrom\n\t%.200q", i, own[i], viaPgx[i])
+		}
 	}
 }
