@@ -178,7 +178,7 @@ func TestCommitSpanZombieBatchIsRefusedAndTheOthersCommit(t *testing.T) {
 	var taken atomic.Int64
 	cfg.Hooks.BeforeBatch = func(context.Context, *consumer.Batch) { taken.Add(1) }
 	c, stop := runNew(t, cfg)
-	defer stop() //nolint:errcheck
+	defer stop()           //nolint:errcheck
 	keys := keysFor(parts) // keys[p] lands on partition p
 	b.produce(parts, func(i int) string { return keys[i] })
 	b.waitDone(60 * time.Second)
