@@ -181,7 +181,7 @@ func (j *jointCommitter) runTx(entries []*jointEntry) (again []*jointEntry) {
 	var xid string
 	results := make([]txResult, len(entries))
 	for i, e := range entries {
-		res, err := j.runEntry(conn, tx, e, i == 0, &sess, &xid)
+		res, err := j.runEntry(conn, tx, e, i == 0, len(entries) == 1, &sess, &xid)
 		results[i] = res
 		switch res {
 		case resRan:
@@ -237,12 +237,22 @@ func (j *jointCommitter) runTx(entries []*jointEntry) (again []*jointEntry) {
 
 // runEntry runs one batch's work in a savepoint of tx. first: the
 // transaction's first batch, which also reads its id (xid) and, through a
-// pooler, its server backend's pid (sess).
-func (j *jointCommitter) runEntry(conn *pgxpool.Conn, tx pgx.Tx, e *jointEntry, first bool, sess *fence.Session, xid *string) (txResult, error) {
+// pooler, its server backend's pid (sess). alone: the transaction's only
+// batch, which needs no savepoint (its failure rolls back the whole
+// transaction, which holds nothing else) and no id (no batch ran before
+// it): it costs what a transaction of its own costs.
+func (j *jointCommitter) runEntry(conn *pgxpool.Conn, tx pgx.Tx, e *jointEntry, first, alone bool, sess *fence.Session, xid *string) (txResult, error) {
 	c := j.c
 	sctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
 	defer cancel()
-	if first {
+	switch {
+	case alone:
+		if c.store.Pooled() {
+			if err := tx.QueryRow(sctx, `SELECT pg_backend_pid()`).Scan(&sess.PID); err != nil {
+				return resFailed, infraError{fmt.Errorf("begin: %w", err)}
+			}
+		}
+	case first:
 		b := &pgx.Batch{}
 		b.Queue("SAVEPOINT " + jointSavepoint)
 		b.Queue(`SELECT pg_current_xact_id()::text, pg_backend_pid()`)
@@ -263,8 +273,10 @@ func (j *jointCommitter) runEntry(conn *pgxpool.Conn, tx pgx.Tx, e *jointEntry, 
 			// pooler's: the server backend's is the one to watch and wait on.
 			sess.PID = pid
 		}
-	} else if _, err := tx.Exec(sctx, "SAVEPOINT "+jointSavepoint); err != nil {
-		return resFailed, infraError{fmt.Errorf("begin: %w", err)}
+	default:
+		if _, err := tx.Exec(sctx, "SAVEPOINT "+jointSavepoint); err != nil {
+			return resFailed, infraError{fmt.Errorf("begin: %w", err)}
+		}
 	}
 	stopWatch := e.l.watchLocks(sess.PID)
 	werr := e.work(e.ctx, tx)
@@ -281,6 +293,12 @@ func (j *jointCommitter) runEntry(conn *pgxpool.Conn, tx pgx.Tx, e *jointEntry, 
 	// more runs in it: the next statement would run in autocommit.
 	if conn.Conn().PgConn().TxStatus() == 'I' {
 		return resEnded, e.ownBug()
+	}
+	if alone {
+		if werr != nil {
+			return resFailed, werr // runTx rolls the transaction back
+		}
+		return resRan, nil // the fence's marker check catches a new BEGIN
 	}
 	if werr == nil {
 		_, err := tx.Exec(sctx, "RELEASE SAVEPOINT "+jointSavepoint)
