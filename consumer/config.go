@@ -77,14 +77,18 @@ type Config struct {
 	// statement over all their partitions and COMMIT. The guarantee holds
 	// per partition unchanged: if any partition is refused nothing of the
 	// transaction commits, and the others go again without it. What it
-	// trades: with many partitions each carrying few jobs, one transaction
-	// and one fence round trip are shared by several lanes (less CPU per
-	// job in the worker and in Postgres); in exchange a batch waits for the
-	// handlers of the batches ahead of it in the same transaction (never
-	// for more to arrive: nothing lingers past BatchLinger), and a failure
-	// of the transaction itself (a lost connection, a refused partition)
-	// costs every batch in it a retry. Strict and UnsafeNoFence keep one
-	// transaction per batch: New refuses CommitSpan above 1 with either.
+	// trades: with many partitions each carrying few jobs, one COMMIT and
+	// one fence round trip are shared by several lanes, at the price of a
+	// SAVEPOINT and a RELEASE per batch (a transaction that takes a single
+	// batch skips them); in exchange a batch waits for the handlers of the
+	// batches ahead of it in the same transaction (never for more to
+	// arrive: nothing lingers past BatchLinger), and a failure of the
+	// transaction itself (a lost connection, a handler timeout that closes
+	// the connection, a refused partition) costs every batch in it a
+	// retry. Whether it lowers the cost per job is for `tenure bench` to
+	// show on the load at hand: the runs so far, on a loaded machine, do
+	// not settle it. Strict and UnsafeNoFence keep one transaction per
+	// batch: New refuses CommitSpan above 1 with either.
 	CommitSpan int
 	// PartitionBufferBytes bounds the records one partition's lane holds
 	// ahead of its handler (default 4 MiB): fetching the partition pauses
