@@ -322,7 +322,13 @@ func laneConns(conns int32) int {
 //
 // ctx is the lane's context, or a span's under it: every statement of the
 // transaction runs with it, so that a pgx tracer makes them its children.
+//
+// With Config.CommitSpan above 1 the work runs in a transaction shared with
+// other lanes' batches instead (joint.go), with the same outcomes.
 func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	if l.c.joint != nil {
+		return l.c.joint.commit(ctx, l, b, work)
+	}
 	marker := l.c.txMarker()
 	opts := l.c.txOptions
 	// The claim id in application_name lets a newer owner that waits on

@@ -72,6 +72,10 @@ type Consumer struct {
 	// size (laneConns); made at the first transaction, from the pool.
 	txSlots func() chan struct{}
 
+	// joint commits lanes' batches in shared transactions
+	// (Config.CommitSpan); nil: each batch in its own.
+	joint *jointCommitter
+
 	txOptions pgx.TxOptions
 	// txTag and txSeq make each batch transaction's marker unique (see
 	// lane.commitTx).
@@ -112,6 +116,7 @@ func New(cfg Config) (*Consumer, error) {
 		return make(chan struct{}, laneConns(c.store.Pool().Config().MaxConns))
 	})
 	c.trace = newTracing(&c.cfg)
+	c.joint = newJointCommitter(c)
 	// Set per transaction so that a pool shared with other code keeps its
 	// own settings. One round trip: BEGIN and the SETs travel together.
 	begin := "BEGIN"

@@ -430,6 +430,10 @@ func TestConfigErrors(t *testing.T) {
 			"IdleInTxTimeout 30s must be longer than HandlerTimeout 1m0s"},
 		"idle equal to handler": {func(c *consumer.Config) { c.IdleInTxTimeout, c.HandlerTimeout = time.Second, time.Second },
 			"IdleInTxTimeout 1s must be longer than HandlerTimeout 1s"},
+		"negative commit span": {func(c *consumer.Config) { c.CommitSpan = -2 }, "CommitSpan -2 must be positive"},
+		"commit span with strict": {func(c *consumer.Config) { c.CommitSpan, c.Strict = 8, true },
+			"CommitSpan 8 needs the default commit path: strict hand-off (Strict) commits each batch in a transaction of its own"},
+		"commit span without the fence": {func(c *consumer.Config) { c.CommitSpan, c.UnsafeNoFence = 8, true }, "CommitSpan 8 needs the fence"},
 		"idle without handler bound": {func(c *consumer.Config) { c.IdleInTxTimeout, c.HandlerTimeout = time.Minute, -1 },
 			"has no time bound"},
 	} {

@@ -187,12 +187,20 @@ var ErrHandlerEndedTx = errors.New("the handler ended the batch's transaction it
 type HandlerBugError struct {
 	FirstJob, LastJob string // JobIDs of the batch's first and last records
 	From, To          int64
+	// EndedBy, when set, names the partition whose handler ended a
+	// transaction this batch shared with it (Config.CommitSpan): this
+	// batch's handler did nothing wrong, but what it wrote was committed
+	// with that COMMIT, outside the fence.
+	EndedBy string
 }
 
 func (e *HandlerBugError) Error() string {
 	jobs := "job " + e.FirstJob
 	if e.LastJob != e.FirstJob {
 		jobs = "jobs " + e.FirstJob + " to " + e.LastJob
+	}
+	if e.EndedBy != "" {
+		return fmt.Sprintf("handler bug in partition %s, whose handler ended the transaction that %s shared with it (%v): what %s wrote was committed outside the fence", e.EndedBy, jobs, ErrHandlerEndedTx, jobs)
 	}
 	return fmt.Sprintf("handler bug while handling %s: %v; whatever it wrote before that may be committed outside the fence, and the fence did not run", jobs, ErrHandlerEndedTx)
 }

@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -21,20 +22,27 @@ import (
 // nothing back. The lane finds out before the fence, names the job, and
 // halts the partition: nothing more is committed for it, not even by the
 // next worker it is assigned to, until an operator resumes it.
+//
+// With CommitSpan above 1 the one partition's batches go through the joint
+// committer, each alone in its transaction (nothing else is queued): the
+// path without a savepoint catches the bug the same way.
 func TestHandlerThatEndsItsTransactionHaltsThePartition(t *testing.T) {
 	t.Parallel()
-	for _, stmt := range []string{"COMMIT", "ROLLBACK"} {
-		t.Run(stmt, func(t *testing.T) {
-			t.Parallel()
-			testHandlerEndsItsTransaction(t, stmt)
-		})
+	for _, span := range []int{1, 4} {
+		for _, stmt := range []string{"COMMIT", "ROLLBACK"} {
+			t.Run(fmt.Sprintf("%s/span%d", stmt, span), func(t *testing.T) {
+				t.Parallel()
+				testHandlerEndsItsTransaction(t, stmt, span)
+			})
+		}
 	}
 }
 
-func testHandlerEndsItsTransaction(t *testing.T, stmt string) {
+func testHandlerEndsItsTransaction(t *testing.T, stmt string, span int) {
 	r := newHaltRun(t, stmt)
 	log, logs := dumpedLogger(t)
 	r.cfg = r.b.config(consumer.HandlerFunc(r.handle), log)
+	r.cfg.CommitSpan = span
 	c, stop := runNew(t, r.cfg)
 	before := r.runIntoTheBug(t, c)
 	r.checkHalted(t, c, logs, before)

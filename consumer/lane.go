@@ -347,7 +347,11 @@ func (l *lane) halt(cause error) bool {
 	if errors.As(cause, &bug) {
 		h.From, h.To, h.FirstJob, h.LastJob = bug.From, bug.To, bug.FirstJob, bug.LastJob
 	}
-	l.log.Error("handler bug: it ended the batch's transaction itself (COMMIT or ROLLBACK in its SQL), so the fence could not cover what it wrote; "+
+	what := "handler bug: it ended the batch's transaction itself (COMMIT or ROLLBACK in its SQL), so the fence could not cover what it wrote; "
+	if bug != nil && bug.EndedBy != "" {
+		what = "handler bug in partition " + bug.EndedBy + ": its handler ran COMMIT in a transaction this batch shared with it (Config.CommitSpan), so what this batch wrote was committed outside the fence; "
+	}
+	l.log.Error(what+
 		"the partition is halted: nothing more is committed for it, on any worker, until an operator fixes the handler and runs "+
 		"`"+l.ackCommand()+"`",
 		zap.String("job", h.FirstJob), zap.String("last_job", h.LastJob), zap.Int64("from", h.From), zap.Int64("to", h.To),

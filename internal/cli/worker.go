@@ -43,7 +43,7 @@ type workerCmd struct {
 
 	session, rebalance, batchLinger, idleTx, handlerTimeout time.Duration
 	dbTimeout, shutdown, logAge                             time.Duration
-	batchMax, maxAttempts, logEntries, dbMaxConns           int
+	batchMax, maxAttempts, logEntries, dbMaxConns, span     int
 	batchMaxBytes, partitionBuffer, workerBuffer            int64
 
 	injectFaults, noMigrate, createSchema, unsafeNoFence, requireSync bool
@@ -70,6 +70,7 @@ func (w *workerCmd) define(f *flagSet) {
 	f.Duration(&w.rebalance, "rebalance-timeout", consumer.DefaultRebalanceTimeout, "classic protocol rebalance timeout; revoked partitions get half of it to finish their batch")
 	f.Int(&w.batchMax, "batch-max", consumer.DefaultBatchMax, "most jobs per transaction; a lane takes what it has buffered, up to this, so batches grow with the backlog")
 	f.Bytes(&w.batchMaxBytes, "batch-max-bytes", consumer.DefaultBatchMaxBytes, "most bytes (keys, values, headers) per transaction; a larger job makes a batch of its own")
+	f.Int(&w.span, "commit-span", consumer.DefaultCommitSpan, "the most partitions whose ready batches share one Postgres transaction and one fence statement (1: each batch its own; more shares a COMMIT and a fence round trip among partitions that carry few jobs each, and a failed transaction costs each batch in it a retry; not with --strict)", arg("N"))
 	f.Duration(&w.batchLinger, "batch-linger", 0, "how long a lane with less than a full batch waits for more (0: at once; a few ms makes fewer, larger batches at moderate load, at that much latency)")
 	f.Bytes(&w.partitionBuffer, "partition-buffer-bytes", consumer.DefaultPartitionBufferBytes, "the records one partition holds ahead of its handler: fetching it pauses there")
 	f.Bytes(&w.workerBuffer, "worker-buffer-bytes", consumer.DefaultWorkerBufferBytes, "the records all partitions together hold ahead of their handlers: past it, fetching pauses; with --partition-buffer-bytes it bounds the worker's memory whatever the backlog")
@@ -166,6 +167,12 @@ func (w *workerCmd) check([]string) error {
 	switch {
 	case w.strict && w.unsafeNoFence:
 		return usagef("--strict and --unsafe-no-fence exclude each other")
+	case w.span < 1 || w.span > 1000:
+		return usagef("--commit-span %d is not between 1 and 1000", w.span)
+	case w.span > 1 && w.strict:
+		return usagef("--commit-span %d is not for --strict: a strict batch is prepared and its offset committed in a transaction of its own", w.span)
+	case w.span > 1 && w.unsafeNoFence:
+		return usagef("--commit-span %d needs the fence: leave it at 1 with --unsafe-no-fence", w.span)
 	case w.strictCoordinator != "" && !w.strict:
 		return usagef("--strict-coordinator is for --strict")
 	case w.strictCurGen && !w.strict:
@@ -379,6 +386,7 @@ func (w *workerCmd) configure(ctx context.Context, log *zap.Logger) (consumer.Co
 		BatchMax:             w.batchMax,
 		BatchMaxBytes:        w.batchMaxBytes,
 		BatchLinger:          w.batchLinger,
+		CommitSpan:           w.span,
 		PartitionBufferBytes: w.partitionBuffer,
 		WorkerBufferBytes:    w.workerBuffer,
 		MaxAttempts:          w.maxAttempts,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,6 +54,7 @@ func TestWorkerFlagsAndConfig(t *testing.T) {
 			{"SessionTimeout", cfg.SessionTimeout, consumer.DefaultSessionTimeout},
 			{"RebalanceTimeout", cfg.RebalanceTimeout, consumer.DefaultRebalanceTimeout},
 			{"BatchMax", cfg.BatchMax, consumer.DefaultBatchMax},
+			{"CommitSpan", cfg.CommitSpan, consumer.DefaultCommitSpan},
 			{"BatchMaxBytes", cfg.BatchMaxBytes, int64(consumer.DefaultBatchMaxBytes)},
 			{"PartitionBufferBytes", cfg.PartitionBufferBytes, int64(consumer.DefaultPartitionBufferBytes)},
 			{"WorkerBufferBytes", cfg.WorkerBufferBytes, int64(consumer.DefaultWorkerBufferBytes)},
@@ -89,13 +91,23 @@ func TestWorkerFlagsAndConfig(t *testing.T) {
 	})
 
 	t.Run("ZeroRefused", func(t *testing.T) {
-		for _, flag := range []string{"--session-timeout", "--rebalance-timeout", "--batch-max", "--batch-max-bytes",
+		for _, flag := range []string{"--session-timeout", "--rebalance-timeout", "--batch-max", "--batch-max-bytes", "--commit-span",
 			"--partition-buffer-bytes", "--worker-buffer-bytes", "--max-attempts", "--handler-timeout", "--shutdown-timeout"} {
 			_, err := workerConfig(t, flag, "0")
 			var u usageError
 			if !errors.As(err, &u) {
 				t.Errorf("%s 0: %v, want a usage error", flag, err)
 			}
+		}
+	})
+
+	t.Run("CommitSpan", func(t *testing.T) {
+		if cfg, err := workerConfig(t, "--commit-span", "16"); err != nil || cfg.CommitSpan != 16 {
+			t.Errorf("--commit-span 16: CommitSpan %d, %v; want 16", cfg.CommitSpan, err)
+		}
+		var u usageError
+		if _, err := workerConfig(t, "--commit-span", "16", "--strict"); !errors.As(err, &u) || !strings.Contains(err.Error(), "--commit-span 16 is not for --strict") {
+			t.Errorf("--commit-span 16 --strict: %v, want a usage error saying it is not for --strict", err)
 		}
 	})
 

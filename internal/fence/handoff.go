@@ -29,6 +29,17 @@ func ApplicationName(claimID int64) string { return "tenure:" + strconv.FormatIn
 // or membership in pg_signal_backend; without it the error says so and the
 // caller falls back on idle_in_transaction_session_timeout.
 //
+// A joint transaction (CommitJoint) names a range of its process's claims
+// (JointApplicationName) rather than one. A newer owner of p blocked by it
+// reads an older claim of p in that range in the fence log: the joint
+// transaction carries that claimant's batch, a zombie's, whose fence row
+// would refuse it anyway. Ending the session aborts the other partitions'
+// batches in it too; their lanes resolve NotCommitted and go again. The
+// range may also cover an older claim of p by the same process that is not
+// in the transaction (claims of a process grow one by one): then the
+// session is ended for a lock it holds on p's behalf or not, which costs a
+// retry of its batches, never a commit (ending a session commits nothing).
+//
 // Worker protocol: package consumer calls it; not API (see the package doc).
 func (s *Store) EndStaleBlockers(ctx context.Context, p Partition, claimID int64, pid uint32) ([]int32, error) {
 	q := quote(s.schema)
@@ -39,8 +50,7 @@ func (s *Store) EndStaleBlockers(ctx context.Context, p Partition, claimID int64
 	              WHERE f.consumer_group = $2 AND f.topic = $3 AND f.partition = $4 AND f.claim_id = $5)
 	  AND EXISTS (SELECT 1 FROM `+q+`.fence_log l
 	              WHERE l.kind = 'claim'
-	                AND l.claim_id = CASE WHEN a.application_name ~ '^tenure:[0-9]{1,18}$'
-	                                      THEN substr(a.application_name, 8)::bigint END
+	                AND l.claim_id BETWEEN `+claimLoSQL+` AND `+claimHiSQL+`
 	                AND l.claim_id <> $5
 	                AND l.consumer_group = $2 AND l.topic = $3 AND l.partition = $4)`,
 		int32(pid), p.Group, p.Topic, p.Partition, claimID)
@@ -110,8 +120,7 @@ func (s *Store) endOlderClaimants(ctx context.Context, req ClaimRequest, pid uin
 	WHERE a.pid = ANY (pg_blocking_pids($1))
 	  AND EXISTS (SELECT 1 FROM `+q+`.fence_log l
 	              WHERE l.kind = 'claim'
-	                AND l.claim_id = CASE WHEN a.application_name ~ '^tenure:[0-9]{1,18}$'
-	                                      THEN substr(a.application_name, 8)::bigint END
+	                AND l.claim_id BETWEEN `+claimLoSQL+` AND `+claimHiSQL+`
 	                AND l.consumer_group = $2 AND l.topic = $3 AND l.partition = $4
 	                AND (l.incarnation, l.epoch) < ($5::bigint, $6::integer))
 	  -- The claim would be accepted: its incarnation is the group's, and

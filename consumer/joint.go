@@ -1,0 +1,431 @@
+package consumer
+
+// Commits that span partitions (Config.CommitSpan above 1): the ready
+// batches of several lanes share one transaction, each in a savepoint of
+// its own, and end with one fence statement over all their partitions and
+// COMMIT (fence.Store.CommitJoint). docs/fencing.md, "Commits that span
+// partitions", says why the guarantee holds for each partition unchanged.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tenure-dev/tenure/internal/fence"
+	"github.com/tenure-dev/tenure/sink"
+)
+
+// jointSavepoint is the savepoint each batch of a joint transaction runs
+// in: a batch that fails is rolled back to it, alone.
+const jointSavepoint = "tenure_batch"
+
+// jointCommitter runs the worker's joint transactions. A lane whose batch
+// is ready queues it (commit) and waits for its outcome; each queued batch
+// starts a runner, which waits for a transaction slot (laneConns, shared
+// with nothing else: every lane of the worker commits through here) and
+// then takes whatever is queued, up to span batches. Nothing waits for
+// more batches to come: a runner that finds the queue empty (earlier
+// runners took its batch along) gives its slot back.
+type jointCommitter struct {
+	c    *Consumer
+	span int
+
+	mu    sync.Mutex
+	queue []*jointEntry
+}
+
+// jointEntry is one lane's batch in the joint committer: the work commitTx
+// would run in a transaction of its own, and where its outcome goes.
+type jointEntry struct {
+	l    *lane
+	b    *Batch
+	ctx  context.Context // the lane's, or its batch span's
+	work func(ctx context.Context, tx pgx.Tx) error
+	req  sink.CommitRequest
+	// taken: a runner has it (under jointCommitter.mu); the lane must wait
+	// for its outcome.
+	taken bool
+	done  chan error // cap 1: exactly one outcome
+}
+
+func newJointCommitter(c *Consumer) *jointCommitter {
+	if c.cfg.CommitSpan <= 1 || c.cfg.Strict || c.cfg.UnsafeNoFence {
+		return nil
+	}
+	return &jointCommitter{c: c, span: c.cfg.CommitSpan}
+}
+
+// commit is commitTx for a joint committer: b's work runs in a joint
+// transaction, and the error means what commitTx's does.
+func (j *jointCommitter) commit(ctx context.Context, l *lane, b *Batch, work func(ctx context.Context, tx pgx.Tx) error) error {
+	e := &jointEntry{l: l, b: b, ctx: ctx, work: work, done: make(chan error, 1),
+		req: sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To, LogEpoch: l.logEpoch}}
+	j.mu.Lock()
+	j.queue = append(j.queue, e)
+	j.mu.Unlock()
+	go j.runOne()
+	select {
+	case err := <-e.done:
+		return err
+	case <-ctx.Done():
+	}
+	j.mu.Lock()
+	if !e.taken {
+		// Still queued: nothing of it ran. Leave as commitTx does when
+		// it cannot get a slot.
+		for i, q := range j.queue {
+			if q == e {
+				j.queue = append(j.queue[:i:i], j.queue[i+1:]...)
+				break
+			}
+		}
+		j.mu.Unlock()
+		return infraError{fmt.Errorf("begin: %w", ctx.Err())}
+	}
+	j.mu.Unlock()
+	// Its transaction is under way: a commit in flight is settled by the
+	// fence, and the runner answers once it is (the handler sees ctx
+	// cancelled, the commit is bounded by CommitTimeout).
+	return <-e.done
+}
+
+// runOne takes a slot, then up to span queued batches, and commits them.
+func (j *jointCommitter) runOne() {
+	slots := j.c.txSlots()
+	slots <- struct{}{}
+	defer func() { <-slots }()
+	j.mu.Lock()
+	n := min(len(j.queue), j.span)
+	entries := make([]*jointEntry, n)
+	copy(entries, j.queue)
+	for _, e := range entries {
+		e.taken = true
+	}
+	j.queue = append(j.queue[:0:0], j.queue[n:]...)
+	j.mu.Unlock()
+	// Each round either ends every batch it ran or runs again without the
+	// ones it refused or answered: at most n rounds.
+	for round := 0; len(entries) > 0 && round <= n; round++ {
+		entries = j.runTx(entries)
+	}
+	for _, e := range entries { // never: the loop's bound is not reached
+		e.done <- infraError{errors.New("joint commit: too many rounds")}
+	}
+}
+
+// txResult is what became of one batch's savepoint in a joint transaction.
+type txResult int
+
+const (
+	resRan    txResult = iota // its work is in the transaction, waiting for the fence
+	resFailed                 // rolled back to its savepoint; its outcome was sent
+	resLost                   // the connection broke under its work; its outcome was made, not sent
+	resEnded                  // its handler ended the transaction (a *HandlerBugError)
+)
+
+// runTx runs entries in one transaction and sends each its outcome, except
+// those it returns: batches that must run again in a new transaction
+// (another partition in it was refused, or a handler ended it before their
+// turn).
+func (j *jointCommitter) runTx(entries []*jointEntry) (again []*jointEntry) {
+	c := j.c
+	lo, hi := entries[0].l.claimID, entries[0].l.claimID
+	for _, e := range entries {
+		lo, hi = min(lo, e.l.claimID), max(hi, e.l.claimID)
+	}
+	// The claims of the batches it carries, as one range (claim ids of a
+	// process grow one by one): a newer owner of any of the partitions that
+	// waits on this transaction's locks recognises it as an older
+	// claimant's (fence.Store.EndStaleBlockers), and Resolve finds the
+	// session by it.
+	appName := fence.JointApplicationName(lo, hi)
+	marker := c.txMarker()
+	opts := c.txOptions
+	opts.BeginQuery += "; SET LOCAL tenure.tx = '" + marker + "'; SET LOCAL application_name = '" + appName + "'"
+	fail := func(err error) []*jointEntry {
+		for _, e := range entries {
+			e.done <- err
+		}
+		return nil
+	}
+	bctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
+	conn, err := c.store.Pool().Acquire(bctx)
+	if err != nil {
+		cancel()
+		return fail(infraError{fmt.Errorf("begin: %w", err)})
+	}
+	defer conn.Release() // a connection left in a transaction is closed, not pooled
+	tx, err := conn.BeginTx(bctx, opts)
+	cancel()
+	if err != nil {
+		return fail(infraError{fmt.Errorf("begin: %w", err)})
+	}
+	open := true // the transaction is ours to roll back
+	defer func() {
+		if open {
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = tx.Rollback(rctx) // a failed rollback closes the connection: nothing survives
+		}
+	}()
+	sess := fence.Session{PID: conn.Conn().PgConn().PID(), AppName: appName}
+	// The transaction's id, read with the first savepoint: if a handler
+	// ends the transaction, pg_xact_status says whether what the batches
+	// before it wrote was committed with it.
+	var xid string
+	results := make([]txResult, len(entries))
+	for i, e := range entries {
+		res, err := j.runEntry(conn, tx, e, i == 0, len(entries) == 1, &sess, &xid)
+		results[i] = res
+		switch res {
+		case resRan:
+			continue
+		case resFailed:
+			e.done <- err
+			continue
+		case resLost:
+			// The connection broke under the batch's work: the server
+			// rolls the transaction back, the earlier batches' work with
+			// it, and they run again.
+			e.done <- err
+			for k := range i {
+				if results[k] == resRan {
+					again = append(again, entries[k])
+				}
+			}
+			return append(again, entries[i+1:]...)
+		}
+		// A handler ended the transaction (err is its lane's
+		// *HandlerBugError). What ran before it was committed with it, or
+		// rolled back: the database says which, once the transaction is
+		// surely over (it may have begun another).
+		e.done <- err
+		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = tx.Rollback(rctx)
+		rcancel()
+		committed := j.endedTxCommitted(conn, xid)
+		for k := range i {
+			if results[k] != resRan {
+				continue
+			}
+			if committed {
+				entries[k].done <- entries[k].sharedBug(e)
+			} else {
+				again = append(again, entries[k])
+			}
+		}
+		return append(again, entries[i+1:]...)
+	}
+	var ran []*jointEntry
+	for i, e := range entries {
+		if results[i] == resRan {
+			ran = append(ran, e)
+		}
+	}
+	if len(ran) == 0 {
+		return nil
+	}
+	open = false
+	return j.fence(conn, tx, ran, marker, sess)
+}
+
+// runEntry runs one batch's work in a savepoint of tx. first: the
+// transaction's first batch, which also reads its id (xid) and, through a
+// pooler, its server backend's pid (sess). alone: the transaction's only
+// batch, which needs no savepoint (its failure rolls back the whole
+// transaction, which holds nothing else) and no id (no batch ran before
+// it): it costs what a transaction of its own costs.
+func (j *jointCommitter) runEntry(conn *pgxpool.Conn, tx pgx.Tx, e *jointEntry, first, alone bool, sess *fence.Session, xid *string) (txResult, error) {
+	c := j.c
+	sctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
+	defer cancel()
+	switch {
+	case alone:
+		if c.store.Pooled() {
+			if err := tx.QueryRow(sctx, `SELECT pg_backend_pid()`).Scan(&sess.PID); err != nil {
+				return resFailed, infraError{fmt.Errorf("begin: %w", err)}
+			}
+		}
+	case first:
+		b := &pgx.Batch{}
+		b.Queue("SAVEPOINT " + jointSavepoint)
+		b.Queue(`SELECT pg_current_xact_id()::text, pg_backend_pid()`)
+		br := tx.SendBatch(sctx, b)
+		_, err := br.Exec()
+		var pid uint32
+		if err == nil {
+			err = br.QueryRow().Scan(xid, &pid)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return resFailed, infraError{fmt.Errorf("begin: %w", err)}
+		}
+		if c.store.Pooled() {
+			// Through a transaction pooler the announced pid is the
+			// pooler's: the server backend's is the one to watch and wait on.
+			sess.PID = pid
+		}
+	default:
+		if _, err := tx.Exec(sctx, "SAVEPOINT "+jointSavepoint); err != nil {
+			return resFailed, infraError{fmt.Errorf("begin: %w", err)}
+		}
+	}
+	stopWatch := e.l.watchLocks(sess.PID)
+	werr := e.work(e.ctx, tx)
+	stopWatch()
+	if conn.Conn().IsClosed() {
+		if werr == nil {
+			werr = infraError{errors.New("commit: the connection closed")}
+		}
+		return resLost, werr
+	}
+	// A handler whose SQL ran COMMIT or ROLLBACK left the transaction (the
+	// connection is idle), or left it and began another (the savepoint is
+	// gone: RELEASE and ROLLBACK TO fail with 3B001). Either way nothing
+	// more runs in it: the next statement would run in autocommit.
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		return resEnded, e.ownBug()
+	}
+	if alone {
+		if werr != nil {
+			return resFailed, werr // runTx rolls the transaction back
+		}
+		return resRan, nil // the fence's marker check catches a new BEGIN
+	}
+	if werr == nil {
+		_, err := tx.Exec(sctx, "RELEASE SAVEPOINT "+jointSavepoint)
+		if err == nil {
+			return resRan, nil
+		}
+		if sqlState(err) == codeNoTransaction || sqlState(err) == codeNoSavepoint {
+			return resEnded, e.ownBug()
+		}
+		// The work said it passed, but the transaction cannot go on with
+		// it (a handler that swallowed a failed statement leaves it
+		// aborted): roll it back alone, like a refused commit of its own.
+		werr = infraError{fmt.Errorf("commit: %w", err)}
+	}
+	if _, err := tx.Exec(sctx, "ROLLBACK TO SAVEPOINT "+jointSavepoint+"; RELEASE SAVEPOINT "+jointSavepoint); err != nil {
+		if sqlState(err) == codeNoTransaction || sqlState(err) == codeNoSavepoint {
+			return resEnded, e.ownBug()
+		}
+		// The connection broke, or the server refused to roll back: the
+		// transaction is lost for every batch in it. Whatever the others
+		// wrote is rolled back with it; they run again.
+		return resFailed, werr
+	}
+	return resFailed, werr
+}
+
+// The SQLSTATEs of a savepoint statement whose transaction was ended:
+// 25P01 no_active_sql_transaction (the connection is in autocommit) and
+// 3B001 invalid_savepoint_specification (a new transaction was begun).
+const (
+	codeNoTransaction = "25P01"
+	codeNoSavepoint   = "3B001"
+)
+
+// endedTxCommitted reports whether the joint transaction with id xid, which
+// a handler ended, committed; when the database cannot say (xid unknown, no
+// answer), it answers true: the batches before it may have committed
+// outside the fence and must not run again.
+func (j *jointCommitter) endedTxCommitted(conn *pgxpool.Conn, xid string) bool {
+	if xid == "" {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var status *string
+	if err := conn.QueryRow(ctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status); err != nil || status == nil {
+		return true
+	}
+	return *status != "aborted"
+}
+
+// ownBug is the error of a batch whose handler ended the joint transaction.
+func (e *jointEntry) ownBug() error {
+	b := e.b
+	return &HandlerBugError{FirstJob: JobID(b.Records[0]), LastJob: JobID(b.Records[len(b.Records)-1]), From: b.From, To: b.To}
+}
+
+// sharedBug is the error of a batch whose work was committed, outside the
+// fence, by the handler of other (another partition's batch in the same
+// transaction) that ran COMMIT: the partition halts like other's, for the
+// same reason (running the batch again would do its effects twice).
+func (e *jointEntry) sharedBug(other *jointEntry) error {
+	err := e.ownBug().(*HandlerBugError)
+	err.EndedBy = other.l.key.String()
+	return err
+}
+
+// fence ends tx with one fence statement over ran's partitions and COMMIT,
+// and sends each its outcome; it returns the batches to run again without
+// the partitions that were refused.
+func (j *jointCommitter) fence(conn *pgxpool.Conn, tx pgx.Tx, ran []*jointEntry, marker string, sess fence.Session) (again []*jointEntry) {
+	c := j.c
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
+	defer cancel()
+	reqs := make([]sink.CommitRequest, len(ran))
+	for i, e := range ran {
+		reqs[i] = e.req
+	}
+	err := c.store.CommitJoint(ctx, tx, reqs, marker)
+	var jf *fence.JointFencedError
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		for _, e := range ran {
+			e.done <- nil
+		}
+		return nil
+	case errors.As(err, &jf):
+		// Nothing of the transaction committed. The refused lanes recover
+		// as a refused lane of its own transaction does; the others run
+		// again in a new one, without them.
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = tx.Rollback(rctx)
+		cancel()
+		for i, e := range ran {
+			if ferr, ok := jf.Fenced[i]; ok {
+				e.done <- fmt.Errorf("%w (refused in a transaction shared with %d other batches, which go again without it)", ferr, len(ran)-1)
+			} else {
+				again = append(again, e)
+			}
+		}
+		return again
+	case errors.Is(err, sink.ErrTxEnded):
+		// The marker is gone, yet every savepoint was released: a handler
+		// ended the transaction and began another. Which one cannot be
+		// told; every batch in it halts, as its own would.
+		for _, e := range ran {
+			e.done <- e.ownBug()
+		}
+	case errors.As(err, &pgErr):
+		for _, e := range ran {
+			e.done <- infraError{err} // the server refused: nothing committed
+		}
+	default:
+		// The answer was lost (the connection broke, or none came within
+		// the commit timeout). The session is dropped, and each lane
+		// resolves its own batch against its partition's fencing row,
+		// waiting while the joint session is still in its transaction. The
+		// transaction is atomic, so the answers agree: all committed, or
+		// none (NotCommitted or Fenced).
+		_ = conn.Conn().Close(context.Background())
+		for _, e := range ran {
+			e.done <- e.l.resolve(e.req, sess, err)
+		}
+	}
+	rctx, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = tx.Rollback(rctx) // after a dropped session or COMMIT: nothing to do
+	cancel2()
+	return nil
+}
