@@ -77,8 +77,10 @@ type Config struct {
 	// and in the batches being handled, whatever the number of partitions
 	// (default DefaultWorkerBufferBytes, 32 MiB): once a poll takes them
 	// past it, every partition of the worker pauses until the lanes have
-	// drained half. They can exceed it by the poll that crossed it, at most
-	// MaxConcurrentFetches responses of WorkerBufferBytes/32 on the wire.
+	// drained half. They can exceed it by the poll that crossed it: a
+	// response of at most WorkerBufferBytes/32 on the wire from each broker
+	// that leads some of the worker's partitions (kgo fetches from each at
+	// once; kgo.MaxConcurrentFetches in KgoOpts bounds that count).
 	//
 	// Fetches are sized from them (a response at most WorkerBufferBytes/32
 	// on the wire, a partition's share PartitionBufferBytes/32: compressed
