@@ -4,11 +4,20 @@ package consumer
 // continue the partition's fetch position, and the batches the lane takes
 // from them (take). Fetching the partition pauses when the buffer is full,
 // or the worker's buffers as a whole are, and resumes below half.
+//
+// The worker's budget (Config.WorkerBufferBytes, Consumer.buffered) counts
+// a record from the poll that hands it to a lane until the lane is done
+// with its batch (batchDone), not only while it waits in the buffer: with
+// hundreds of lanes and a few dozen connections, most taken batches wait
+// for a transaction slot, and a budget that forgot them let every lane
+// refill behind its waiting batch (at 1,000 partitions that was most of a
+// worker's memory).
 
 import (
 	"errors"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -32,10 +41,14 @@ func (l *lane) drained() bool {
 	return l.queueBytes < l.c.cfg.PartitionBufferBytes/2 && len(l.queue) < 2*l.c.cfg.BatchMax
 }
 
+// recordOverhead is what a record costs beside its key, value and
+// headers: kgo's Record (160 bytes on 64-bit platforms) and the buffer's pointer to it.
+const recordOverhead = int64(unsafe.Sizeof(kgo.Record{}) + unsafe.Sizeof(&kgo.Record{}))
+
 // recordSize is what a buffered record costs: its key, value and headers,
 // and the record itself.
 func recordSize(r *kgo.Record) int64 {
-	n := int64(len(r.Key) + len(r.Value) + 96)
+	n := int64(len(r.Key)+len(r.Value)) + recordOverhead
 	for _, h := range r.Headers {
 		n += int64(len(h.Key) + len(h.Value) + 32)
 	}
@@ -45,8 +58,23 @@ func recordSize(r *kgo.Record) int64 {
 // setQueueLocked replaces the buffer, keeping the lane's and the worker's
 // byte counts right.
 func (l *lane) setQueueLocked(q []*kgo.Record, bytes int64) {
-	l.c.buffered.Add(bytes - l.queueBytes)
+	if d := bytes - l.queueBytes; d > 0 {
+		l.c.noteBuffered(l.c.buffered.Add(d))
+	} else {
+		l.c.buffered.Add(d)
+	}
 	l.queue, l.queueBytes = q, bytes
+}
+
+// noteBuffered raises the high-water mark of the lanes' holdings
+// (Stats.BufferedBytesPeak) to n.
+func (c *Consumer) noteBuffered(n int64) {
+	for {
+		peak := c.bufferedPeak.Load()
+		if n <= peak || c.bufferedPeak.CompareAndSwap(peak, n) {
+			return
+		}
+	}
 }
 
 func (l *lane) pauseLocked() {
@@ -93,10 +121,68 @@ func (l *lane) push(recs []*kgo.Record, logStart int64) {
 	} else if l.c.buffered.Load() >= l.c.cfg.WorkerBufferBytes {
 		// The worker as a whole holds enough: this partition waits until
 		// the lanes have drained half of it (Consumer.resumeDrained).
-		l.pauseLocked()
-		l.pausedForWorker = true
+		l.pauseForWorkerLocked()
 	}
 	l.wakeUp()
+}
+
+// pauseForWorkerLocked pauses the partition until the worker's buffers
+// have drained (Consumer.resumeDrained), and tells resumeDrained to look.
+// The flag is raised after the field, under the lane's lock, so that a
+// sweep that cleared it before this lane was paused still meets the lane.
+func (l *lane) pauseForWorkerLocked() {
+	l.pauseLocked()
+	l.pausedForWorker = true
+	l.c.forWorker.Store(true)
+}
+
+// holdFetches pauses the fetching of every partition of this worker once
+// the lanes together hold Config.WorkerBufferBytes, after a poll's records
+// were handed out. Pausing only the partitions that received records let
+// each of the others bring one fetch's worth more (a partition's share of
+// the next fetches), so the worker's memory grew with its partition count;
+// with every partition paused, the next fetch asks for nothing and the
+// lanes hold at most the budget plus the poll that crossed it.
+//
+// The lanes are paused in one call to kgo (a pause copies kgo's whole set
+// of paused partitions) while holding every one of their locks: a lane
+// marked paused must be paused in kgo before it can look at the mark
+// (take resumes a drained lane it finds paused). Nothing else holds two
+// lane locks, so taking them all here cannot deadlock.
+func (c *Consumer) holdFetches() {
+	if c.buffered.Load() < c.cfg.WorkerBufferBytes {
+		return
+	}
+	c.mu.Lock()
+	lanes := make([]*lane, 0, len(c.lanes))
+	for _, l := range c.lanes {
+		lanes = append(lanes, l)
+	}
+	c.mu.Unlock()
+	held := lanes[:0]
+	pause := map[*kgo.Client]map[string][]int32{}
+	for _, l := range lanes {
+		l.mu.Lock()
+		if l.paused || l.ended || l.removed {
+			l.mu.Unlock()
+			continue
+		}
+		held = append(held, l)
+		m := pause[l.cl]
+		if m == nil {
+			m = map[string][]int32{}
+			pause[l.cl] = m
+		}
+		m[l.key.Topic] = append(m[l.key.Topic], l.key.Partition)
+	}
+	for cl, m := range pause {
+		cl.PauseFetchPartitions(m)
+	}
+	for _, l := range held {
+		l.paused, l.pausedForWorker = true, true
+		c.forWorker.Store(true)
+		l.mu.Unlock()
+	}
 }
 
 func (l *lane) wakeUp() {
@@ -229,13 +315,23 @@ func (l *lane) take() *Batch {
 			if len(rest) == 0 {
 				rest = nil // let the backing array go
 			}
-			l.setQueueLocked(rest, l.queueBytes-size)
-			if l.paused && !l.ended && !l.removed && l.drained() && !l.heldForWorker() {
-				l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
-				l.paused, l.pausedForWorker = false, false
+			// The batch leaves the buffer but not the worker's count: its
+			// records live until it is committed (batchDone).
+			l.queue, l.queueBytes = rest, l.queueBytes-size
+			l.taken += size
+			if l.paused && !l.ended && !l.removed && l.drained() {
+				if l.heldForWorker() || l.c.buffered.Load() >= l.c.cfg.WorkerBufferBytes {
+					// Drained, but the worker is not: a partition that
+					// resumed now would bring a fetch more past the
+					// worker's bound. It waits for resumeDrained.
+					l.pausedForWorker = true
+					l.c.forWorker.Store(true)
+				} else {
+					l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+					l.paused, l.pausedForWorker = false, false
+				}
 			}
 			l.mu.Unlock()
-			l.c.resumeDrained()
 			return l.batch(recs, l.next)
 		}
 		l.mu.Unlock()
@@ -261,6 +357,21 @@ func (l *lane) take() *Batch {
 		if t != nil {
 			t.Stop()
 		}
+	}
+}
+
+// batchDone gives the worker's budget back what the batch taken last
+// held, once the lane is done with it (committed, fenced, abandoned or
+// requeued: requeue counts what it puts back), and resumes the partitions
+// that waited for it.
+func (l *lane) batchDone() {
+	l.mu.Lock()
+	n := l.taken
+	l.taken = 0
+	l.mu.Unlock()
+	if n != 0 {
+		l.c.buffered.Add(-n)
+		l.c.resumeDrained()
 	}
 }
 

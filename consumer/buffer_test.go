@@ -81,3 +81,74 @@ func TestBuffersStayBoundedWhateverTheBacklog(t *testing.T) {
 		t.Fatal("nothing was ever buffered: the measurement is broken")
 	}
 }
+
+// The worker's bound holds whatever the partition count: with a thousand
+// lanes and a backlog sixteen times the worker's buffer, the lanes never
+// hold more than Config.WorkerBufferBytes plus the poll that crossed it,
+// counting the batches taken and waiting for a connection (most of them,
+// with a thousand lanes and three transactions at once). Pausing only the
+// partitions that received records let every other partition bring a
+// fetch more, and a batch out of the buffer was out of the count: the
+// lanes held most of the backlog. The peak is the consumer's own
+// high-water mark, not a sample.
+func TestWorkerBufferBoundsAThousandPartitions(t *testing.T) {
+	const parts, perPart = 1000, 8
+	b := setup(t, parts)
+	// Small record batches, several per partition: a fetch returns at
+	// least one whole batch, whatever its limit.
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerBatchMaxBytes(4<<10), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcl.Close()
+	pad := strings.Repeat("x", 1000)
+	recs := make([]*kgo.Record, 0, parts*perPart)
+	for p := range int32(parts) {
+		for i := range perPart {
+			recs = append(recs, &kgo.Record{Topic: b.topic, Partition: p, Key: fmt.Appendf(nil, "k%d-%d", p, i), Value: fmt.Appendf(nil, `{"i":%d,"p":"%s"}`, i, pad)})
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := pcl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	var handled atomic.Int64
+	slow := consumer.HandlerFunc(func(_ context.Context, _ consumer.Tx, bt *consumer.Batch) error {
+		time.Sleep(2 * time.Millisecond)
+		handled.Add(int64(len(bt.Records)))
+		return nil
+	})
+	cfg := b.config(slow, zap.NewNop())
+	cfg.BatchMax = 4
+	cfg.PartitionBufferBytes = 64 << 10
+	cfg.WorkerBufferBytes = 512 << 10
+	cfg.ClaimTimeout = 2 * time.Minute
+	c, stop := runNew(t, cfg)
+	defer func() { _ = stop() }()
+
+	deadline := time.Now().Add(3 * time.Minute)
+	// Every job handled, and the count back to nothing once the last
+	// batch is done with (a count that leaked would pause for good).
+	for handled.Load() < int64(len(recs)) || c.Stats().BufferedBytes != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d jobs handled within 3m (lanes %d, %d bytes still counted): a partition paused for the worker was never resumed, or the count leaks",
+				handled.Load(), len(recs), c.Stats().Lanes, c.Stats().BufferedBytes)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// One poll is at most one response (one broker) of FetchMaxBytes on
+	// the wire, 64 KiB here; its records count their kgo.Record too (a
+	// sixth more for these), so twice that covers it.
+	const bound = 512<<10 + 2*64<<10
+	s := c.Stats()
+	t.Logf("peak held: %d bytes over %d partitions, for a backlog of about %d bytes (bound %d)", s.BufferedBytesPeak, parts, len(recs)*1030, bound)
+	if s.BufferedBytesPeak > bound {
+		t.Fatalf("the lanes held %d bytes at most, above the worker's bound of %d: memory grows with the partition count", s.BufferedBytesPeak, bound)
+	}
+	if s.BufferedBytesPeak < cfg.WorkerBufferBytes {
+		t.Fatalf("the lanes held %d bytes at most, never the worker's buffer of %d: the bound was not tested", s.BufferedBytesPeak, cfg.WorkerBufferBytes)
+	}
+}

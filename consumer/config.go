@@ -91,13 +91,25 @@ type Config struct {
 	// batch: New refuses CommitSpan above 1 with either.
 	CommitSpan int
 	// PartitionBufferBytes bounds the records one partition's lane holds
-	// ahead of its handler (default 4 MiB): fetching the partition pauses
-	// there and resumes below half. WorkerBufferBytes bounds them for all
-	// lanes together (default 64 MiB): past it, partitions that receive
-	// records pause until the lanes have drained half. Fetches are sized
-	// from them too (a response at most WorkerBufferBytes/16 on the wire, a
-	// partition's share PartitionBufferBytes/32: compressed bytes, decoded
-	// several times larger), so memory stays bounded whatever the backlog.
+	// ahead of its handler (default 4 MiB, and 4*BatchMax records): fetching
+	// the partition pauses there and resumes below half.
+	//
+	// WorkerBufferBytes bounds the records all lanes together hold, buffered
+	// and in the batches being handled, whatever the number of partitions
+	// (default DefaultWorkerBufferBytes, 32 MiB): once a poll takes them
+	// past it, every partition of the worker pauses until the lanes have
+	// drained half. They can exceed it by the poll that crossed it: a
+	// response of at most WorkerBufferBytes/32 on the wire from each broker
+	// that leads some of the worker's partitions (kgo fetches from each at
+	// once; kgo.MaxConcurrentFetches in KgoOpts bounds that count).
+	//
+	// Fetches are sized from them (a response at most WorkerBufferBytes/32
+	// on the wire, a partition's share PartitionBufferBytes/32: compressed
+	// bytes, decoded several times larger), so memory stays bounded
+	// whatever the backlog and the partition count; docs/operations.md
+	// ("Memory") says which bound covers which part of a worker's memory.
+	// A record counts its key, value and headers, and 168 bytes for kgo's
+	// Record and the pointer to it.
 	PartitionBufferBytes, WorkerBufferBytes int64
 	// FetchMaxWait is how long the broker may hold a fetch open waiting for
 	// records (default 100ms). A partition resumed while a fetch is open is
@@ -321,12 +333,16 @@ var ErrStaticMembership = errors.New("static group membership (group.instance.id
 // (12 partitions, 2 cores): batches of up to 1000 jobs share a
 // transaction's and the fence's fixed cost (fenced and unfenced run at the
 // same rate, where 500 left the fence 30% of the cost), and the buffers keep
-// peak RSS near 120 MB.
+// peak RSS near 120 MB. At 12 partitions a worker's lanes hold at most
+// about 16 MiB (four lanes), below the worker's bound; the worker's bound
+// is what holds at hundreds of partitions, and 32 MiB of records (with the
+// collector's headroom, twice that in heap) keeps a worker of 334 of 1,000
+// partitions under 150 MB (docs/operations.md, "Memory").
 const (
 	DefaultBatchMax             = 1000
 	DefaultBatchMaxBytes        = 4 << 20
 	DefaultPartitionBufferBytes = 4 << 20
-	DefaultWorkerBufferBytes    = 64 << 20
+	DefaultWorkerBufferBytes    = 32 << 20
 )
 
 // DefaultCommitSpan is Config.CommitSpan's default: 1, each batch in a

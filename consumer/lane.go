@@ -125,7 +125,10 @@ type laneBuffer struct {
 	mu         sync.Mutex
 	queue      []*kgo.Record
 	queueBytes int64 // the buffered records' size (recordSize)
-	paused     bool  // fetching of the partition is paused (backpressure or ended)
+	// taken is the size of the batch the lane took last and is not done
+	// with: still in the worker's count (Consumer.buffered) until batchDone.
+	taken  int64
+	paused bool // fetching of the partition is paused (backpressure or ended)
 	// pausedForWorker: paused because the worker's buffers as a whole were
 	// full (Config.WorkerBufferBytes); resumed by Consumer.resumeDrained.
 	pausedForWorker bool
@@ -311,6 +314,7 @@ func (l *lane) run() {
 			return
 		}
 		next, err := l.process(b.Records, b.From)
+		l.batchDone()
 		l.next = next
 		switch {
 		case err == nil:

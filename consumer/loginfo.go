@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -26,7 +30,99 @@ type topicLog struct {
 // topicLogs reads the topics' ids and partition counts (one metadata
 // request of its own: kgo's cached metadata can be minutes old) and, when
 // offsets is set, every partition's start and end offsets.
+//
+// Every caller gets a read that started after it called, but callers that
+// ask for the same topics on the same client while a read is in flight
+// share the next one. Lanes ask at once by the hundreds: every lane whose
+// first claim was rejected while a group settled reads the whole topic,
+// and at 1,000 partitions that many reads of a thousand partitions' offsets
+// at once were a worker's largest memory (about 50 MiB live), and as many
+// requests to the brokers.
+//
+// How a read is shared, per (client, topics, offsets): running is the
+// read in flight, next the one that starts when it ends. A caller joins
+// next if there is one: next has not started, so its result is newer
+// than the call. Otherwise it makes a read, which starts at once if none
+// is running, else becomes next. A read leaves next, under the lock,
+// before it starts, so no caller joins a read that has already started.
+// The read runs on a goroutine and a context of its own (the callers that
+// wait for it come and go), bounded by logReadTimeout; each caller waits
+// on its own context.
 func topicLogs(ctx context.Context, cl *kgo.Client, topics []string, offsets bool) (map[string]*topicLog, error) {
+	k := logReadKey{cl: cl, topics: strings.Join(topics, "\x00"), offsets: offsets}
+	logReads.mu.Lock()
+	rd := logReads.next[k]
+	if rd == nil {
+		rd = &logRead{done: make(chan struct{})}
+		prev := logReads.running[k]
+		if prev == nil {
+			logReads.running[k] = rd
+		} else {
+			logReads.next[k] = rd
+		}
+		go rd.run(context.WithoutCancel(ctx), k, prev, slices.Clone(topics))
+	}
+	logReads.mu.Unlock()
+	select {
+	case <-rd.done:
+		if rd.err != nil {
+			return nil, rd.err
+		}
+		// Callers replace the map's entries (a claim keeps the newest
+		// log it read): each gets its own map; the topicLogs are read only.
+		return maps.Clone(rd.logs), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// logReads are the reads of topics' logs in flight and waiting to start
+// (topicLogs).
+var logReads = struct {
+	mu            sync.Mutex
+	running, next map[logReadKey]*logRead
+}{running: map[logReadKey]*logRead{}, next: map[logReadKey]*logRead{}}
+
+type logReadKey struct {
+	cl      *kgo.Client
+	topics  string
+	offsets bool
+}
+
+// logRead is one read of topics' logs; logs and err are set before done
+// is closed.
+type logRead struct {
+	done chan struct{}
+	logs map[string]*topicLog
+	err  error
+}
+
+// logReadTimeout bounds one shared read of topics' logs.
+const logReadTimeout = 30 * time.Second
+
+// run waits for prev (the read in flight when this one was made, or nil),
+// takes its place and reads.
+func (rd *logRead) run(ctx context.Context, k logReadKey, prev *logRead, topics []string) {
+	if prev != nil {
+		<-prev.done
+		logReads.mu.Lock()
+		delete(logReads.next, k)
+		logReads.running[k] = rd
+		logReads.mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(ctx, logReadTimeout)
+	rd.logs, rd.err = readTopicLogs(ctx, k.cl, topics, k.offsets)
+	cancel()
+	logReads.mu.Lock()
+	if logReads.running[k] == rd {
+		delete(logReads.running, k)
+	}
+	logReads.mu.Unlock()
+	close(rd.done)
+}
+
+// readTopicLogs is one read of topicLogs.
+func readTopicLogs(ctx context.Context, cl *kgo.Client, topics []string, offsets bool) (map[string]*topicLog, error) {
 	req := kmsg.NewPtrMetadataRequest()
 	for _, t := range topics {
 		rt := kmsg.NewMetadataRequestTopic()

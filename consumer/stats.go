@@ -51,10 +51,12 @@ type Stats struct {
 	// its database did not answer for Config.DatabaseTimeout; SteppedDown
 	// is 1 while it is out of the group for that reason (a gauge).
 	StepDowns, SteppedDown int64
-	// BufferedBytes is what the lanes hold ahead of their handlers now
-	// (keys, values, headers and a record's own size; a gauge), bounded by
-	// Config.WorkerBufferBytes plus one fetch.
-	BufferedBytes int64
+	// BufferedBytes is what the lanes hold now, ahead of their handlers
+	// and in the batches being handled (keys, values, headers and a
+	// record's own size; a gauge), bounded by Config.WorkerBufferBytes plus
+	// one poll's records. BufferedBytesPeak is the most they held at once
+	// since the worker started.
+	BufferedBytes, BufferedBytesPeak int64
 	// GroupWatchErrors counts group watches (Stuck) that failed.
 	GroupWatchErrors int64
 }
@@ -81,7 +83,7 @@ func (c *Consumer) Stats() Stats {
 		Recoveries: s.recoveries.Load(), Stalled: s.stalled.Load(), JobsLost: s.jobsLost.Load(),
 		StaleSessionsEnded: s.staleSessionsEnded.Load(), Divergences: s.divergences.Load(),
 		StepDowns: s.stepDowns.Load(), SteppedDown: b2i(c.db.down.Load()),
-		BufferedBytes: c.buffered.Load(), GroupWatchErrors: c.watch.errors.Load(),
+		BufferedBytes: c.buffered.Load(), BufferedBytesPeak: c.bufferedPeak.Load(), GroupWatchErrors: c.watch.errors.Load(),
 	}
 }
 

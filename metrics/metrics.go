@@ -191,7 +191,7 @@ func New(opts Options) *Collector {
 	gaugeStat := func(name, help string, v func(consumer.Stats) int64) { stat(name, help, prometheus.GaugeValue, v) }
 	gaugeStat("lanes", "Partitions this worker is processing now.", func(s consumer.Stats) int64 { return s.Lanes })
 	gaugeStat("lanes_halted", "Partitions this worker holds but does not process until an operator acknowledges their hold (a handler bug, offsets that do not fit the log).", func(s consumer.Stats) int64 { return s.LanesHalted })
-	gaugeStat("buffered_bytes", "Bytes of records the lanes hold ahead of their handlers (bounded by --worker-buffer-bytes plus one fetch).", func(s consumer.Stats) int64 { return s.BufferedBytes })
+	gaugeStat("buffered_bytes", "Bytes of records the lanes hold, ahead of their handlers and in the batches being handled (bounded by --worker-buffer-bytes plus one poll).", func(s consumer.Stats) int64 { return s.BufferedBytes })
 	gaugeStat("lanes_stalled", "Partitions whose claim or commit was rejected although this member holds them; recovering by themselves.", func(s consumer.Stats) int64 { return s.Stalled })
 	counterStat("claims_rejected_total", "Claims given up: refused by the fence or not confirmed by the coordinator.", func(s consumer.Stats) int64 { return s.ClaimsRejected })
 	counterStat("claims_failed_total", "Claims that could not be made (the database, a lock the claim cannot end, a prepared batch it may not finish): the partition is held as stalled and its lane claims it again by itself.", func(s consumer.Stats) int64 { return s.ClaimsFailed })
