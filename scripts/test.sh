@@ -15,8 +15,8 @@
 #   5. SeaweedFS's `weed` for the S3 export test: built once per machine
 #      (scripts/build-weed.sh, 10-15 minutes the first time, cached in
 #      ~/.cache/tenure) and passed to the tests as TENURE_TEST_WEED
-#   6. all tests (integration included), five short chaos runs (classic,
-#      KIP-848 consumer protocol, on a pg_auto_failover formation, strict
+#   6. all tests (integration included), six short chaos runs (classic,
+#      KIP-848 consumer protocol, commits spanning partitions, on a pg_auto_failover formation, strict
 #      hand-off, and the newest fault kinds alone; seeds from the clock), then
 #      -race on the core packages
 #
@@ -107,9 +107,10 @@ fi
 echo "== go test (every package; the chaos package's own unit tests only: its runs follow)"
 go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)
 go test -count=1 -short ./integration/chaos
-# Five short chaos runs, each with a seed from the clock, so that every CI
+# Six short chaos runs, each with a seed from the clock, so that every CI
 # run tries another fault schedule: one per group protocol (classic, and
-# KIP-848's consumer protocol), one on a pg_auto_failover formation
+# KIP-848's consumer protocol), one whose workers commit the batches of up
+# to 4 partitions in one transaction (--commit-span 4, KIP-848), one on a pg_auto_failover formation
 # (installed above) whose primary is killed and its synchronous standby
 # promoted among the other faults (pg-failover; about 1m40s for 60s of
 # faults, two failovers), one with --strict workers, checked for
@@ -147,6 +148,7 @@ chaos_run "classic protocol" -chaos.protocol classic
 chaos_run "consumer protocol (KIP-848)" -chaos.protocol consumer
 chaos_run "on a pg_auto_failover formation" -chaos.postgres formation
 chaos_run "strict hand-off (classic)" -chaos.protocol classic -chaos.strict
+chaos_run "commits spanning partitions (KIP-848, --commit-span 4)" -chaos.protocol consumer -chaos.commit-span 4
 chaos_run "the newest kinds alone (strict, classic)" -chaos.protocol classic -chaos.strict \
 	-chaos.kinds offsets-reset,add-partitions,rolling-restart,partition-multi-host
 echo "== go test -race (core packages)"

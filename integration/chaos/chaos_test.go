@@ -431,6 +431,8 @@ func (w *world) workerArgs(s *slot, name string, extra ...string) []string {
 	}
 	if s.strict {
 		args = append(args, "--strict")
+	} else if w.cfg.span > 1 {
+		args = append(args, "--commit-span", strconv.Itoa(w.cfg.span))
 	}
 	return append(args, extra...)
 }
@@ -1233,6 +1235,9 @@ func (w *world) replay() string {
 	}
 	if w.cfg.strict {
 		s += " -chaos.strict"
+	}
+	if w.cfg.span > 1 {
+		s += " -chaos.commit-span " + strconv.Itoa(w.cfg.span)
 	}
 	if len(w.cfg.kinds) > 0 {
 		s += " -chaos.kinds " + strings.Join(w.cfg.kinds, ",")

@@ -55,6 +55,7 @@ type runCheck struct {
 	owned       []history.Violation
 	unmatched   []history.Entry
 	strictLine  string
+	jointLine   string // -chaos.commit-span: how many transactions spanned partitions
 
 	// checkStored.
 	fenceNext map[int32]int64
@@ -132,6 +133,7 @@ func (w *world) checkAndReport(hwm map[int32]int64, records map[int32][]*kgo.Rec
 	c.checkHistory()
 	c.checkOwnership()
 	c.checkStrict()
+	c.countJoint()
 	c.checkStored()
 	c.checkJobs()
 	c.checkProducer()
@@ -215,6 +217,25 @@ func (c *runCheck) checkOwnership() {
 		c.find("fence log entry #%d (%s of partition %d by %q, token %s, claim id %d) matches no assignment a worker logged",
 			u.ID, u.Kind, u.Partition.Partition, u.Owner, u.Token, u.ClaimID)
 	}
+}
+
+// countJoint (-chaos.commit-span): how many commit transactions carried
+// several partitions' batches, read from the fence log (one transaction
+// writes its entries under one xmin). The history checks above hold for
+// them as for any commit; this line says that the run exercised them.
+func (c *runCheck) countJoint() {
+	if c.w.cfg.span <= 1 {
+		return
+	}
+	var joint, most int
+	err := c.w.pool.QueryRow(c.ctx, `SELECT count(*), coalesce(max(n), 0) FROM (
+	SELECT count(*) AS n FROM `+schemaName+`.fence_log WHERE consumer_group = $1 AND kind = 'commit'
+	GROUP BY xmin::text HAVING count(*) > 1) j`, groupName).Scan(&joint, &most)
+	if err != nil {
+		c.w.t.Errorf("counting the joint commits: %v", err)
+		return
+	}
+	c.jointLine = fmt.Sprintf("joint:       %d commit transactions carried several partitions' batches (at most %d; --commit-span %d)\n", joint, most, c.w.cfg.span)
 }
 
 // checkStrict (-chaos.strict): no batch became visible unless the
@@ -624,6 +645,9 @@ func (c *runCheck) summary() string {
 	if w.cfg.strict {
 		mode = " (strict hand-off)"
 	}
+	if w.cfg.span > 1 {
+		mode = fmt.Sprintf(" (commits spanning up to %d partitions)", w.cfg.span)
+	}
 	fmt.Fprintf(&s, "==== chaos summary: seed %d, %d workers, %s protocol%s, %s of faults, %d jobs/s, %d partitions, run took %s\n",
 		w.cfg.seed, w.cfg.workers, w.cfg.protocol, mode, w.cfg.duration, w.cfg.rate, c.np, time.Since(w.start).Round(time.Second))
 	fmt.Fprintf(&s, "jobs:        %d in the log (%d acknowledged, %d produce errors, %d unacknowledged, %d duplicate seqs); %d exported, %d dead-lettered\n",
@@ -636,6 +660,7 @@ func (c *runCheck) summary() string {
 	s.WriteString(w.rollsSummary())
 	fmt.Fprintf(&s, "history:     %d claims, %d commits in the fence log; %d incarnation bumps (seen by %d claims)\n", c.claims, c.commits, c.book.incarnations, c.book.incSeen)
 	s.WriteString(c.strictLine)
+	s.WriteString(c.jointLine)
 	fmt.Fprintf(&s, "rejections:  %d batches fenced, %d claims fenced; %d partitions-lost events; %d commits of unknown outcome %v; %d handler panics\n",
 		c.book.batchRej, c.book.claimRej, c.book.lost, sumMap(c.book.unknown), c.book.unknown, c.book.panics)
 	fmt.Fprintf(&s, "faults:      %d injected", len(c.faults))

@@ -23,6 +23,7 @@ var (
 	keepFlag     = flag.Bool("chaos.keep", false, "keep the logs directory even when the run passes [TENURE_CHAOS_KEEP]")
 	strictFlag   = flag.Bool("chaos.strict", false, "workers run with --strict (strict hand-off), and the run checks G3-strict: no batch became visible after its assignment was superseded (classic protocol, single server) [TENURE_CHAOS_STRICT]")
 	postgresFlag = flag.String("chaos.postgres", "", "the run's PostgreSQL: single (one throwaway server, pg-restart faults) or formation (pg_auto_failover, pg-failover faults) (default single) [TENURE_CHAOS_POSTGRES]")
+	spanFlag     = flag.Int("chaos.commit-span", 0, "workers run with --commit-span N (commits that span partitions; plain workers only, so not with -chaos.strict) (default 1: each batch in its own transaction) [TENURE_CHAOS_COMMIT_SPAN]")
 	kindsFlag    = flag.String("chaos.kinds", "", "deal only these fault kinds, comma separated (default: every kind) [TENURE_CHAOS_KINDS]")
 )
 
@@ -43,6 +44,7 @@ type config struct {
 	keep     bool
 	postgres string // postgresSingle or postgresFormation
 	strict   bool
+	span     int      // --commit-span of the workers (1: off)
 	kinds    []string // the kinds the deck deals (nil: all)
 }
 
@@ -59,7 +61,7 @@ func loadConfig() (config, error) {
 		return v, v != ""
 	}
 	c := config{duration: *durationFlag, workers: *workersFlag, seed: *seedFlag, soak: *soakFlag,
-		rate: *rateFlag, protocol: *protocolFlag, keep: *keepFlag, postgres: *postgresFlag, strict: *strictFlag}
+		rate: *rateFlag, protocol: *protocolFlag, keep: *keepFlag, postgres: *postgresFlag, strict: *strictFlag, span: *spanFlag}
 	if err := c.fromEnv(env); err != nil {
 		return c, err
 	}
@@ -87,6 +89,7 @@ func (c *config) fromEnv(env func(flagName, envName string) (string, bool)) erro
 		{"chaos.duration", "TENURE_CHAOS_DURATION", func(v string) (err error) { c.duration, err = time.ParseDuration(v); return err }},
 		{"chaos.workers", "TENURE_CHAOS_WORKERS", func(v string) (err error) { c.workers, err = strconv.Atoi(v); return err }},
 		{"chaos.seed", "TENURE_CHAOS_SEED", func(v string) (err error) { c.seed, err = strconv.ParseInt(v, 10, 64); return err }},
+		{"chaos.commit-span", "TENURE_CHAOS_COMMIT_SPAN", func(v string) (err error) { c.span, err = strconv.Atoi(v); return err }},
 		{"chaos.rate", "TENURE_CHAOS_RATE", func(v string) (err error) { c.rate, err = strconv.Atoi(v); return err }},
 		{"chaos.protocol", "TENURE_CHAOS_PROTOCOL", func(v string) error { c.protocol = v; return nil }},
 		{"chaos.postgres", "TENURE_CHAOS_POSTGRES", func(v string) error { c.postgres = v; return nil }},
@@ -130,6 +133,9 @@ func (c *config) fillDefaults() {
 	if c.workers == 0 {
 		c.workers = 3
 	}
+	if c.span == 0 {
+		c.span = 1
+	}
 	if c.rate == 0 {
 		c.rate = 100
 	}
@@ -159,6 +165,10 @@ func (c config) check() error {
 	// the formation's failover is covered by its own run.
 	case c.strict && c.protocol != "classic":
 		return fmt.Errorf("-chaos.strict runs on the classic protocol: kfake's KIP-848 offset commit rule cannot carry strict hand-off")
+	case c.span < 1:
+		return fmt.Errorf("-chaos.commit-span %d: want 1 (each batch in its own transaction) or more", c.span)
+	case c.span > 1 && c.strict:
+		return fmt.Errorf("-chaos.commit-span %d: strict workers commit each batch in its own transaction (the worker refuses --commit-span with --strict)", c.span)
 	case c.strict && c.postgres != postgresSingle:
 		return fmt.Errorf("-chaos.strict runs on a single server, not a formation")
 	case slices.Contains(c.kinds, kindPGFailover) && c.postgres != postgresFormation:
