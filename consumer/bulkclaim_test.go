@@ -60,8 +60,8 @@ func (f *inFlight) enter() {
 
 func (f *inFlight) leave() { f.now.Add(-1) }
 
-// The claims of one assignment run several at once, at most
-// claimsAtOnce (8 for a pool of 32): one at a time, a worker given the
+// The claims of one assignment run several at once, at most 8 (at
+// start-up every connection of the pool of 32 is free): one at a time, a worker given the
 // 334 partitions of a dead one out of 1,000 claimed them for seconds
 // after the session timeout while none of them was processed. Each claim
 // lingers 100 ms in BeforeClaim, so that claims that can overlap do.

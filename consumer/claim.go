@@ -56,8 +56,7 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 	}
 	slices.Sort(topics)
 	// In a fixed order (topic, partition): the claims are handed out in
-	// this order, the first claimsAtOnce together and then one as each
-	// ends, so the first partitions are claimed first; but claims that run
+	// this order, several together and then one as each ends, so the first partitions are claimed first; but claims that run
 	// together finish in any order, and logs and tests must not read an
 	// order into them.
 	var parts []tp
@@ -86,29 +85,16 @@ func (c *Consumer) claim(ctx context.Context, offsets map[string]map[int32]kgo.O
 }
 
 // maxClaimsAtOnce bounds the claims of one assignment that run at once.
-const maxClaimsAtOnce = 8
-
-// claimsAtOnce is how many claims of one assignment run at once for a pool
-// of conns connections: a quarter of it, 1 to maxClaimsAtOnce.
 //
 // Why in parallel: one at a time, a claim costs a few round trips to
 // Postgres, and a worker given the 334 partitions of a dead one out of
 // 1,000 spent seconds claiming them after the session timeout, while
 // nothing of theirs was processed (kgo fetches none of an assignment
 // until all of it is claimed).
-//
-// Why a quarter: each claim holds a connection for its statements. The
-// lanes are held to their slots (laneConns), so the reserve is free for
-// claims whatever the lanes do; beyond it a claim takes a connection a
-// running lane could use for its next batch. Three quarters stay the
-// lanes', so that at a hand-off the survivor's own partitions keep going
-// (at start-up nothing runs yet and every connection is free). More
-// claims than free connections would only queue in the pool.
-func claimsAtOnce(conns int32) int {
-	return int(min(maxClaimsAtOnce, max(1, conns/4)))
-}
+const maxClaimsAtOnce = 8
 
-// claimAll claims parts, claimsAtOnce at a time, each in claimPartition
+// claimAll claims parts, up to maxClaimsAtOnce at a time (as connections
+// allow: below), each in claimPartition
 // with the same per-partition steps as alone (register, confirm, claim
 // per round; bumps and ties; holds; a claim that cannot be made now
 // recovers by itself), and writes each fetch position into offsets. It
@@ -133,15 +119,35 @@ func (c *Consumer) claimAll(ctx context.Context, cl *kgo.Client, member string, 
 		wg    sync.WaitGroup
 		ended atomic.Bool
 	)
-	sem := make(chan struct{}, claimsAtOnce(c.store.Pool().Config().MaxConns))
+	// Each claim holds a connection for its statements, and pgxpool hands
+	// connections out in the order they were asked for: a claim asking
+	// while every connection is taken waits behind the lanes queued for
+	// one (laneConns). So a claim first takes a right to a connection that
+	// no lane can take meanwhile: one of the pool's reserve (what the lanes
+	// leave for the protocol's statements, of which these are the bulk at
+	// an assignment), or a lane's slot that is free now (at start-up,
+	// nothing runs yet). Measured at a hand-off of 167 partitions to a busy
+	// worker (one pair of runs, a loaded machine): 8 claims asking the pool
+	// directly made 130-150 claims/s, one at a time on the reserve 560.
+	conns := c.store.Pool().Config().MaxConns
+	reserve := make(chan struct{}, max(1, int(conns)-laneConns(conns)))
+	slots := c.txSlots()
+	sem := make(chan struct{}, maxClaimsAtOnce)
 	for _, part := range parts {
 		sem <- struct{}{}
 		if ended.Load() {
 			break
 		}
+		var release func()
+		select {
+		case reserve <- struct{}{}:
+			release = func() { <-reserve }
+		case slots <- struct{}{}:
+			release = func() { <-slots }
+		}
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
+			defer func() { release(); <-sem; wg.Done() }()
 			at, ok := c.claimPartition(ctx, cl, member, epoch, a, part)
 			if !ok {
 				ended.Store(true)
