@@ -293,6 +293,8 @@ type Config struct {
 
 // Hooks are called on a partition's lane. They exist for instrumentation,
 // demos and tests (tenure's own tests pause a worker inside BeforeCommit).
+// Lanes run at once, and so do the claims of one assignment: a hook may
+// run for several partitions at the same time.
 type Hooks struct {
 	// BeforeClaim runs when a newly assigned partition is about to be
 	// claimed with token t.
