@@ -153,12 +153,7 @@ func (c *Consumer) holdFetches() {
 	if c.buffered.Load() < c.cfg.WorkerBufferBytes {
 		return
 	}
-	c.mu.Lock()
-	lanes := make([]*lane, 0, len(c.lanes))
-	for _, l := range c.lanes {
-		lanes = append(lanes, l)
-	}
-	c.mu.Unlock()
+	lanes := c.snapshotLanes()
 	held := lanes[:0]
 	pause := map[*kgo.Client]map[string][]int32{}
 	for _, l := range lanes {

@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/internal/fence"
+	"github.com/tenure-dev/tenure/internal/tick"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -546,28 +547,16 @@ func (c *Consumer) pruneFenceLogs(ctx context.Context) {
 	if !r.Enabled() {
 		return
 	}
-	t := time.NewTicker(c.cfg.FenceLogPruneInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		c.mu.Lock()
-		keys := make([]sink.Partition, 0, len(c.lanes))
-		for _, l := range c.lanes {
-			keys = append(keys, l.key)
-		}
-		c.mu.Unlock()
+	tick.Every(ctx, c.cfg.FenceLogPruneInterval, func() {
+		lanes := c.snapshotLanes()
 		var total int64
-		for _, k := range keys {
+		for _, l := range lanes {
 			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			n, err := c.store.PruneFenceLog(pctx, k, r)
+			n, err := c.store.PruneFenceLog(pctx, l.key, r)
 			cancel()
 			if err != nil {
 				if ctx.Err() == nil {
-					c.log.Warn("pruning the fence log failed; trying again next time", zap.Stringer("partition", k), zap.Error(err))
+					c.log.Warn("pruning the fence log failed; trying again next time", zap.Stringer("partition", l.key), zap.Error(err))
 				}
 				continue
 			}
@@ -575,9 +564,9 @@ func (c *Consumer) pruneFenceLogs(ctx context.Context) {
 		}
 		if total > 0 {
 			c.stats.fenceLogPruned.Add(total)
-			c.log.Debug("fence log pruned", zap.Int64("entries", total), zap.Int("partitions", len(keys)))
+			c.log.Debug("fence log pruned", zap.Int64("entries", total), zap.Int("partitions", len(lanes)))
 		}
-	}
+	})
 }
 
 // topicMaybeRecreated runs when a fetch of topic fails with
@@ -666,12 +655,7 @@ func (c *Consumer) resumeDrained() {
 		return
 	}
 	c.forWorker.Store(false)
-	c.mu.Lock()
-	lanes := make([]*lane, 0, len(c.lanes))
-	for _, l := range c.lanes {
-		lanes = append(lanes, l)
-	}
-	c.mu.Unlock()
+	lanes := c.snapshotLanes()
 	for _, l := range lanes {
 		l.mu.Lock()
 		switch {
@@ -713,6 +697,33 @@ func (c *Consumer) applySeeks(cl *kgo.Client) {
 	}
 }
 
+// snapshotLanes returns the lanes as they are now, for work that must not
+// hold c.mu while it visits them.
+func (c *Consumer) snapshotLanes() []*lane {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lanes := make([]*lane, 0, len(c.lanes))
+	for _, l := range c.lanes {
+		lanes = append(lanes, l)
+	}
+	return lanes
+}
+
+// endSession marks cl's group session as ended (no claim of it makes a
+// lane from now on: assignedLane) and takes every lane out of the map, for
+// the caller to stop.
+func (c *Consumer) endSession(cl *kgo.Client) []*lane {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ended = cl
+	lanes := make([]*lane, 0, len(c.lanes))
+	for k, l := range c.lanes {
+		lanes = append(lanes, l)
+		delete(c.lanes, k)
+	}
+	return lanes
+}
+
 // leaveTimeout bounds leaving the group and closing the client, together,
 // once a stopping worker's lanes have stopped.
 const leaveTimeout = 3 * time.Second
@@ -720,14 +731,7 @@ const leaveTimeout = 3 * time.Second
 // shutdown stops every lane (soft, then hard after ShutdownTimeout), then
 // leaves the group and closes the client.
 func (c *Consumer) shutdown(cl *kgo.Client) {
-	c.mu.Lock()
-	c.ended = cl
-	lanes := make([]*lane, 0, len(c.lanes))
-	for k, l := range c.lanes {
-		lanes = append(lanes, l)
-		delete(c.lanes, k)
-	}
-	c.mu.Unlock()
+	lanes := c.endSession(cl)
 	stopLanes(lanes, c.cfg.ShutdownTimeout)
 	logReleased(lanes, MsgReleased)
 	deadline := time.Now().Add(leaveTimeout)

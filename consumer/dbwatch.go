@@ -247,14 +247,7 @@ func (c *Consumer) awaitDatabase(ctx context.Context) bool {
 // within leaveTimeout. The lanes finish stopping in the background (a
 // commit stuck on a dead connection ends at its CommitTimeout).
 func (c *Consumer) stepDownSession(cl *kgo.Client) {
-	c.mu.Lock()
-	c.ended = cl
-	lanes := make([]*lane, 0, len(c.lanes))
-	for k, l := range c.lanes {
-		lanes = append(lanes, l)
-		delete(c.lanes, k)
-	}
-	c.mu.Unlock()
+	lanes := c.endSession(cl)
 	for _, l := range lanes {
 		l.release()
 		l.stopHard()

@@ -78,13 +78,7 @@ func (c *Consumer) mirrorOffsets(ctx context.Context, cl *kgo.Client) {
 		default:
 			return
 		}
-		c.mu.Lock()
-		lanes := make([]*lane, 0, len(c.lanes))
-		for _, l := range c.lanes {
-			lanes = append(lanes, l)
-		}
-		c.mu.Unlock()
-		c.commitMirror(ctx, cl, lanes, func() { <-inflight }, false)
+		c.commitMirror(ctx, cl, c.snapshotLanes(), func() { <-inflight }, false)
 	})
 }
 
