@@ -27,9 +27,9 @@ const jointSavepoint = "tenure_batch"
 
 // jointCommitter runs the worker's joint transactions. A lane whose batch
 // is ready queues it (commit) and waits for its outcome; each queued batch
-// starts a runner, which waits for a transaction slot (laneConns, shared
-// with nothing else: every lane of the worker commits through here) and
-// then takes whatever is queued, up to span batches. Nothing waits for
+// starts a runner, which waits for its turn (jointTxs at once) and a
+// transaction slot (laneConns, shared with the claims) and then takes
+// whatever is queued, up to span batches. Nothing waits for
 // more batches to come: a runner that finds the queue empty (earlier
 // runners took its batch along) gives its slot back.
 type jointCommitter struct {
@@ -38,7 +38,21 @@ type jointCommitter struct {
 
 	mu    sync.Mutex
 	queue []*jointEntry
+	// running bounds the joint transactions under way at once
+	// (jointTxs), so that batches queue behind them and each transaction
+	// carries several.
+	running chan struct{}
 }
+
+// jointTxs is how many joint transactions a worker runs at once. Bounded
+// by the transaction slots alone (laneConns, 28 of a 32-connection pool),
+// a transaction almost always found a slot free and took the one batch
+// queued: at 1,000 partitions over 3 workers, --commit-span 16 ran at the
+// rate of --commit-span 1 (22,253 and 23,392 jobs/s, one run each, quiet
+// machine). With 4 at once, the batches that become ready meanwhile wait
+// for the next transaction and share it: 34,715 jobs/s and 0.59x the CPU
+// per job (workers and Postgres) of --commit-span 1, with --commit-span 64.
+const jointTxs = 4
 
 // jointEntry is one lane's batch in the joint committer: the work commitTx
 // would run in a transaction of its own, and where its outcome goes.
@@ -58,7 +72,7 @@ func newJointCommitter(c *Consumer) *jointCommitter {
 	if c.cfg.CommitSpan <= 1 || c.cfg.Strict || c.cfg.UnsafeNoFence {
 		return nil
 	}
-	return &jointCommitter{c: c, span: c.cfg.CommitSpan}
+	return &jointCommitter{c: c, span: c.cfg.CommitSpan, running: make(chan struct{}, jointTxs)}
 }
 
 // commit is commitTx for a joint committer: b's work runs in a joint
@@ -97,6 +111,8 @@ func (j *jointCommitter) commit(ctx context.Context, l *lane, b *Batch, work fun
 
 // runOne takes a slot, then up to span queued batches, and commits them.
 func (j *jointCommitter) runOne() {
+	j.running <- struct{}{}
+	defer func() { <-j.running }()
 	slots := j.c.txSlots()
 	slots <- struct{}{}
 	defer func() { <-slots }()
