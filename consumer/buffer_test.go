@@ -33,18 +33,8 @@ func TestBuffersStayBoundedWhateverTheBacklog(t *testing.T) {
 	for i := range recs {
 		recs[i] = &kgo.Record{Topic: b.topic, Key: fmt.Appendf(nil, "k%d", i), Value: fmt.Appendf(nil, `{"i":%d,"p":"%s"}`, i, pad)}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := pcl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-
-	var handled atomic.Int64
-	slow := consumer.HandlerFunc(func(_ context.Context, _ consumer.Tx, bt *consumer.Batch) error {
-		time.Sleep(3 * time.Millisecond)
-		handled.Add(int64(len(bt.Records)))
-		return nil
-	})
+	produceAll(t, pcl, recs, 30*time.Second)
+	slow, handled := slowCounting(3 * time.Millisecond)
 	cfg := b.config(slow, zap.NewNop())
 	cfg.BatchMax = 10
 	cfg.PartitionBufferBytes = 16 << 10
@@ -109,18 +99,8 @@ func TestWorkerBufferBoundsAThousandPartitions(t *testing.T) {
 			recs = append(recs, &kgo.Record{Topic: b.topic, Partition: p, Key: fmt.Appendf(nil, "k%d-%d", p, i), Value: fmt.Appendf(nil, `{"i":%d,"p":"%s"}`, i, pad)})
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := pcl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-
-	var handled atomic.Int64
-	slow := consumer.HandlerFunc(func(_ context.Context, _ consumer.Tx, bt *consumer.Batch) error {
-		time.Sleep(2 * time.Millisecond)
-		handled.Add(int64(len(bt.Records)))
-		return nil
-	})
+	produceAll(t, pcl, recs, 60*time.Second)
+	slow, handled := slowCounting(2 * time.Millisecond)
 	cfg := b.config(slow, zap.NewNop())
 	cfg.BatchMax = 4
 	cfg.PartitionBufferBytes = 64 << 10
@@ -151,4 +131,26 @@ func TestWorkerBufferBoundsAThousandPartitions(t *testing.T) {
 	if s.BufferedBytesPeak < cfg.WorkerBufferBytes {
 		t.Fatalf("the lanes held %d bytes at most, never the worker's buffer of %d: the bound was not tested", s.BufferedBytesPeak, cfg.WorkerBufferBytes)
 	}
+}
+
+// produceAll produces recs and fails the test unless every one is
+// acknowledged within timeout.
+func produceAll(t *testing.T, pcl *kgo.Client, recs []*kgo.Record, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := pcl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// slowCounting is a handler that takes d per batch and counts the jobs it
+// was given.
+func slowCounting(d time.Duration) (consumer.Handler, *atomic.Int64) {
+	handled := new(atomic.Int64)
+	return consumer.HandlerFunc(func(_ context.Context, _ consumer.Tx, bt *consumer.Batch) error {
+		time.Sleep(d)
+		handled.Add(int64(len(bt.Records)))
+		return nil
+	}), handled
 }
