@@ -144,20 +144,7 @@ func TestConcurrentClaimsEachGetTheirOutcome(t *testing.T) {
 	cfg.Store = storeWithConns(t, b, 32)
 	cfg.ClaimTimeout = 20 * time.Second
 	stop := b.start(cfg)
-	end := b.endOffsets()
-	waitForCond(t, 60*time.Second, "partitions 3-7 to be processed", func() bool {
-		fs, err := b.store.List(ctx, b.group)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := 0
-		for _, f := range fs {
-			if f.Partition.Partition >= 3 && f.NextOffset >= end[f.Partition.Partition] {
-				done++
-			}
-		}
-		return done == 5
-	})
+	b.waitProcessed(60*time.Second, "partitions 3-7 to be processed", func(p int32) bool { return p >= 3 }, 5)
 	holdOf := func(p int32, kind sink.HoldKind) sink.Hold {
 		t.Helper()
 		var h sink.Hold
@@ -189,18 +176,7 @@ func TestConcurrentClaimsEachGetTheirOutcome(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitForCond(t, 30*time.Second, "partition 0 to be processed", func() bool {
-		fs, err := b.store.List(ctx, b.group)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range fs {
-			if f.Partition.Partition == 0 {
-				return f.NextOffset >= end[0]
-			}
-		}
-		return false
-	})
+	b.waitProcessed(30*time.Second, "partition 0 to be processed", func(p int32) bool { return p == 0 }, 1)
 	if n := logs.FilterMessage(consumer.MsgPartitionsAssigned).Len(); n != 1 {
 		t.Errorf("the member was assigned partitions %d times: a claim made it leave and rejoin", n)
 	}

@@ -129,6 +129,28 @@ func (b *bundle) endOffsets() map[int32]int64 {
 	return out
 }
 
+// waitProcessed waits until the partitions which selects have all stored
+// a next offset at the topic's end as it is now (want of them).
+func (b *bundle) waitProcessed(timeout time.Duration, what string, which func(p int32) bool, want int) {
+	b.t.Helper()
+	end := b.endOffsets()
+	waitForCond(b.t, timeout, what, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		fs, err := b.store.List(ctx, b.group)
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		done := 0
+		for _, f := range fs {
+			if which(f.Partition.Partition) && f.NextOffset >= end[f.Partition.Partition] {
+				done++
+			}
+		}
+		return done == want
+	})
+}
+
 // waitDone waits until every partition's stored next offset reaches the
 // topic's end.
 func (b *bundle) waitDone(timeout time.Duration) {

@@ -142,7 +142,7 @@ func (b *bundle) ledgerRows() int {
 	return rows
 }
 
-func waitForCond(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitForCond(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {

@@ -48,20 +48,7 @@ func TestAStuckClaimStaysThatPartitionsTrouble(t *testing.T) {
 	cfg := b.config(ledger(t, b.schema), zap.New(core))
 	cfg.ClaimTimeout = 6 * time.Second
 	stop := b.start(cfg)
-	end := b.endOffsets()
-	waitForCond(t, 30*time.Second, "partitions 1-3 to be processed", func() bool {
-		fs, err := b.store.List(ctx, b.group)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := 0
-		for _, f := range fs {
-			if f.Partition.Partition != 0 && f.NextOffset >= end[f.Partition.Partition] {
-				done++
-			}
-		}
-		return done == 3
-	})
+	b.waitProcessed(30*time.Second, "partitions 1-3 to be processed", func(p int32) bool { return p != 0 }, 3)
 	var held sink.Hold
 	waitForCond(t, 20*time.Second, "partition 0 to be held as stalled", func() bool {
 		h, err := b.store.OpenHold(ctx, p0)
