@@ -314,17 +314,8 @@ func (l *lane) take() *Batch {
 			// records live until it is committed (batchDone).
 			l.queue, l.queueBytes = rest, l.queueBytes-size
 			l.taken += size
-			if l.paused && !l.ended && !l.removed && l.drained() {
-				if l.heldForWorker() || l.c.buffered.Load() >= l.c.cfg.WorkerBufferBytes {
-					// Drained, but the worker is not: a partition that
-					// resumed now would bring a fetch more past the
-					// worker's bound. It waits for resumeDrained.
-					l.pausedForWorker = true
-					l.c.forWorker.Store(true)
-				} else {
-					l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
-					l.paused, l.pausedForWorker = false, false
-				}
+			if l.drained() {
+				l.resumeLocked()
 			}
 			l.mu.Unlock()
 			return l.batch(recs, l.next)
@@ -402,9 +393,26 @@ func (l *lane) heldForWorker() bool {
 
 func (l *lane) resumeFetch() {
 	l.mu.Lock()
-	if l.paused && !l.ended && !l.removed {
-		l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
-		l.paused = false
-	}
+	l.resumeLocked()
 	l.mu.Unlock()
+}
+
+// resumeLocked resumes fetching the partition, unless the worker's buffers
+// are too full: then the lane waits for resumeDrained like a lane paused
+// for the worker. Every way a lane resumes goes through here (a drained
+// buffer, a claim's or recovery's seek, an acknowledged partition count),
+// because each resumed partition brings a fetch more: a claim's seek that
+// resumed regardless let the partitions claimed while the worker was full
+// take it past its bound, one poll after another, at 1,000 partitions.
+func (l *lane) resumeLocked() {
+	if !l.paused || l.ended || l.removed {
+		return
+	}
+	if l.heldForWorker() || l.c.buffered.Load() >= l.c.cfg.WorkerBufferBytes {
+		l.pausedForWorker = true
+		l.c.forWorker.Store(true)
+		return
+	}
+	l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
+	l.paused, l.pausedForWorker = false, false
 }

@@ -661,8 +661,7 @@ func (c *Consumer) resumeDrained() {
 		switch {
 		case !l.pausedForWorker || !l.paused || l.ended || l.removed:
 		case l.drained():
-			l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
-			l.paused, l.pausedForWorker = false, false
+			l.resumeLocked()
 		default:
 			c.forWorker.Store(true)
 		}

@@ -143,3 +143,45 @@ func TestMovedLogHold(t *testing.T) {
 		t.Error("movedLogHold changed the log it was given")
 	}
 }
+
+// Every way a lane resumes its partition waits while the worker's buffers
+// are full: a claim's seek that resumed regardless let each partition
+// claimed meanwhile bring a fetch more past the worker's bound (seen at
+// 1,000 partitions, where claims run while the first polls fill the
+// worker). Once the lanes drain below half, resumeDrained resumes them.
+func TestResumeWaitsWhileTheWorkerIsFull(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		resume func(l *lane)
+	}{
+		{"a claim's seek", func(l *lane) {
+			l.seek(10)
+			l.applySeek(l.cl)
+		}},
+		{"an acknowledged partition count", func(l *lane) { l.resumeFetch() }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			l := testLane(t, 10)
+			l.c.cfg.WorkerBufferBytes = 1000
+			l.c.lanes[tp{"t", 0}] = l
+			l.pauseFetch()
+			l.c.buffered.Store(1000) // other lanes' batches fill the worker
+			c.resume(l)
+			if !pausedInKgo(l) || !l.pausedForWorker {
+				t.Fatalf("resumed with the worker full (paused in kgo %v, for the worker %v): the partition brings a fetch more past the bound",
+					pausedInKgo(l), l.pausedForWorker)
+			}
+			l.c.buffered.Store(499)
+			l.c.resumeDrained()
+			if pausedInKgo(l) || l.paused || l.pausedForWorker {
+				t.Fatalf("still paused (kgo %v, lane %v, for the worker %v) once the worker drained below half", pausedInKgo(l), l.paused, l.pausedForWorker)
+			}
+		})
+	}
+}
+
+func pausedInKgo(l *lane) bool {
+	return len(l.cl.PauseFetchPartitions(nil)[l.key.Topic]) == 1
+}

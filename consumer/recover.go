@@ -386,9 +386,8 @@ func (l *lane) applySeek(cl *kgo.Client) {
 	// from the old position): the log is judged afresh from there.
 	l.fetchPos = off
 	l.logMoved, l.logEvidence, l.logWhy = false, -1, ""
-	if l.paused && !l.seekPause.Load() {
-		cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})
-		l.paused = false
+	if !l.seekPause.Load() {
+		l.resumeLocked()
 	}
 }
 
