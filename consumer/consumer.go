@@ -787,28 +787,31 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 // finish its in-flight batch (half the rebalance timeout at most); whatever it
 // does, the fence decides whether that batch lands.
 func (c *Consumer) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	if len(revoked) == 0 {
-		return
-	}
-	c.log.Info("partitions revoked", zap.Any("partitions", revoked))
-	lanes := c.takeLanes(revoked)
-	c.logEnded(lanes, "revoked")
-	stopLanes(lanes, c.cfg.RebalanceTimeout/2)
-	logReleased(lanes, MsgRevoked)
+	c.endAssignment(revoked, "revoked", c.cfg.RebalanceTimeout/2, MsgRevoked)
 }
 
 // lost is kgo's OnPartitionsLost: the member was evicted or fenced by the
 // coordinator (e.g. it was paused past its session timeout). Someone else may
 // already own these partitions, so in-flight work is abandoned at once.
 func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	if len(lost) == 0 {
+	c.endAssignment(lost, "lost", lostGrace, MsgLost)
+}
+
+// endAssignment stops the lanes of parts, which were revoked or lost
+// (how), giving each grace to finish its batch.
+func (c *Consumer) endAssignment(parts map[string][]int32, how string, grace time.Duration, msg string) {
+	if len(parts) == 0 {
 		return
 	}
-	c.log.Warn("partitions lost", zap.Any("partitions", lost))
-	lanes := c.takeLanes(lost)
-	c.logEnded(lanes, "lost")
-	stopLanes(lanes, lostGrace)
-	logReleased(lanes, MsgLost)
+	level := zap.InfoLevel
+	if how == "lost" {
+		level = zap.WarnLevel
+	}
+	c.log.Log(level, "partitions "+how, zap.Any("partitions", parts))
+	lanes := c.takeLanes(parts)
+	c.logEnded(lanes, how)
+	stopLanes(lanes, grace)
+	logReleased(lanes, msg)
 }
 
 // logEnded logs, for a strict worker, the end of each lane's assignment

@@ -26,22 +26,23 @@ import (
 const jointSavepoint = "tenure_batch"
 
 // jointCommitter runs the worker's joint transactions. A lane whose batch
-// is ready queues it (commit) and waits for its outcome; each queued batch
-// starts a runner, which waits for its turn (jointTxs at once) and a
-// transaction slot (laneConns, shared with the claims) and then takes
-// whatever is queued, up to span batches. Nothing waits for
-// more batches to come: a runner that finds the queue empty (earlier
-// runners took its batch along) gives its slot back.
+// is ready queues it (commit) and waits for its outcome. Runners, at most
+// jointTxs at once, each take a transaction slot (laneConns, shared with
+// the claims) and then whatever is queued, up to span batches, and go
+// again until they find the queue empty. Nothing waits for more batches
+// to come: the batches that become ready while the runners are busy wait
+// for the next transaction and share it.
 type jointCommitter struct {
 	c    *Consumer
 	span int
 
 	mu    sync.Mutex
 	queue []*jointEntry
-	// running bounds the joint transactions under way at once
-	// (jointTxs), so that batches queue behind them and each transaction
-	// carries several.
-	running chan struct{}
+	// runners is how many runners are under way (at most jointTxs). A
+	// runner leaves only under mu when it finds the queue empty, and
+	// commit starts one under mu after queueing when fewer are under way:
+	// a queued batch always has a runner to take it.
+	runners int
 }
 
 // jointTxs is how many joint transactions a worker runs at once. Bounded
@@ -72,7 +73,7 @@ func newJointCommitter(c *Consumer) *jointCommitter {
 	if c.cfg.CommitSpan <= 1 || c.cfg.Strict || c.cfg.UnsafeNoFence {
 		return nil
 	}
-	return &jointCommitter{c: c, span: c.cfg.CommitSpan, running: make(chan struct{}, jointTxs)}
+	return &jointCommitter{c: c, span: c.cfg.CommitSpan}
 }
 
 // commit is commitTx for a joint committer: b's work runs in a joint
@@ -82,8 +83,11 @@ func (j *jointCommitter) commit(ctx context.Context, l *lane, b *Batch, work fun
 		req: sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To, LogEpoch: l.logEpoch}}
 	j.mu.Lock()
 	j.queue = append(j.queue, e)
+	if j.runners < jointTxs {
+		j.runners++
+		go j.run()
+	}
 	j.mu.Unlock()
-	go j.runOne()
 	select {
 	case err := <-e.done:
 		return err
@@ -109,30 +113,47 @@ func (j *jointCommitter) commit(ctx context.Context, l *lane, b *Batch, work fun
 	return <-e.done
 }
 
-// runOne takes a slot, then up to span queued batches, and commits them.
-func (j *jointCommitter) runOne() {
-	j.running <- struct{}{}
-	defer func() { <-j.running }()
-	slots := j.c.txSlots()
-	slots <- struct{}{}
-	defer func() { <-slots }()
+// run takes a transaction slot, then up to span queued batches, and
+// commits them, until it finds the queue empty.
+func (j *jointCommitter) run() {
+	for {
+		slots := j.c.txSlots()
+		slots <- struct{}{}
+		entries := j.take()
+		if entries == nil {
+			<-slots
+			return
+		}
+		// Each round either ends every batch it ran or runs again without
+		// the ones it refused or answered: at most len(entries) rounds.
+		n := len(entries)
+		for round := 0; len(entries) > 0 && round <= n; round++ {
+			entries = j.runTx(entries)
+		}
+		for _, e := range entries { // never: the loop's bound is not reached
+			e.done <- infraError{errors.New("joint commit: too many rounds")}
+		}
+		<-slots
+	}
+}
+
+// take takes up to span queued batches; with none queued, the runner
+// leaves (nil).
+func (j *jointCommitter) take() []*jointEntry {
 	j.mu.Lock()
+	defer j.mu.Unlock()
 	n := min(len(j.queue), j.span)
+	if n == 0 {
+		j.runners--
+		return nil
+	}
 	entries := make([]*jointEntry, n)
 	copy(entries, j.queue)
 	for _, e := range entries {
 		e.taken = true
 	}
 	j.queue = append(j.queue[:0:0], j.queue[n:]...)
-	j.mu.Unlock()
-	// Each round either ends every batch it ran or runs again without the
-	// ones it refused or answered: at most n rounds.
-	for round := 0; len(entries) > 0 && round <= n; round++ {
-		entries = j.runTx(entries)
-	}
-	for _, e := range entries { // never: the loop's bound is not reached
-		e.done <- infraError{errors.New("joint commit: too many rounds")}
-	}
+	return entries
 }
 
 // txResult is what became of one batch's savepoint in a joint transaction.

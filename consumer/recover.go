@@ -348,21 +348,17 @@ func (l *lane) within(parent context.Context) (context.Context, context.CancelFu
 
 // seek asks the poll loop to move the partition's fetch position to next
 // (the lane's new next offset) and resume fetching it.
-func (l *lane) seek(next int64) {
-	l.next = next
-	l.dropBuffer()
-	l.seekPause.Store(false)
-	l.seekTo.Store(next)
-	l.c.wakePoll()
-}
+func (l *lane) seek(next int64) { l.seekAndPause(next, false) }
 
 // seekPaused is seek for a lane that must not fetch yet (held, or waiting
 // for a partition count's acknowledgement): the position moves, fetching
 // stays paused until the lane resumes it.
-func (l *lane) seekPaused(next int64) {
+func (l *lane) seekPaused(next int64) { l.seekAndPause(next, true) }
+
+func (l *lane) seekAndPause(next int64, paused bool) {
 	l.next = next
 	l.dropBuffer()
-	l.seekPause.Store(true)
+	l.seekPause.Store(paused)
 	l.seekTo.Store(next)
 	l.c.wakePoll()
 }
