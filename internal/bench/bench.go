@@ -952,12 +952,8 @@ func (b *bench) wait(ctx context.Context, schema, table string, want int64, proc
 // time and peak memory.
 func (b *bench) result(ctx context.Context, schema, table string, start time.Time, db0 pgCPU, procs []*proc) (Result, error) {
 	var r Result
-	var cpu float64
-	for _, p := range procs {
-		c, rss := p.usage()
-		cpu += c
-		r.PeakRSSMB = max(r.PeakRSSMB, rss)
-	}
+	cpu, peak := usageOf(procs)
+	r.PeakRSSMB = max(r.PeakRSSMB, peak)
 	var first, lastAt time.Time
 	q := pgx.Identifier{schema, table}.Sanitize()
 	if err := b.pool.QueryRow(ctx, `SELECT count(*), min(committed_at), max(committed_at) FROM `+q).Scan(&r.Jobs, &first, &lastAt); err != nil {
@@ -1255,6 +1251,17 @@ func (p *proc) lastOutput() string {
 }
 
 // usage is the process's CPU seconds and peak resident memory in MB.
+// usageOf sums procs' CPU seconds and returns the highest peak RSS of
+// them, in MB.
+func usageOf(procs []*proc) (cpuSeconds, peakMB float64) {
+	for _, p := range procs {
+		c, rss := p.usage()
+		cpuSeconds += c
+		peakMB = max(peakMB, rss)
+	}
+	return cpuSeconds, peakMB
+}
+
 func (p *proc) usage() (cpuSeconds, peakMB float64) {
 	u, _ := p.Usage()
 	return u.CPU.Seconds(), float64(u.PeakRSS) / (1 << 20)

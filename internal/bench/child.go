@@ -77,6 +77,18 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 	tbl := pgx.Identifier{schema, "ledger"}
 	insert := `INSERT INTO ` + tbl.Sanitize() + ` (` + strings.Join(ledgerColumns, ", ") + `) VALUES ($1, $2, $3, $4, $5, 0, 0, 'bench')`
 	var done atomic.Int64 // rows written, by all partitions' goroutines
+	// copyRecs writes recs as ledger rows in one COPY.
+	copyRecs := func(recs []*kgo.Record) error {
+		rows := make([][]any, len(recs))
+		for i, r := range recs {
+			rows[i] = []any{r.Topic, r.Partition, r.Offset, string(r.Key), r.Key, int64(0), int32(0), "bench"}
+		}
+		if _, err := pool.CopyFrom(ctx, tbl, ledgerColumns, pgx.CopyFromRows(rows)); err != nil {
+			return err
+		}
+		done.Add(int64(len(recs)))
+		return nil
+	}
 	for jobs == 0 || done.Load() < int64(jobs) {
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil || fetches.IsClientClosed() {
@@ -91,17 +103,7 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 			if len(recs) == 0 {
 				break
 			}
-			g.Go(func() error {
-				rows := make([][]any, len(recs))
-				for i, r := range recs {
-					rows[i] = []any{r.Topic, r.Partition, r.Offset, string(r.Key), r.Key, int64(0), int32(0), "bench"}
-				}
-				if _, err := pool.CopyFrom(ctx, tbl, ledgerColumns, pgx.CopyFromRows(rows)); err != nil {
-					return err
-				}
-				done.Add(int64(len(recs)))
-				return nil
-			})
+			g.Go(func() error { return copyRecs(recs) })
 		case kind == "naive":
 			// In order, one statement (one transaction) per job.
 			g.Go(func() error {
@@ -128,14 +130,9 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 							recs = recs[:batchMax]
 						}
 						all = all[len(recs):]
-						rows := make([][]any, len(recs))
-						for i, r := range recs {
-							rows[i] = []any{r.Topic, r.Partition, r.Offset, string(r.Key), r.Key, int64(0), int32(0), "bench"}
-						}
-						if _, err := pool.CopyFrom(ctx, tbl, ledgerColumns, pgx.CopyFromRows(rows)); err != nil {
+						if err := copyRecs(recs); err != nil {
 							return err
 						}
-						done.Add(int64(len(recs)))
 					}
 					return nil
 				})

@@ -75,35 +75,19 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers, round int) (Pa
 		all, err := store.List(ctx, group)
 		return slices.DeleteFunc(all, func(f sink.Fence) bool { return f.Topic != topic }), err
 	}
-	settle := time.Now()
-	for {
+	// Settled: every partition claimed, by as many members as workers.
+	produced, err := b.settleThenProduce(ctx, procs, topic, func() (bool, string, error) {
 		fences, err := fencesOf(ctx)
-		if err != nil {
-			return out, err
-		}
-		claimed, owners := len(fences), map[string]bool{}
+		owners := map[string]bool{}
 		for _, f := range fences {
 			owners[f.Owner] = true
 		}
-		if claimed == parts && len(owners) >= min(workers, parts) {
-			break
-		}
-		if time.Since(settle) > 2*time.Minute {
-			return out, fmt.Errorf("%d partitions, %d workers: after 2 minutes %d partitions are claimed by %d members", parts, workers, claimed, len(owners))
-		}
-		for _, p := range procs {
-			if p.Exited() {
-				return out, fmt.Errorf("a worker exited before the group settled: %s", p.lastOutput())
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
+		return len(fences) == parts && len(owners) >= min(workers, parts),
+			fmt.Sprintf("%d partitions, %d workers: %d partitions are claimed by %d members", parts, workers, len(fences), len(owners)), err
+	})
+	if err != nil {
+		return out, err
 	}
-	// The backlog is produced while the workers drain it: producing first
-	// and waiting for it would let them drain most of it meanwhile (the
-	// producer is not much faster than three workers), and the kill would
-	// come after the third.
-	produced := make(chan error, 1)
-	go func() { produced <- b.produce(ctx, topic, b.jobs) }()
 	defer func() {
 		if produced != nil {
 			<-produced
@@ -122,12 +106,8 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers, round int) (Pa
 		return out, err
 	}
 	// Up to the kill: CPU, peak RSS, rows.
-	var cpu float64
-	for _, p := range procs {
-		c, rss := p.usage()
-		cpu += c
-		out.PeakRSSMB = max(out.PeakRSSMB, rss)
-	}
+	cpu, peak := usageOf(procs)
+	out.PeakRSSMB = max(out.PeakRSSMB, peak)
 	db1 := b.postgresCPU(ctx)
 	// The victim: the worker whose members hold the most partitions now.
 	victim, err := b.victim(ctx, q, topic, fencesOf)
@@ -253,26 +233,14 @@ func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) 
 	// Settled: every process a member with partitions, all of them assigned
 	// (the group's view: the program has no fencing rows to read).
 	adm := kadm.NewClient(b.cl)
-	for settle := time.Now(); ; {
+	produced, err := b.settleThenProduce(ctx, procs, topic, func() (bool, string, error) {
 		members, assigned, err := groupAssignment(ctx, adm, group, topic)
-		if err != nil {
-			return Result{}, err
-		}
-		if members >= workers && assigned == parts {
-			break
-		}
-		if time.Since(settle) > 2*time.Minute {
-			return Result{}, fmt.Errorf("%d partitions, %d processes: after 2 minutes the group has %d members holding %d partitions", parts, workers, members, assigned)
-		}
-		for _, p := range procs {
-			if p.Exited() {
-				return Result{}, fmt.Errorf("an at-least-once process exited before the group settled: %s", p.lastOutput())
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
+		return members >= workers && assigned == parts,
+			fmt.Sprintf("%d partitions, %d processes: the group has %d members holding %d partitions", parts, workers, members, assigned), err
+	})
+	if err != nil {
+		return Result{}, err
 	}
-	produced := make(chan error, 1)
-	go func() { produced <- b.produce(ctx, topic, b.jobs) }()
 	defer func() {
 		if produced != nil {
 			<-produced
@@ -293,12 +261,8 @@ func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) 
 		return Result{}, err
 	}
 	var r Result
-	var cpu float64
-	for _, p := range procs {
-		c, rss := p.usage()
-		cpu += c
-		r.PeakRSSMB = max(r.PeakRSSMB, rss)
-	}
+	cpu, peak := usageOf(procs)
+	r.PeakRSSMB = max(r.PeakRSSMB, peak)
 	db1 := b.postgresCPU(ctx)
 	var at time.Time
 	if err := b.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&at); err != nil {
@@ -481,4 +445,34 @@ func (b *bench) handOff(ctx context.Context, q, topic, victim string, killAt tim
 		}
 	}
 	return handOff, claimedAt, nil
+}
+
+// settleThenProduce waits, for at most 2 minutes, until settled says the
+// group has settled (or why not), and then starts producing the backlog to
+// topic; the channel answers when the producer is done. The backlog is
+// produced while the processes drain it: producing first and waiting for
+// it would let them drain most of it meanwhile (the producer is not much
+// faster than three workers), and the kill would come after the third.
+func (b *bench) settleThenProduce(ctx context.Context, procs []*proc, topic string, settled func() (bool, string, error)) (chan error, error) {
+	for start := time.Now(); ; {
+		ok, state, err := settled()
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			break
+		}
+		if time.Since(start) > 2*time.Minute {
+			return nil, fmt.Errorf("after 2 minutes not settled: %s", state)
+		}
+		for _, p := range procs {
+			if p.Exited() {
+				return nil, fmt.Errorf("a process exited before the group settled: %s", p.lastOutput())
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	produced := make(chan error, 1)
+	go func() { produced <- b.produce(ctx, topic, b.jobs) }()
+	return produced, nil
 }
