@@ -254,7 +254,7 @@ func (l *lane) attempt(ctx context.Context, b *Batch) error {
 	if h := l.c.cfg.Hooks.BeforeBatch; h != nil {
 		h(ctx, b)
 	}
-	return l.commitTx(ctx, b, func(ctx context.Context, tx pgx.Tx) error {
+	work := func(ctx context.Context, tx pgx.Tx) error {
 		hctx, cancel := ctx, context.CancelFunc(func() {})
 		if l.c.cfg.HandlerTimeout > 0 {
 			hctx, cancel = context.WithTimeout(ctx, l.c.cfg.HandlerTimeout)
@@ -282,7 +282,11 @@ func (l *lane) attempt(ctx context.Context, b *Batch) error {
 			h(ctx, b)
 		}
 		return nil
-	})
+	}
+	if j := l.c.joint; j != nil {
+		return j.commit(ctx, l, b, work, true)
+	}
+	return l.commitTx(ctx, b, work)
 }
 
 // laneConns is how many of a pool of size conns the lanes' transactions
@@ -327,7 +331,7 @@ func laneConns(conns int32) int {
 // other lanes' batches instead (joint.go), with the same outcomes.
 func (l *lane) commitTx(ctx context.Context, b *Batch, work func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	if l.c.joint != nil {
-		return l.c.joint.commit(ctx, l, b, work)
+		return l.c.joint.commit(ctx, l, b, work, false)
 	}
 	marker := l.c.txMarker()
 	opts := l.c.txOptions

@@ -63,6 +63,26 @@ type Handler interface {
 	Handle(ctx context.Context, tx Tx, b *Batch) error
 }
 
+// BatchesHandler is a Handler that can also handle the batches of several
+// partitions in one call. With Config.CommitSpan above 1, a transaction
+// that carries several batches gives them all to HandleBatches (a handler
+// that writes rows can send them in one COPY) instead of calling Handle
+// once for each, in a savepoint of its own; each partition's fence then
+// checks and moves its own offset in the same transaction, as for Handle.
+//
+// The batches are of different partitions, each in offset order; what
+// HandleBatches does in tx commits with all of them or with none.
+// HandleBatches need not say which batch failed: when it returns an error
+// (or panics, or runs past HandlerTimeout), what it did is rolled back and
+// each batch runs again through Handle alone, so that the failing job is
+// retried, split or dead-lettered in its own partition as always. Every
+// rule of Handle holds for it too (tx only, never COMMIT or ROLLBACK; a
+// handler that ends the transaction halts every partition of the call).
+type BatchesHandler interface {
+	Handler
+	HandleBatches(ctx context.Context, tx Tx, batches []*Batch) error
+}
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, tx Tx, b *Batch) error
 

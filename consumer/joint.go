@@ -10,12 +10,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/zap"
 
 	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
@@ -35,6 +39,9 @@ const jointSavepoint = "tenure_batch"
 type jointCommitter struct {
 	c    *Consumer
 	span int
+	// batches is the handler when it takes several batches in one call
+	// (a BatchesHandler), nil otherwise.
+	batches BatchesHandler
 
 	mu    sync.Mutex
 	queue []*jointEntry
@@ -63,6 +70,10 @@ type jointEntry struct {
 	ctx  context.Context // the lane's, or its batch span's
 	work func(ctx context.Context, tx pgx.Tx) error
 	req  sink.CommitRequest
+	// handler: work is the Handler's call on b, which a BatchesHandler
+	// call may take instead; alone: such a call with b failed, and b runs
+	// through work only from now on.
+	handler, alone bool
 	// taken: a runner has it (under jointCommitter.mu); the lane must wait
 	// for its outcome.
 	taken bool
@@ -73,13 +84,15 @@ func newJointCommitter(c *Consumer) *jointCommitter {
 	if c.cfg.CommitSpan <= 1 || c.cfg.Strict || c.cfg.UnsafeNoFence {
 		return nil
 	}
-	return &jointCommitter{c: c, span: c.cfg.CommitSpan}
+	bh, _ := c.cfg.Handler.(BatchesHandler)
+	return &jointCommitter{c: c, span: c.cfg.CommitSpan, batches: bh}
 }
 
 // commit is commitTx for a joint committer: b's work runs in a joint
-// transaction, and the error means what commitTx's does.
-func (j *jointCommitter) commit(ctx context.Context, l *lane, b *Batch, work func(ctx context.Context, tx pgx.Tx) error) error {
-	e := &jointEntry{l: l, b: b, ctx: ctx, work: work, done: make(chan error, 1),
+// transaction, and the error means what commitTx's does. handler: work is
+// the Handler's call on b (lane.attempt).
+func (j *jointCommitter) commit(ctx context.Context, l *lane, b *Batch, work func(ctx context.Context, tx pgx.Tx) error, handler bool) error {
+	e := &jointEntry{l: l, b: b, ctx: ctx, work: work, handler: handler, done: make(chan error, 1),
 		req: sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To, LogEpoch: l.logEpoch}}
 	j.mu.Lock()
 	j.queue = append(j.queue, e)
@@ -160,10 +173,13 @@ func (j *jointCommitter) take() []*jointEntry {
 type txResult int
 
 const (
-	resRan    txResult = iota // its work is in the transaction, waiting for the fence
-	resFailed                 // rolled back to its savepoint; its outcome was sent
-	resLost                   // the connection broke under its work; its outcome was made, not sent
-	resEnded                  // its handler ended the transaction (a *HandlerBugError)
+	// resNone: not run (yet). The zero value, so that a result nobody set
+	// is never taken for work done.
+	resNone   txResult = iota
+	resRan             // its work is in the transaction, waiting for the fence
+	resFailed          // rolled back to its savepoint; its outcome was sent
+	resLost            // the connection broke under its work; its outcome was made, not sent
+	resEnded           // its handler ended the transaction (a *HandlerBugError)
 )
 
 // runTx runs entries in one transaction and sends each its outcome, except
@@ -217,8 +233,44 @@ func (j *jointCommitter) runTx(entries []*jointEntry) (again []*jointEntry) {
 	// before it wrote was committed with it.
 	var xid string
 	results := make([]txResult, len(entries))
+	// The batches a BatchesHandler takes in one call go first, in one
+	// savepoint; if the call fails they run again below, each alone.
+	entries = j.batchesFirst(entries)
+	together := 0 // entries[:together] went in one call
+	if j.batches != nil {
+		n := 0
+		for n < len(entries) && entries[n].handler && !entries[n].alone {
+			n++
+		}
+		if n >= 2 {
+			together = n
+		}
+	}
+	if together > 0 {
+		switch res, err := j.runBatches(conn, tx, entries[:together], &sess, &xid); res {
+		case resRan:
+			for i := range together {
+				results[i] = resRan
+			}
+		case resFailed:
+			if err != nil { // the transaction could not begin
+				return fail(err)
+			}
+			together = 0 // the call failed: each batch runs alone
+		case resLost:
+			for _, e := range entries[:together] {
+				e.done <- err
+			}
+			return entries[together:]
+		case resEnded:
+			return j.endedInCall(conn, tx, xid, entries, together)
+		}
+	}
 	for i, e := range entries {
-		res, err := j.runEntry(conn, tx, e, i == 0, len(entries) == 1, &sess, &xid)
+		if i < together {
+			continue
+		}
+		res, err := j.runEntry(conn, tx, e, i == 0 && xid == "", len(entries) == 1, &sess, &xid)
 		results[i] = res
 		switch res {
 		case resRan:
@@ -290,25 +342,8 @@ func (j *jointCommitter) runEntry(conn *pgxpool.Conn, tx pgx.Tx, e *jointEntry, 
 			}
 		}
 	case first:
-		b := &pgx.Batch{}
-		b.Queue("SAVEPOINT " + jointSavepoint)
-		b.Queue(`SELECT pg_current_xact_id()::text, pg_backend_pid()`)
-		br := tx.SendBatch(sctx, b)
-		_, err := br.Exec()
-		var pid uint32
-		if err == nil {
-			err = br.QueryRow().Scan(xid, &pid)
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return resFailed, infraError{fmt.Errorf("begin: %w", err)}
-		}
-		if c.store.Pooled() {
-			// Through a transaction pooler the announced pid is the
-			// pooler's: the server backend's is the one to watch and wait on.
-			sess.PID = pid
+		if err := j.firstSavepoint(sctx, tx, sess, xid); err != nil {
+			return resFailed, err
 		}
 	default:
 		if _, err := tx.Exec(sctx, "SAVEPOINT "+jointSavepoint); err != nil {
@@ -360,6 +395,165 @@ func (j *jointCommitter) runEntry(conn *pgxpool.Conn, tx pgx.Tx, e *jointEntry, 
 		return resFailed, werr
 	}
 	return resFailed, werr
+}
+
+// firstSavepoint opens the savepoint of a joint transaction's first work
+// and reads the transaction's id (xid) and, through a pooler, its server
+// backend's pid (sess), in one round trip.
+func (j *jointCommitter) firstSavepoint(ctx context.Context, tx pgx.Tx, sess *fence.Session, xid *string) error {
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT " + jointSavepoint)
+	b.Queue(`SELECT pg_current_xact_id()::text, pg_backend_pid()`)
+	br := tx.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var pid uint32
+	if err == nil {
+		err = br.QueryRow().Scan(xid, &pid)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return infraError{fmt.Errorf("begin: %w", err)}
+	}
+	if j.c.store.Pooled() {
+		// Through a transaction pooler the announced pid is the pooler's:
+		// the server backend's is the one to watch and wait on.
+		sess.PID = pid
+	}
+	return nil
+}
+
+// batchesFirst orders entries so that those a BatchesHandler call may take
+// come first (the others keep their order after them).
+func (j *jointCommitter) batchesFirst(entries []*jointEntry) []*jointEntry {
+	if j.batches == nil {
+		return entries
+	}
+	out := make([]*jointEntry, 0, len(entries))
+	for _, e := range entries {
+		if e.handler && !e.alone {
+			out = append(out, e)
+		}
+	}
+	for _, e := range entries {
+		if !e.handler || e.alone {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// runBatches runs entries' batches in one BatchesHandler call, in one
+// savepoint, as the transaction's first work. resFailed with a nil error:
+// the call failed and was rolled back to the savepoint, and each batch is
+// marked to run alone; with an error: the transaction could not go on.
+func (j *jointCommitter) runBatches(conn *pgxpool.Conn, tx pgx.Tx, entries []*jointEntry, sess *fence.Session, xid *string) (txResult, error) {
+	c := j.c
+	sctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
+	defer cancel()
+	if err := j.firstSavepoint(sctx, tx, sess, xid); err != nil {
+		return resFailed, err
+	}
+	// The call runs while any of its lanes still wants it: a lane that
+	// stops (revoked, the worker stopping) leaves its batch to the fence.
+	hctx, hcancel := context.WithCancel(context.Background())
+	defer hcancel()
+	var waiting atomic.Int32
+	waiting.Store(int32(len(entries)))
+	batches := make([]*Batch, len(entries))
+	spans := make([]trace.Span, len(entries))
+	for i, e := range entries {
+		batches[i] = e.b
+		_, spans[i] = c.trace.child(e.ctx, SpanHandler)
+		stop := context.AfterFunc(e.ctx, func() {
+			if waiting.Add(-1) == 0 {
+				hcancel()
+			}
+		})
+		defer stop()
+		stopWatch := e.l.watchLocks(sess.PID)
+		defer stopWatch()
+	}
+	if c.cfg.HandlerTimeout > 0 {
+		var tcancel context.CancelFunc
+		hctx, tcancel = context.WithTimeout(hctx, c.cfg.HandlerTimeout)
+		defer tcancel()
+	}
+	werr := j.callBatches(hctx, tx, batches)
+	if werr == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
+		werr = fmt.Errorf("handler timed out after %s (it returned only after its deadline)", c.cfg.HandlerTimeout)
+	}
+	for _, sp := range spans {
+		endSpan(sp, werr)
+	}
+	if conn.Conn().IsClosed() {
+		return resLost, infraError{errors.New("commit: the connection closed")}
+	}
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		return resEnded, nil
+	}
+	if werr == nil {
+		_, err := tx.Exec(sctx, "RELEASE SAVEPOINT "+jointSavepoint)
+		if err == nil {
+			for _, e := range entries {
+				if h := c.cfg.Hooks.BeforeCommit; h != nil {
+					h(e.ctx, e.b)
+				}
+			}
+			return resRan, nil
+		}
+		if sqlState(err) == codeNoTransaction || sqlState(err) == codeNoSavepoint {
+			return resEnded, nil
+		}
+	}
+	if _, err := tx.Exec(sctx, "ROLLBACK TO SAVEPOINT "+jointSavepoint+"; RELEASE SAVEPOINT "+jointSavepoint); err != nil {
+		if sqlState(err) == codeNoTransaction || sqlState(err) == codeNoSavepoint {
+			return resEnded, nil
+		}
+		return resLost, infraError{fmt.Errorf("commit: %w", err)}
+	}
+	for _, e := range entries {
+		e.alone = true
+	}
+	c.log.Debug("a call with several batches failed: each runs alone", zap.Int("batches", len(entries)), zap.Error(werr))
+	return resFailed, nil
+}
+
+// callBatches is the BatchesHandler's call, with the Tx a Handle gets and
+// its panics recovered (a panic fails the call like an error).
+func (j *jointCommitter) callBatches(ctx context.Context, tx pgx.Tx, batches []*Batch) (err error) {
+	htx := newHandlerTx(tx)
+	defer htx.close()
+	defer func() {
+		if r := recover(); r != nil {
+			j.c.log.Warn("handler panicked in a call with several batches: each runs alone", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			err = fmt.Errorf("%w: %v", errPanicked, r)
+		}
+	}()
+	return j.batches.HandleBatches(ctx, htx, batches)
+}
+
+// endedInCall settles a transaction whose BatchesHandler call ended it
+// (COMMIT or ROLLBACK in the handler's SQL): the call's first together
+// batches, which cannot be told apart, halt as a Handle that did so would
+// if what they wrote may have been committed outside the fence; if the
+// database says it was rolled back, they run again, each alone. The
+// entries after them run again.
+func (j *jointCommitter) endedInCall(conn *pgxpool.Conn, tx pgx.Tx, xid string, entries []*jointEntry, together int) (again []*jointEntry) {
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = tx.Rollback(rctx) // the handler may have begun another
+	cancel()
+	committed := j.endedTxCommitted(conn, xid)
+	for _, e := range entries[:together] {
+		if committed {
+			e.done <- e.ownBug()
+			continue
+		}
+		e.alone = true
+		again = append(again, e)
+	}
+	return append(again, entries[together:]...)
 }
 
 // The SQLSTATEs of a savepoint statement whose transaction was ended:

@@ -61,35 +61,95 @@ func (b *bundle) sharedCommits() (shared, most int) {
 // With CommitSpan above 1, every job of every partition commits exactly
 // once (the history checker), and transactions carry the batches of
 // several partitions: the fence log's commit rows of one transaction share
-// its id (xmin).
+// its id (xmin). Both ways: the ledger as a BatchesHandler (one COPY for a
+// transaction's batches), and behind a plain Handler (one call each).
 func TestCommitSpanCommitsEveryJobOnceInSharedTransactions(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 12)
-	b.produce(1200, func(i int) string { return fmt.Sprintf("k%d", i%97) })
-	log, logs := observedLogger(t, zap.WarnLevel)
-	stop := b.start(b.jointConfig(ledger(t, b.schema), log, 8, 3))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
+	for _, calls := range []string{"one call for several batches", "a call per batch"} {
+		t.Run(calls, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 12)
+			b.produce(1200, func(i int) string { return fmt.Sprintf("k%d", i%97) })
+			log, logs := observedLogger(t, zap.WarnLevel)
+			inner := ledger(t, b.schema).(consumer.BatchesHandler)
+			h := &countingBatches{BatchesHandler: inner}
+			var handler consumer.Handler = h
+			if calls == "a call per batch" {
+				handler = consumer.HandlerFunc(inner.Handle)
+			}
+			stop := b.start(b.jointConfig(handler, log, 8, 3))
+			b.waitDone(60 * time.Second)
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if h := b.check(); len(h.Writes) != 1200 {
+				t.Fatalf("ledger has %d rows, want 1200", len(h.Writes))
+			}
+			shared, most := b.sharedCommits()
+			t.Logf("%d transactions carried several partitions, at most %d; %d calls took several batches", shared, most, h.several.Load())
+			if shared == 0 || most > 8 {
+				t.Errorf("%d transactions carried several partitions, at most %d: want some, and none above the span 8", shared, most)
+			}
+			if calls == "one call for several batches" && h.several.Load() == 0 {
+				t.Error("no HandleBatches call took several batches")
+			}
+			if n := logs.FilterLevelExact(zap.ErrorLevel).Len(); n != 0 {
+				t.Errorf("%d errors logged", n)
+			}
+		})
 	}
-	if h := b.check(); len(h.Writes) != 1200 {
-		t.Fatalf("ledger has %d rows, want 1200", len(h.Writes))
+}
+
+// countingBatches counts the HandleBatches calls that took several batches.
+type countingBatches struct {
+	consumer.BatchesHandler
+	several atomic.Int64
+}
+
+func (h *countingBatches) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
+	if len(batches) > 1 {
+		h.several.Add(1)
 	}
-	shared, most := b.sharedCommits()
-	t.Logf("%d transactions carried several partitions, at most %d", shared, most)
-	if shared == 0 || most > 8 {
-		t.Errorf("%d transactions carried several partitions, at most %d: want some, and none above the span 8", shared, most)
+	return h.BatchesHandler.HandleBatches(ctx, tx, batches)
+}
+
+// oneByOne makes h a BatchesHandler whose call handles its batches with h
+// one after another: it fails wherever h fails.
+type oneByOne struct {
+	consumer.Handler
+	several atomic.Int64
+}
+
+func (h *oneByOne) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
+	if len(batches) > 1 {
+		h.several.Add(1)
 	}
-	if n := logs.FilterLevelExact(zap.ErrorLevel).Len(); n != 0 {
-		t.Errorf("%d errors logged", n)
+	for _, b := range batches {
+		if err := h.Handle(ctx, tx, b); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // A poison job in one partition fails in its own savepoint: its lane
 // alone retries, splits and dead-letters it, while the batches that shared
 // its transactions commit, and every other partition finishes.
+//
+// With a BatchesHandler, a call that holds the poison job fails whole and
+// each of its batches runs again alone: only the poison job's lane sees
+// the failure.
 func TestCommitSpanPoisonJobDoesNotHoldOthersBack(t *testing.T) {
 	t.Parallel()
+	for _, calls := range []string{"a call per batch", "one call for several batches"} {
+		t.Run(calls, func(t *testing.T) {
+			t.Parallel()
+			testJointPoison(t, calls == "one call for several batches")
+		})
+	}
+}
+
+func testJointPoison(t *testing.T, together bool) {
 	b := setup(t, 6)
 	poison := map[int]string{50: "fail", 120: "panic"}
 	values := func(i int) string {
@@ -100,6 +160,10 @@ func TestCommitSpanPoisonJobDoesNotHoldOthersBack(t *testing.T) {
 	}
 	b.produceValues(600, func(i int) string { return fmt.Sprintf("k%d", i%31) }, values)
 	h, _ := poisonHandler(t, b.schema)
+	calls := &oneByOne{Handler: h}
+	if together {
+		h = calls
+	}
 	core, logs := observer.New(zap.DebugLevel)
 	cfg := b.jointConfig(h, zap.New(core), 6, 3)
 	cfg.MaxAttempts = 3
@@ -132,6 +196,12 @@ func TestCommitSpanPoisonJobDoesNotHoldOthersBack(t *testing.T) {
 	}
 	if shared, _ := b.sharedCommits(); shared == 0 {
 		t.Error("no transaction carried several partitions")
+	}
+	if together && calls.several.Load() == 0 {
+		t.Error("no HandleBatches call took several batches")
+	}
+	if n := logs.FilterMessageSnippet("each runs alone").Len(); together && n == 0 {
+		t.Error("no call with a poison job failed and ran its batches alone: the fallback was not tested")
 	}
 	// Only the poison jobs' lanes saw a failure: the batches that shared
 	// their transactions were not retried, split or blamed.
@@ -388,4 +458,127 @@ func testJointHandlerEndsTx(t *testing.T, stmt string) {
 	if n := logs.FilterMessageSnippet("handler bug").Len(); n != wantHalted {
 		t.Errorf("%d handler bugs logged, want %d", n, wantHalted)
 	}
+}
+
+// A BatchesHandler call that ends the transaction itself: the batches of
+// the call cannot be told apart, so after a COMMIT (their writes committed
+// outside the fence) every partition of the call halts, and after a
+// ROLLBACK (nothing committed) each runs again alone and commits once.
+func TestCommitSpanBatchesCallThatEndsTheTransaction(t *testing.T) {
+	t.Parallel()
+	for _, stmt := range []string{"COMMIT", "ROLLBACK"} {
+		t.Run(stmt, func(t *testing.T) {
+			t.Parallel()
+			const parts = 4
+			b := setup(t, parts)
+			inner := ledger(t, b.schema).(consumer.BatchesHandler)
+			gate := make(chan struct{})
+			var gated atomic.Bool
+			var calls atomic.Int64
+			h := &batchesFunc{
+				handle: func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+					if batch.Partition == 3 && gated.CompareAndSwap(true, false) {
+						select {
+						case <-gate:
+						case <-ctx.Done():
+						}
+					}
+					return inner.Handle(ctx, tx, batch)
+				},
+				batches: func(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
+					calls.Add(1)
+					if err := inner.HandleBatches(ctx, tx, batches); err != nil {
+						return err
+					}
+					for _, batch := range batches {
+						if string(batch.Records[0].Value) == "bug" {
+							_, err := tx.Exec(ctx, stmt)
+							return err
+						}
+					}
+					return nil
+				},
+			}
+			log, logs := observedLogger(t, zap.ErrorLevel+1)
+			cfg := b.jointConfig(h, log, parts, 2)
+			var taken atomic.Int64
+			cfg.Hooks.BeforeBatch = func(context.Context, *consumer.Batch) { taken.Add(1) }
+			c, stop := runNew(t, cfg)
+			defer stop() //nolint:errcheck
+			keys := keysFor(parts)
+			b.produce(parts, func(i int) string { return keys[i] })
+			b.waitDone(60 * time.Second)
+			before := b.partitionRows()
+
+			// Partition 3's batch holds the one slot; 0, 1 (the bug) and 2
+			// queue behind it and go in one call.
+			gated.Store(true)
+			b.produce(1, func(int) string { return keys[3] })
+			waitForCond(t, 10*time.Second, "partition 3's batch to hold the slot", func() bool { return !gated.Load() })
+			n := taken.Load()
+			b.produceValues(3, func(i int) string { return keys[i] }, func(i int) string {
+				if i == 1 {
+					return "bug"
+				}
+				return `{"i":1}`
+			})
+			waitForCond(t, 10*time.Second, "the batches to queue", func() bool { return taken.Load() >= n+3 })
+			time.Sleep(100 * time.Millisecond) // from the hook to the queue
+			callsBefore := calls.Load()
+			close(gate)
+
+			if stmt == "COMMIT" {
+				waitForCond(t, 30*time.Second, "the halts", func() bool { return c.Stats().LanesHalted == 3 })
+			} else {
+				b.waitDone(30 * time.Second)
+			}
+			if calls.Load() == callsBefore {
+				t.Fatal("the queued batches were not given to HandleBatches together: the test did not test it")
+			}
+			after := b.partitionRows()
+			for p := int32(0); p < parts; p++ {
+				key := sink.Partition{Group: b.group, Topic: b.topic, Partition: p}
+				hold, held, err := fence.Of(b.store).OpenHoldNeedingAck(context.Background(), key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f, err := b.store.Get(context.Background(), key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case stmt == "COMMIT" && p < 3:
+					if !held || hold.Kind != sink.HoldHandlerBug || f.NextOffset != 1 || after[p] != before[p]+1 {
+						t.Errorf("partition %d (in the call that ran COMMIT): hold %+v (%v), next offset %d, %d new rows; want a handler-bug hold at 1, its row committed outside the fence",
+							p, hold, held, f.NextOffset, after[p]-before[p])
+					}
+				default:
+					if held || f.NextOffset != 2 || after[p] != before[p]+1 {
+						t.Errorf("partition %d: hold %+v (%v), next offset %d, %d new rows; want it committed once at 2", p, hold, held, f.NextOffset, after[p]-before[p])
+					}
+				}
+			}
+			wantBugs := 0
+			if stmt == "COMMIT" {
+				wantBugs = 3
+			}
+			if n := logs.FilterMessageSnippet("handler bug").Len(); n != wantBugs {
+				t.Errorf("%d handler bugs logged, want %d", n, wantBugs)
+			}
+		})
+	}
+}
+
+// batchesFunc is a BatchesHandler of two functions.
+type batchesFunc struct {
+	handle  func(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error
+	batches func(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error
+}
+
+func (h *batchesFunc) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
+	return h.handle(ctx, tx, b)
+}
+
+func (h *batchesFunc) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
+	return h.batches(ctx, tx, batches)
 }

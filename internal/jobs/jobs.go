@@ -170,13 +170,24 @@ type Ledger struct {
 // encoded here when the Tx takes binary COPY rows (the lanes' does), by
 // pgx's CopyFrom otherwise.
 func (l *Ledger) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
+	return l.HandleBatches(ctx, tx, []*consumer.Batch{b})
+}
+
+// HandleBatches copies the rows of several partitions' batches in one
+// COPY (consumer.BatchesHandler: a transaction that spans partitions).
+func (l *Ledger) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
 	table := pgx.Identifier{l.schema, "ledger"}
 	bc, ok := tx.(consumer.BinaryCopier)
 	if !ok {
-		return l.copyRows(ctx, tx, b)
+		for _, b := range batches {
+			if err := l.copyRows(ctx, tx, b); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	c := copyBuffers.Get().(*copyBuffer)
-	c.buf = encodeLedger(c.buf[:0], b, l.worker)
+	c.buf = encodeLedger(c.buf[:0], l.worker, batches...)
 	c.r.Reset(c.buf)
 	_, err := bc.CopyFromBinary(ctx, table, ledgerColumns, &c.r)
 	// Only a COPY that succeeded gives the buffer back. pgx reads the
@@ -209,20 +220,52 @@ func (l *Ledger) copyRows(ctx context.Context, tx consumer.Tx, b *consumer.Batch
 
 // InjectFaults wraps h for tests and chaos runs: a job whose value contains
 // "tenure-fault":"error" makes the handler fail, "panic" makes it panic, and
-// "slow" makes it wait for its context to end. Other jobs go to h.
+// "slow" makes it wait for its context to end. Other jobs go to h. A
+// consumer.BatchesHandler stays one: a call with several batches fails the
+// same way when any of them holds such a job.
 func InjectFaults(h consumer.Handler) consumer.Handler {
-	return consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
-		for _, r := range b.Records {
-			switch {
-			case bytes.Contains(r.Value, []byte(`"tenure-fault":"error"`)):
-				return fmt.Errorf("%s: injected failure", consumer.JobID(r))
-			case bytes.Contains(r.Value, []byte(`"tenure-fault":"panic"`)):
-				panic("injected panic at " + consumer.JobID(r))
-			case bytes.Contains(r.Value, []byte(`"tenure-fault":"slow"`)):
-				<-ctx.Done()
-				return ctx.Err()
-			}
+	f := faulty{h}
+	if bh, ok := h.(consumer.BatchesHandler); ok {
+		return faultyBatches{f, bh}
+	}
+	return f
+}
+
+type faulty struct{ h consumer.Handler }
+
+func (f faulty) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
+	if err := injectedFault(ctx, b); err != nil {
+		return err
+	}
+	return f.h.Handle(ctx, tx, b)
+}
+
+type faultyBatches struct {
+	faulty
+	bh consumer.BatchesHandler
+}
+
+func (f faultyBatches) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
+	for _, b := range batches {
+		if err := injectedFault(ctx, b); err != nil {
+			return err
 		}
-		return h.Handle(ctx, tx, b)
-	})
+	}
+	return f.bh.HandleBatches(ctx, tx, batches)
+}
+
+// injectedFault does what b's first faulty job asks for, if any.
+func injectedFault(ctx context.Context, b *consumer.Batch) error {
+	for _, r := range b.Records {
+		switch {
+		case bytes.Contains(r.Value, []byte(`"tenure-fault":"error"`)):
+			return fmt.Errorf("%s: injected failure", consumer.JobID(r))
+		case bytes.Contains(r.Value, []byte(`"tenure-fault":"panic"`)):
+			panic("injected panic at " + consumer.JobID(r))
+		case bytes.Contains(r.Value, []byte(`"tenure-fault":"slow"`)):
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	}
+	return nil
 }

@@ -45,9 +45,19 @@ var copyBuffers = sync.Pool{New: func() any { return new(copyBuffer) }}
 // pool: a batch of unusually large keys should not pin its memory for good.
 const maxKeptCopyBuffer = 4 << 20
 
-// encodeLedger appends b's rows, header and trailer included, to buf.
-func encodeLedger(buf []byte, b *consumer.Batch, worker string) []byte {
+// encodeLedger appends the rows of batches, header and trailer included,
+// to buf: one COPY stream for all of them.
+func encodeLedger(buf []byte, worker string, batches ...*consumer.Batch) []byte {
 	buf = append(buf, copyHeader...)
+	for _, b := range batches {
+		buf = appendLedgerRows(buf, b, worker)
+	}
+	// The trailer: a row of -1 fields.
+	return binary.BigEndian.AppendUint16(buf, 0xFFFF)
+}
+
+// appendLedgerRows appends b's rows to buf.
+func appendLedgerRows(buf []byte, b *consumer.Batch, worker string) []byte {
 	for _, r := range b.Records {
 		buf = binary.BigEndian.AppendUint16(buf, uint16(len(ledgerColumns)))
 		buf = appendText(buf, r.Topic)
@@ -65,8 +75,7 @@ func encodeLedger(buf []byte, b *consumer.Batch, worker string) []byte {
 		buf = appendInt32(buf, b.Token.Epoch)
 		buf = appendText(buf, worker)
 	}
-	// The trailer: a row of -1 fields.
-	return binary.BigEndian.AppendUint16(buf, 0xFFFF)
+	return buf
 }
 
 // ledgerKey is the job_key column's text for a key: invalid UTF-8 and NUL
