@@ -81,8 +81,7 @@ func TestAdminJob(t *testing.T) {
 	jobs := jobsFor(keys, 0, 10)
 	jobs[3][1] = `{"seq":3,"tenure-fault":"error"}`
 	e.produce(jobs...)
-	w := e.startWorker("W", "--handler", "ledger", "--inject-faults", "--max-attempts", "1")
-	waitCommitted(t, e, 0, 10, "")
+	w := e.ledgerCaughtUp(10, "--inject-faults", "--max-attempts", "1")
 	w.stop(30 * time.Second)
 	e.produce(jobsFor(keys, 10, 10)...)
 	resetJSON(t, e, "--partition", "0", "--to-offset", "15", "--execute")
