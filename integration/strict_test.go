@@ -356,9 +356,7 @@ func TestStrictGroupDeletedWithPreparedBatch(t *testing.T) {
 	if dec["committed"] != false {
 		t.Errorf("A's batch must stay rolled back: %v", dec)
 	}
-	n.stop(30 * time.Second)
-	a.stop(30 * time.Second)
-	h := checkRun(t, e, expect{partitions: []int32{0}})
+	h := checkStopped(t, e, n, a)
 	// A's batch was accepted, then rolled back: excused by the deletion.
 	for _, v := range history.CheckStrict(h, e.assignments(), e.strictEvents(), true, true) {
 		t.Errorf("violation: %s", v)
@@ -399,9 +397,7 @@ func TestPlainWorkerResolvesAStrictBatch(t *testing.T) {
 	}
 	a.resume()
 	a.waitLogAny(30*time.Second, map[string]any{"msg": consumer.MsgStrictDecided, "gid": gid}, map[string]any{"msg": "partitions lost"})
-	b.stop(30 * time.Second)
-	a.stop(30 * time.Second)
-	checkRun(t, e, expect{partitions: []int32{0}})
+	checkStopped(t, e, b, a)
 }
 
 // Workers that log in as different roles, each granted the schema's worker
