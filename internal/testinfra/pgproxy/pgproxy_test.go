@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"sync"
 	"testing"
@@ -90,6 +91,19 @@ func insertAndCommit(t *testing.T, c *pgx.Conn, table string, x int, before func
 	return tx.Commit(ctx)
 }
 
+// commitCutAfter inserts 1 on a new connection through the proxy and
+// commits it, the COMMIT armed by arm with AfterCommit; it returns arm's
+// report channel and the commit's error.
+func (w *world) commitCutAfter(t *testing.T, arm func(client net.Addr, cut pgproxy.Cut) <-chan pgproxy.Report) (<-chan pgproxy.Report, error) {
+	t.Helper()
+	c := w.connect(t)
+	var report <-chan pgproxy.Report
+	err := insertAndCommit(t, c, w.table, 1, func() {
+		report = arm(c.PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
+	})
+	return report, err
+}
+
 func wait(t *testing.T, ch <-chan pgproxy.Report) pgproxy.Report {
 	t.Helper()
 	select {
@@ -150,11 +164,7 @@ func TestRelaysManyConnections(t *testing.T) {
 func TestCutAfterCommit(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c := w.connect(t)
-	var report <-chan pgproxy.Report
-	err := insertAndCommit(t, c, w.table, 1, func() {
-		report = w.proxy.CutCommit(c.PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
-	})
+	report, err := w.commitCutAfter(t, w.proxy.CutCommit)
 	var pgErr *pgconn.PgError
 	if err == nil || errors.As(err, &pgErr) {
 		t.Fatalf("commit returned %v, want a connection error", err)
@@ -224,11 +234,7 @@ func TestDownAndUp(t *testing.T) {
 func TestCutCommitAndGoDown(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c := w.connect(t)
-	var report <-chan pgproxy.Report
-	err := insertAndCommit(t, c, w.table, 1, func() {
-		report = w.proxy.CutCommitAndGoDown(c.PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
-	})
+	report, err := w.commitCutAfter(t, w.proxy.CutCommitAndGoDown)
 	if err == nil {
 		t.Fatal("the cut commit returned no error")
 	}
