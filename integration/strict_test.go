@@ -32,15 +32,9 @@ import (
 func newStrictEnv(t *testing.T, partitions int32) *env {
 	t.Helper()
 	e := newEnv(t, partitions)
-	c := pgtest.Start(t)
+	c := pgtest.StartPrepared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := c.AppendConf("max_prepared_transactions = 20"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Restart(ctx, "fast"); err != nil {
-		t.Fatal(err)
-	}
 	pool := testPool(t, ctx, c.URL())
 	if _, err := sink.Migrate(ctx, pool, e.schema); err != nil {
 		t.Fatalf("migrating the throwaway cluster: %v", err)
