@@ -273,6 +273,14 @@ func jobsFor(keys []string, start, n int) [][2]string {
 	return out
 }
 
+// jobsFailingAt is jobsFor(keys, 0, n) with job i failing in a worker
+// run with --inject-faults ("tenure-fault": "error").
+func jobsFailingAt(n, i int) [][2]string {
+	jobs := jobsFor(keys, 0, n)
+	jobs[i][1] = fmt.Sprintf(`{"seq":%d,"tenure-fault":"error"}`, i)
+	return jobs
+}
+
 // highWatermark is the partition's end offset.
 func (e *env) highWatermark(p int32) int64 {
 	e.t.Helper()

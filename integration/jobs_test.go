@@ -78,8 +78,7 @@ func jobJSON(t *testing.T, e *env, job string, brokers bool) jobOutput {
 func TestAdminJob(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	jobs := jobsFor(keys, 0, 10)
-	jobs[3][1] = `{"seq":3,"tenure-fault":"error"}`
+	jobs := jobsFailingAt(10, 3)
 	e.produce(jobs...)
 	w := e.ledgerCaughtUp(10, "--inject-faults", "--max-attempts", "1")
 	w.stop(30 * time.Second)

@@ -421,9 +421,7 @@ func replaceArg(args []string, old, new string) []string {
 func TestOffsetsResetOverDeadLetters(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	jobs := jobsFor(keys, 0, 5)
-	jobs[2][1] = `{"seq":2,"tenure-fault":"error"}`
-	e.produce(jobs...)
+	e.produce(jobsFailingAt(5, 2)...)
 	w := e.ledgerCaughtUp(5, "--inject-faults", "--max-attempts", "1")
 	r := runCLI(t, 60*time.Second, "", e.resetArgs("--partition", "0", "--to-earliest")...)
 	if r.code != 0 || !strings.Contains(r.stdout, "note: partition 0: 1 of the repeated jobs are in the dead-letter table") {
