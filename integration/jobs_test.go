@@ -80,8 +80,7 @@ func TestAdminJob(t *testing.T) {
 	e := newEnv(t, 1)
 	jobs := jobsFailingAt(10, 3)
 	e.produce(jobs...)
-	w := e.ledgerCaughtUp(10, "--inject-faults", "--max-attempts", "1")
-	w.stop(30 * time.Second)
+	e.ledgerCaughtUp(10, "--inject-faults", "--max-attempts", "1").stop(30 * time.Second)
 	e.produce(jobsFor(keys, 10, 10)...)
 	resetJSON(t, e, "--partition", "0", "--to-offset", "15", "--execute")
 

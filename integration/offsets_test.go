@@ -348,8 +348,7 @@ func TestOffsetsResetDryRunChangesNothing(t *testing.T) {
 	at := time.Now()
 	time.Sleep(50 * time.Millisecond)
 	e.produce(jobsFor(keys, 5, 5)...)
-	w := e.ledgerCaughtUp(10)
-	w.stop(30 * time.Second)
+	e.ledgerCaughtUp(10).stop(30 * time.Second)
 	before := fenceRow(t, e, 0)
 	entries := committedLogCount(t, e)
 
@@ -380,8 +379,7 @@ func TestOffsetsResetRefusals(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	e.produceTo(0, jobsFor(keys, 0, 10)...)
-	w := e.ledgerCaughtUp(10)
-	w.stop(30 * time.Second)
+	e.ledgerCaughtUp(10).stop(30 * time.Second)
 	before := fenceRow(t, e, 0)
 
 	wantFailure(t, runCLI(t, 60*time.Second, "", e.resetArgs("--partition", "0", "--to-offset", "11", "--execute")...),
