@@ -16,30 +16,14 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
 // storeWithConns is a store on the test's schema over a pool of its own
 // with conns connections: how many claims run at once follows the pool.
-func storeWithConns(t *testing.T, b *bundle, conns int32) *sink.Store {
+func storeWithConns(t testing.TB, b *bundle, conns int32) *sink.Store {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.MaxConns = conns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	s, err := sink.NewStore(pool, b.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return b.poolStore(func(cfg *pgxpool.Config) { cfg.MaxConns = conns })
 }
 
 // inFlight counts the claims between BeforeClaim and the hook's return,
@@ -125,15 +109,8 @@ func TestConcurrentClaimsEachGetTheirOutcome(t *testing.T) {
 	}
 	// 0: a row locked by a session of another program.
 	ghost(0, sink.Token{}, 0)
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := b.lockFenceRow(ctx, 0)
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SET LOCAL application_name = 'another-program'; SELECT 1 FROM `+pgx.Identifier{b.schema}.Sanitize()+
-		`.fences WHERE partition = 0 FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
 	// 1: a stored offset far beyond the log's end.
 	ghost(1, sink.Token{}, 1_000_000)
 	// 2: held by a token above any this group's members will have.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -195,6 +196,65 @@ func (b *bundle) check() *history.History {
 		b.t.Errorf("violation: %s", v)
 	}
 	return h
+}
+
+// poolStore is a store on the test's schema over a pool of its own, whose
+// configuration tune adjusts before the pool opens.
+func (b *bundle) poolStore(tune func(cfg *pgxpool.Config)) *sink.Store {
+	b.t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	tune(cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(pool.Close)
+	s, err := sink.NewStore(pool, b.schema)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return s
+}
+
+// lockFenceRow locks partition p's fencing row from a session of another
+// program (application_name another-program) until the returned
+// transaction ends.
+func (b *bundle) lockFenceRow(ctx context.Context, p int32) pgx.Tx {
+	b.t.Helper()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL application_name = 'another-program'; SELECT 1 FROM `+pgx.Identifier{b.schema}.Sanitize()+
+		fmt.Sprintf(`.fences WHERE partition = %d FOR UPDATE`, p)); err != nil {
+		_ = tx.Rollback(ctx)
+		b.t.Fatal(err)
+	}
+	return tx
+}
+
+// rowsByPartition counts the rows of the schema's table by partition.
+func (b *bundle) rowsByPartition(table string) map[int32]int {
+	b.t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT partition, count(*) FROM "`+b.schema+`".`+table+` GROUP BY partition`)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[int32]int{}
+	for rows.Next() {
+		var p int32
+		var n int
+		if err := rows.Scan(&p, &n); err != nil {
+			b.t.Fatal(err)
+		}
+		out[p] = n
+	}
+	return out
 }
 
 // observedLogger is a logger whose entries at info and above the test can

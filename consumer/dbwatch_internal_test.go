@@ -68,6 +68,13 @@ func TestDialBudgetCoversEveryHost(t *testing.T) {
 // pool's configuration).
 func probeConsumer(t *testing.T, url string) *Consumer {
 	t.Helper()
+	return &Consumer{store: fence.Of(idleStore(t, url)), log: zap.NewNop(), cfg: Config{DatabaseTimeout: 3 * time.Second}}
+}
+
+// idleStore is a store over a pool configured for url that the test never
+// connects (pools connect lazily).
+func idleStore(t *testing.T, url string) *sink.Store {
+	t.Helper()
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +88,7 @@ func probeConsumer(t *testing.T, url string) *Consumer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Consumer{store: fence.Of(store), log: zap.NewNop(), cfg: Config{DatabaseTimeout: 3 * time.Second}}
+	return store
 }
 
 // refusingServer answers every connection's startup message with a FATAL

@@ -26,9 +26,7 @@ func TestWorkerCutOffFromItsDatabaseGivesItsPartitionsUp(t *testing.T) {
 	key := func(i int) string { return fmt.Sprintf("k%d", i%60) }
 	b.produce(120, key)
 	proxy, cutStore := proxiedStore(t, b)
-	cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	cfg.DatabaseTimeout = 4 * time.Second
-	cfg.CommitTimeout = 2 * time.Second
+	cfg := b.watchConfig(4*time.Second, 2*time.Second)
 	cutCfg := cfg
 	cutCfg.Store = cutStore
 	cutCfg.ClientID = "cut"
@@ -84,10 +82,8 @@ func TestDatabaseDownForEveryoneDoesNotFlap(t *testing.T) {
 	key := func(i int) string { return fmt.Sprintf("k%d", i%40) }
 	b.produce(80, key)
 	proxy, store := proxiedStore(t, b)
-	cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	cfg := b.watchConfig(3*time.Second, 2*time.Second)
 	cfg.Store = store
-	cfg.DatabaseTimeout = 3 * time.Second
-	cfg.CommitTimeout = 2 * time.Second
 	var ws []*consumer.Consumer
 	for i := range 2 {
 		cfg.ClientID = fmt.Sprintf("w%d", i)
@@ -120,6 +116,16 @@ func TestDatabaseDownForEveryoneDoesNotFlap(t *testing.T) {
 	b.check()
 }
 
+// watchConfig is the config of a worker on the ledger that logs warnings,
+// whose database watch steps down after database and whose commits give
+// up after commit.
+func (b *bundle) watchConfig(database, commit time.Duration) consumer.Config {
+	cfg := b.config(ledger(b.t, b.schema), zaptest.NewLogger(b.t, zaptest.Level(zap.WarnLevel)))
+	cfg.DatabaseTimeout = database
+	cfg.CommitTimeout = commit
+	return cfg
+}
+
 // The derivation of the default: the session timeout, at least 10s.
 func TestDefaultDatabaseTimeout(t *testing.T) {
 	t.Parallel()
@@ -146,10 +152,8 @@ func TestWorkerRejoinsThroughAMultiHostURL(t *testing.T) {
 	key := func(i int) string { return fmt.Sprintf("k%d", i%40) }
 	b.produce(80, key)
 	proxy, store := proxiedStoreAfter(t, b, tarpit(t))
-	cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	cfg := b.watchConfig(5*time.Second, 3*time.Second)
 	cfg.Store = store
-	cfg.DatabaseTimeout = 5 * time.Second
-	cfg.CommitTimeout = 3 * time.Second
 	w, err := consumer.New(cfg)
 	if err != nil {
 		t.Fatal(err)

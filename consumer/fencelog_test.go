@@ -31,25 +31,8 @@ func TestWorkerPrunesTheFenceLogOfItsPartitions(t *testing.T) {
 	stop := runConsumer(t, c)
 	b.waitDone(30 * time.Second)
 	ctx := context.Background()
-	counts := func() map[int32]int {
-		rows, err := b.pool.Query(ctx, `SELECT partition, count(*) FROM "`+b.schema+`".fence_log GROUP BY partition`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		out := map[int32]int{}
-		for rows.Next() {
-			var p int32
-			var n int
-			if err := rows.Scan(&p, &n); err != nil {
-				t.Fatal(err)
-			}
-			out[p] = n
-		}
-		return out
-	}
 	waitForCond(t, 30*time.Second, "the fence log to be pruned to 5 entries and the claim", func() bool {
-		n := counts()
+		n := b.rowsByPartition("fence_log")
 		return len(n) == 2 && n[0] <= 6 && n[1] <= 6
 	})
 	if err := stop(); err != nil {

@@ -8,13 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/fence"
-	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/partition"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -25,23 +23,8 @@ import (
 // transaction takes several.
 func (b *bundle) jointConfig(h consumer.Handler, log *zap.Logger, span int, conns int32) consumer.Config {
 	b.t.Helper()
-	pcfg, err := pgxpool.ParseConfig(testdb.URL())
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pcfg.MaxConns = conns
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	b.t.Cleanup(pool.Close)
-	store, err := sink.NewStore(pool, b.schema)
-	if err != nil {
-		b.t.Fatal(err)
-	}
 	cfg := b.config(h, log)
-	cfg.Store = store
+	cfg.Store = storeWithConns(b.t, b, conns)
 	cfg.CommitSpan = span
 	return cfg
 }
@@ -263,7 +246,7 @@ func TestCommitSpanZombieBatchIsRefusedAndTheOthersCommit(t *testing.T) {
 		Token: sink.Token{Incarnation: f.Token.Incarnation, Epoch: f.Token.Epoch + 10}, Owner: "usurper", PartitionCount: parts}); err != nil {
 		t.Fatal(err)
 	}
-	before := b.partitionRows()
+	before := b.rowsByPartition("ledger")
 	gated.Store(true)
 	b.produce(1, func(int) string { return keys[1] })
 	waitForCond(t, 10*time.Second, "partition 1's batch to hold the slot", func() bool { return !gated.Load() })
@@ -288,7 +271,7 @@ func TestCommitSpanZombieBatchIsRefusedAndTheOthersCommit(t *testing.T) {
 		}
 		return true
 	})
-	after := b.partitionRows()
+	after := b.rowsByPartition("ledger")
 	if after[0] != before[0] {
 		t.Errorf("partition 0's ledger rows went from %d to %d after it was claimed by another: the zombie's batch committed", before[0], after[0])
 	}
@@ -307,26 +290,6 @@ func TestCommitSpanZombieBatchIsRefusedAndTheOthersCommit(t *testing.T) {
 	if shared.Len() != 1 {
 		t.Errorf("the zombie's refusal was not logged once with %q: %v", want, logs.FilterMessage(consumer.MsgBatchFenced).All())
 	}
-}
-
-// partitionRows counts the ledger's rows by partition.
-func (b *bundle) partitionRows() map[int32]int {
-	b.t.Helper()
-	rows, err := b.pool.Query(context.Background(), `SELECT partition, count(*) FROM "`+b.schema+`".ledger GROUP BY partition`)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[int32]int{}
-	for rows.Next() {
-		var p int32
-		var n int
-		if err := rows.Scan(&p, &n); err != nil {
-			b.t.Fatal(err)
-		}
-		out[p] = n
-	}
-	return out
 }
 
 // keysFor returns a key for each of n partitions: keys[p] lands on p.
@@ -392,7 +355,7 @@ func testJointHandlerEndsTx(t *testing.T, stmt string) {
 	keys := keysFor(parts)
 	b.produce(parts, func(i int) string { return keys[i] })
 	b.waitDone(60 * time.Second)
-	before := b.partitionRows()
+	before := b.rowsByPartition("ledger")
 
 	// Partition 3's batch holds the one slot; 0 and 2 queue, then 1 (the
 	// bug), then 4 and 5.
@@ -427,7 +390,7 @@ func testJointHandlerEndsTx(t *testing.T, stmt string) {
 		}
 		return true
 	})
-	after := b.partitionRows()
+	after := b.rowsByPartition("ledger")
 	for p := int32(0); p < parts; p++ {
 		key := sink.Partition{Group: b.group, Topic: b.topic, Partition: p}
 		hold, held, err := fence.Of(b.store).OpenHoldNeedingAck(context.Background(), key)

@@ -7,13 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tenure-dev/tenure/consumer"
-	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -29,24 +27,7 @@ import (
 func TestClaimsDoNotWaitBehindBusyLanes(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 16)
-	store := func() *sink.Store {
-		cfg, err := pgxpool.ParseConfig(testdb.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.ConnConfig.RuntimeParams["search_path"] = ""
-		cfg.MaxConns = 4
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		s, err := sink.NewStore(pool, b.schema)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	store := func() *sink.Store { return storeWithConns(t, b, 4) }
 	inner := ledger(t, b.schema)
 	var slow atomic.Bool
 	slow.Store(true)

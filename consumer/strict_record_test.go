@@ -213,15 +213,9 @@ func nextMemberAgrees(t *testing.T, b *bundle, jobs int64) {
 // transactions enabled (the shared server runs without them).
 func strictDatabase(t *testing.T, b *bundle) {
 	t.Helper()
-	c := pgtest.Start(t)
+	c := pgtest.StartPrepared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := c.AppendConf("max_prepared_transactions = 20"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Restart(ctx, "fast"); err != nil {
-		t.Fatal(err)
-	}
 	cfg, err := pgxpool.ParseConfig(c.URL())
 	if err != nil {
 		t.Fatal(err)

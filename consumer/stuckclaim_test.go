@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -34,15 +33,8 @@ func TestAStuckClaimStaysThatPartitionsTrouble(t *testing.T) {
 	if _, err := b.store.Claim(ctx, sink.ClaimRequest{Partition: p0, Token: sink.Token{}, Owner: "ghost", ClaimID: 1, PartitionCount: 4}); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := b.lockFenceRow(ctx, 0)
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SET LOCAL application_name = 'another-program'; SELECT 1 FROM `+pgx.Identifier{b.schema}.Sanitize()+
-		`.fences WHERE partition = 0 FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
 
 	core, logs := observer.New(zap.InfoLevel)
 	cfg := b.config(ledger(t, b.schema), zap.New(core))

@@ -21,7 +21,6 @@ import (
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/otelsetup"
-	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -40,23 +39,9 @@ func (b *bundle) traced(opts ...sdktrace.TracerProviderOption) *traced {
 	b.t.Helper()
 	tp := sdktrace.NewTracerProvider(opts...)
 	b.t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	cfg, err := pgxpool.ParseConfig(testdb.URL())
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
 	// What tenure worker installs: otelpgx's tracer and kotel's hooks.
 	ot := otelsetup.New(tp, prop)
-	cfg.ConnConfig.Tracer = ot.PgxTracer()
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	b.t.Cleanup(pool.Close)
-	store, err := sink.NewStore(pool, b.schema)
-	if err != nil {
-		b.t.Fatal(err)
-	}
+	store := b.poolStore(func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = ot.PgxTracer() })
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.brokers...), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil))},
 		ot.KgoOpts()...)...)
 	if err != nil {

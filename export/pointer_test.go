@@ -116,6 +116,24 @@ func (b *bundle) pointer(t *testing.T, key string) Pointer {
 	return p
 }
 
+// setupSuperseded is a bundle on a memory store in which A claimed
+// partition 0 with token a (1.0, claim 1) and B then with bt (2.0, claim 2).
+func setupSuperseded(t *testing.T) (b *bundle, a, bt sink.Token) {
+	t.Helper()
+	b = setup(t, newMemStore())
+	a, bt = sink.Token{Epoch: 1}, sink.Token{Epoch: 2}
+	b.claim(t, a, "A", 1, 0)
+	b.claim(t, bt, "B", 2, 0)
+	return b, a, bt
+}
+
+// violations checks the history against the jobs produced to partition 0
+// of topic jobs at offsets.
+func (b *bundle) violations(t *testing.T, offsets ...int64) []history.Violation {
+	t.Helper()
+	return b.history(t).Check(map[history.TopicPartition][]int64{{Topic: "jobs", Partition: 0}: offsets})
+}
+
 func (b *bundle) history(t *testing.T) *history.History {
 	t.Helper()
 	ctx := context.Background()
@@ -226,8 +244,7 @@ func TestExportCoalescesWithinBatch(t *testing.T) {
 	if n := len(b.objs.(*memStore).objs); n != 2 {
 		t.Errorf("%d objects staged, want 2 (one per key)", n)
 	}
-	h := b.history(t)
-	for _, v := range h.Check(map[history.TopicPartition][]int64{{Topic: "jobs", Partition: 0}: {0, 1, 2, 3}}) {
+	for _, v := range b.violations(t, 0, 1, 2, 3) {
 		t.Errorf("violation: %s", v)
 	}
 }
@@ -239,10 +256,7 @@ func TestExportCoalescesWithinBatch(t *testing.T) {
 // would report it (see TestExportPublishOutsideFenceIsCaught).
 func TestExportStaleOwnerNeverPublishes(t *testing.T) {
 	t.Parallel()
-	b := setup(t, newMemStore())
-	a, bt := sink.Token{Epoch: 1}, sink.Token{Epoch: 2}
-	b.claim(t, a, "A", 1, 0)
-	b.claim(t, bt, "B", 2, 0) // G3: B's claim alone fences A
+	b, a, bt := setupSuperseded(t) // G3: B's claim alone fences A
 	err := b.run(t, b.batch(a, "A", 0, 0, [2]string{"acme", "stale"}), 1, true)
 	if !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("A's commit after B's claim: %v, want ErrFenced", err)
@@ -256,8 +270,7 @@ func TestExportStaleOwnerNeverPublishes(t *testing.T) {
 	if err := b.run(t, b.batch(bt, "B", 0, 0, [2]string{"acme", "new"}), 2, true); err != nil {
 		t.Fatal(err)
 	}
-	h := b.history(t)
-	for _, v := range h.Check(map[history.TopicPartition][]int64{{Topic: "jobs", Partition: 0}: {0}}) {
+	for _, v := range b.violations(t, 0) {
 		t.Errorf("violation: %s", v)
 	}
 }
@@ -266,10 +279,7 @@ func TestExportStaleOwnerNeverPublishes(t *testing.T) {
 // stale owner whose publication lands although its commit is refused.
 func TestExportPublishOutsideFenceIsCaught(t *testing.T) {
 	t.Parallel()
-	b := setup(t, newMemStore())
-	a, bt := sink.Token{Epoch: 1}, sink.Token{Epoch: 2}
-	b.claim(t, a, "A", 1, 0)
-	b.claim(t, bt, "B", 2, 0)
+	b, a, bt := setupSuperseded(t)
 	if err := b.run(t, b.batch(bt, "B", 0, 0, [2]string{"acme", "new"}), 2, true); err != nil {
 		t.Fatal(err)
 	}
@@ -277,8 +287,7 @@ func TestExportPublishOutsideFenceIsCaught(t *testing.T) {
 	if err := b.run(t, b.batch(a, "A", 0, 0, [2]string{"acme", "stale"}), 1, false); err != nil {
 		t.Fatal(err)
 	}
-	h := b.history(t)
-	vs := h.Check(map[history.TopicPartition][]int64{{Topic: "jobs", Partition: 0}: {0}})
+	vs := b.violations(t, 0)
 	if len(vs) == 0 {
 		t.Fatal("the checker found nothing wrong with a publication outside the fence")
 	}

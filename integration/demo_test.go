@@ -30,11 +30,7 @@ func TestDemo(t *testing.T) {
 		}
 	})
 
-	stdout, stderr, code := runDemoBin(t, 2*time.Minute, testdb.URL(), "--schema", schema)
-	if code != 0 {
-		t.Fatalf("tenure demo exited %d\n---- stdout ----\n%s\n---- stderr ----\n%s", code, stdout, stderr)
-	}
-	for _, want := range []string{
+	stdout := runDemoStory(t, testdb.URL(), []string{
 		"SIGSTOP worker A — frozen inside the check-then-act window",
 		"SIGCONT worker A — it wakes up believing it still owns partition 0",
 		"Postgres rejects A's commit: commit of ",
@@ -45,11 +41,7 @@ func TestDemo(t *testing.T) {
 		"$ tenure admin exports get ",
 		"\"sha256\": ",
 		"verdict: PASS",
-	} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("stdout lacks %q\n%s", want, stdout)
-		}
-	}
+	}, "--schema", schema)
 	// The tokens in the timeline: B's claim is above A's, and the rejection
 	// names both.
 	aTok := regexp.MustCompile(`worker A \(pid \d+\) claims partition 0 with token (\d+\.\d+)`).FindStringSubmatch(stdout)
@@ -121,6 +113,22 @@ func TestDemoWithoutDatabase(t *testing.T) {
 	if stdout != "" {
 		t.Errorf("stdout should be empty, got:\n%s", stdout)
 	}
+}
+
+// runDemoStory runs `tenure demo` with args against dbURL, wants it to exit
+// 0 and to tell each line of story, and returns its stdout.
+func runDemoStory(t *testing.T, dbURL string, story []string, args ...string) string {
+	t.Helper()
+	stdout, stderr, code := runDemoBin(t, 2*time.Minute, dbURL, args...)
+	if code != 0 {
+		t.Fatalf("tenure demo %s exited %d\n---- stdout ----\n%s\n---- stderr ----\n%s", strings.Join(args, " "), code, stdout, stderr)
+	}
+	for _, want := range story {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q\n%s", want, stdout)
+		}
+	}
+	return stdout
 }
 
 // runDemoBin runs `tenure demo args...` with TENURE_DATABASE_URL set to

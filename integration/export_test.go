@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -61,6 +62,21 @@ func newExportWorldAt(t *testing.T, partitions int32, storeURL string) *exportWo
 
 func (w *exportWorld) worker(name string, extra ...string) *worker {
 	return w.startWorker(name, append([]string{"--export-store", w.storeURL}, extra...)...)
+}
+
+// pauseAHolding starts worker A holding once at aHold and waits until it
+// holds; starts B with bExtra and waits until it has started and the group
+// has both; then freezes A. Both run with the common flags. held is A's
+// "holding" line.
+func (w *exportWorld) pauseAHolding(aHold string, common []string, bExtra ...string) (a, b *worker, held map[string]any) {
+	w.t.Helper()
+	a = w.worker("A", append(slices.Clone(common), "--hold-once", aHold)...)
+	held = a.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": aHold})
+	b = w.worker("B", append(slices.Clone(common), bExtra...)...)
+	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
+	waitForMembers(w.t, w.env, 2)
+	a.pause()
+	return a, b, held
 }
 
 // read starts a reader loop: every 10ms it reads every key's export with
@@ -258,13 +274,8 @@ func testExportPausedWorker(t *testing.T, w *exportWorld, proto string) {
 	w.read(keys)
 	w.collect()
 
-	a := w.worker("A", "--protocol", proto, "--hold-once", "before-batch")
-	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
+	a, b, held := w.pauseAHolding("before-batch", []string{"--protocol", proto})
 	aToken := fmt.Sprint(held["token"])
-	b := w.worker("B", "--protocol", proto)
-	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
-	waitForMembers(t, w.env, 2)
-	a.pause()
 
 	claimed := b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	if !tokenLess(t, aToken, fmt.Sprint(claimed["token"])) {
@@ -331,12 +342,7 @@ func TestExportClaimFencesBeforeFirstPublication(t *testing.T) {
 	w.produce(jobsFor(keys, 0, 20)...)
 	w.read(keys)
 
-	a := w.worker("A", "--hold-once", "before-batch")
-	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding"})
-	b := w.worker("B", "--hold-once", "before-batch")
-	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
-	waitForMembers(t, w.env, 2)
-	a.pause()
+	a, b, held := w.pauseAHolding("before-batch", nil, "--hold-once", "before-batch")
 	b.waitLog(30*time.Second, map[string]any{"msg": consumer.MsgClaimed})
 	b.waitLog(30*time.Second, map[string]any{"msg": "holding"})
 
@@ -474,13 +480,8 @@ func TestExportGCPausedWriter(t *testing.T) {
 	w := newExportWorld(t, 1)
 	w.produce(jobsFor(keys, 0, 20)...)
 	w.read(keys)
-	a := w.worker("A", "--hold-once", "before-commit")
-	held := a.waitLog(30*time.Second, map[string]any{"msg": "holding", "point": "before-commit"})
+	a, b, held := w.pauseAHolding("before-commit", nil)
 	aToken := fmt.Sprint(held["token"])
-	b := w.worker("B")
-	b.waitLog(30*time.Second, map[string]any{"msg": "worker starting"})
-	waitForMembers(t, w.env, 2)
-	a.pause()
 	staged := w.objectsOf(aToken)
 	if len(staged) == 0 {
 		t.Fatal("A staged nothing before its commit")

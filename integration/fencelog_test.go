@@ -14,13 +14,9 @@ import (
 func TestCLIFencesPrune(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	store := e.store()
-	ctx := context.Background()
-	p := sink.Partition{Group: e.group, Topic: e.topic}
 	tk := sink.Token{Epoch: 1}
-	if _, err := store.Claim(ctx, sink.ClaimRequest{Partition: p, Token: tk, Owner: "w", PartitionCount: 1}); err != nil {
-		t.Fatal(err)
-	}
+	store, p := e.claimed(tk)
+	ctx := context.Background()
 	for i := range int64(20) {
 		tx, err := e.pool.Begin(ctx)
 		if err != nil {

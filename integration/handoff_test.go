@@ -43,9 +43,7 @@ func TestSuccessorEndsAFrozenOwnersTransaction(t *testing.T) {
 		}
 
 		a.resumeLost(t, map[string]any{"msg": "partitions lost"})
-		b.stop(30 * time.Second)
-		a.stop(30 * time.Second)
-		h := checkRun(t, e, expect{partitions: []int32{0}})
+		h := checkStopped(t, e, b, a)
 		for _, en := range h.Log {
 			if en.Kind == "commit" && strings.HasPrefix(en.Owner, fmt.Sprint(held["member"])) {
 				t.Errorf("A committed %+v", en)

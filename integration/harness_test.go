@@ -116,6 +116,18 @@ func (e *env) store() *sink.Store {
 	return store
 }
 
+// claimed has owner "w" claim partition 0 of e's topic with token tk, as
+// a worker does before it commits, and returns the store and the partition.
+func (e *env) claimed(tk sink.Token) (*sink.Store, sink.Partition) {
+	e.t.Helper()
+	store := e.store()
+	p := sink.Partition{Group: e.group, Topic: e.topic}
+	if _, err := store.Claim(context.Background(), sink.ClaimRequest{Partition: p, Token: tk, Owner: "w", PartitionCount: 1}); err != nil {
+		e.t.Fatal(err)
+	}
+	return store, p
+}
+
 // recreateTopic deletes e's topic and creates it again with one partition:
 // a new log under the old name.
 func (e *env) recreateTopic() {
@@ -149,6 +161,15 @@ func oneWorkerCaughtUp(t *testing.T, why string) (*env, *worker) {
 	w := e.startWorker("W")
 	waitCommitted(t, e, 0, 10, "")
 	return e, w
+}
+
+// ledgerCaughtUp starts worker W with the ledger handler and the extra
+// flags, and waits until partition 0's next offset reaches off.
+func (e *env) ledgerCaughtUp(off int64, extra ...string) *worker {
+	e.t.Helper()
+	w := e.startWorker("W", append([]string{"--handler", "ledger"}, extra...)...)
+	waitCommitted(e.t, e, 0, off, "")
+	return w
 }
 
 // startBroker starts the in-process broker the tests' environments use,
@@ -250,6 +271,14 @@ func jobsFor(keys []string, start, n int) [][2]string {
 		out[i] = [2]string{keys[i%len(keys)], fmt.Sprintf(`{"seq":%d}`, start+i)}
 	}
 	return out
+}
+
+// jobsFailingAt is jobsFor(keys, 0, n) with job i failing in a worker
+// run with --inject-faults ("tenure-fault": "error").
+func jobsFailingAt(n, i int) [][2]string {
+	jobs := jobsFor(keys, 0, n)
+	jobs[i][1] = fmt.Sprintf(`{"seq":%d,"tenure-fault":"error"}`, i)
+	return jobs
 }
 
 // highWatermark is the partition's end offset.

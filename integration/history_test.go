@@ -126,6 +126,16 @@ func checkRun(t *testing.T, e *env, x expect) *history.History {
 	return h
 }
 
+// checkStopped stops the workers, in the order given, and checks the run
+// over partition 0 (checkRun).
+func checkStopped(t *testing.T, e *env, ws ...*worker) *history.History {
+	t.Helper()
+	for _, w := range ws {
+		w.stop(30 * time.Second)
+	}
+	return checkRun(t, e, expect{partitions: []int32{0}})
+}
+
 // loadHistory is the run's history unchecked, for a test that checks it
 // against other produced offsets than a partition's whole log.
 func loadHistory(t *testing.T, e *env) *history.History {

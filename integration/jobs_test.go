@@ -78,12 +78,9 @@ func jobJSON(t *testing.T, e *env, job string, brokers bool) jobOutput {
 func TestAdminJob(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	jobs := jobsFor(keys, 0, 10)
-	jobs[3][1] = `{"seq":3,"tenure-fault":"error"}`
+	jobs := jobsFailingAt(10, 3)
 	e.produce(jobs...)
-	w := e.startWorker("W", "--handler", "ledger", "--inject-faults", "--max-attempts", "1")
-	waitCommitted(t, e, 0, 10, "")
-	w.stop(30 * time.Second)
+	e.ledgerCaughtUp(10, "--inject-faults", "--max-attempts", "1").stop(30 * time.Second)
 	e.produce(jobsFor(keys, 10, 10)...)
 	resetJSON(t, e, "--partition", "0", "--to-offset", "15", "--execute")
 

@@ -190,8 +190,7 @@ func TestZombieClaimDelayedInTheNetwork(t *testing.T) {
 	if m := n.findLog(map[string]any{"fenced": true}); m != nil {
 		t.Errorf("N was fenced: %v", m["error"])
 	}
-	n.stop(30 * time.Second)
-	h := checkRun(t, e, expect{partitions: []int32{0}})
+	h := checkStopped(t, e, n)
 	for _, en := range h.Log {
 		if en.Owner == zombie {
 			t.Errorf("fence log #%d: %s by the zombie with token %s (N claimed with %v)", en.ID, en.Kind, en.Token, nClaim["token"])
@@ -352,6 +351,5 @@ func TestAdminGroupDelete(t *testing.T) {
 	if m := n.findLog(map[string]any{"msg": consumer.IncarnationMovedOn}); m != nil {
 		t.Errorf("N moved the incarnation on again: %v", m["reason"])
 	}
-	n.stop(30 * time.Second)
-	checkRun(t, e, expect{partitions: []int32{0}})
+	checkStopped(t, e, n)
 }

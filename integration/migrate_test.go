@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -16,11 +15,7 @@ import (
 func TestCLIMigrateDownRefusesWhileFencing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	store := e.store()
-	if _, err := store.Claim(context.Background(), sink.ClaimRequest{Partition: sink.Partition{Group: e.group, Topic: e.topic},
-		Token: sink.Token{Epoch: 1}, Owner: "w", PartitionCount: 1}); err != nil {
-		t.Fatal(err)
-	}
+	e.claimed(sink.Token{Epoch: 1})
 	db := []string{"--database-url", e.dbURL, "--schema", e.schema}
 	newest := sink.Migrations()[len(sink.Migrations())-1]
 	name := fmt.Sprintf("%03d_%s", newest.Version, newest.Name)

@@ -16,9 +16,7 @@ func TestUnknownNamesThroughTheBinary(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	e.produceTo(0, jobsFor(keys, 0, 3)...)
-	w := e.startWorker("W", "--handler", "ledger")
-	waitCommitted(t, e, 0, 3, "")
-	w.stop(30 * time.Second)
+	e.ledgerCaughtUp(3).stop(30 * time.Second)
 
 	db := []string{"--database-url", e.dbURL, "--schema", e.schema}
 	typo := strings.Replace(e.group, "workers", "wrokers", 1)

@@ -348,9 +348,7 @@ func TestOffsetsResetDryRunChangesNothing(t *testing.T) {
 	at := time.Now()
 	time.Sleep(50 * time.Millisecond)
 	e.produce(jobsFor(keys, 5, 5)...)
-	w := e.startWorker("W", "--handler", "ledger")
-	waitCommitted(t, e, 0, 10, "")
-	w.stop(30 * time.Second)
+	e.ledgerCaughtUp(10).stop(30 * time.Second)
 	before := fenceRow(t, e, 0)
 	entries := committedLogCount(t, e)
 
@@ -381,9 +379,7 @@ func TestOffsetsResetRefusals(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	e.produceTo(0, jobsFor(keys, 0, 10)...)
-	w := e.startWorker("W", "--handler", "ledger")
-	waitCommitted(t, e, 0, 10, "")
-	w.stop(30 * time.Second)
+	e.ledgerCaughtUp(10).stop(30 * time.Second)
 	before := fenceRow(t, e, 0)
 
 	wantFailure(t, runCLI(t, 60*time.Second, "", e.resetArgs("--partition", "0", "--to-offset", "11", "--execute")...),
@@ -423,11 +419,8 @@ func replaceArg(args []string, old, new string) []string {
 func TestOffsetsResetOverDeadLetters(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	jobs := jobsFor(keys, 0, 5)
-	jobs[2][1] = `{"seq":2,"tenure-fault":"error"}`
-	e.produce(jobs...)
-	w := e.startWorker("W", "--handler", "ledger", "--inject-faults", "--max-attempts", "1")
-	waitCommitted(t, e, 0, 5, "")
+	e.produce(jobsFailingAt(5, 2)...)
+	w := e.ledgerCaughtUp(5, "--inject-faults", "--max-attempts", "1")
 	r := runCLI(t, 60*time.Second, "", e.resetArgs("--partition", "0", "--to-earliest")...)
 	if r.code != 0 || !strings.Contains(r.stdout, "note: partition 0: 1 of the repeated jobs are in the dead-letter table") {
 		t.Fatalf("the plan does not point out the dead letter: %s", r)

@@ -79,10 +79,7 @@ func testPausedWorkerIsFenced(t *testing.T, proto string) {
 	} else if s := fmt.Sprint(rej["error"]); !strings.Contains(s, fmt.Sprint(held["token"])) || !strings.Contains(s, fmt.Sprint(claimed["token"])) {
 		t.Errorf("A's rejection should name its token %v and the winner %v: %s", held["token"], claimed["token"], s)
 	}
-	b.stop(30 * time.Second)
-	a.stop(30 * time.Second)
-
-	checkRun(t, e, expect{partitions: []int32{0}})
+	checkStopped(t, e, b, a)
 }
 
 // G3: B has claimed the partition but has not written anything yet (it is
@@ -111,9 +108,7 @@ func TestClaimFencesBeforeFirstWrite(t *testing.T) {
 
 	b.resume() // releases B's hold
 	waitCommitted(t, e, 0, e.highWatermark(0), "")
-	b.stop(30 * time.Second)
-	a.stop(30 * time.Second)
-	checkRun(t, e, expect{partitions: []int32{0}})
+	checkStopped(t, e, b, a)
 }
 
 // What the fence does not promise, shown: A's batch arrives after the group
@@ -134,9 +129,7 @@ func TestCommitBeforeClaimIsAcceptedAndContinued(t *testing.T) {
 	})
 	b.resume()
 	waitCommitted(t, e, 0, e.highWatermark(0), "")
-	b.stop(30 * time.Second)
-	a.stop(30 * time.Second)
-	h := checkRun(t, e, expect{partitions: []int32{0}})
+	h := checkStopped(t, e, b, a)
 	// The history shows A's commit and, after it, a claim that starts at
 	// A's end: B continued after A.
 	var sawA bool
@@ -223,9 +216,7 @@ func TestPausedMidTransaction(t *testing.T) {
 	// certain) and the batch is retried or abandoned as A learns it lost
 	// the partition; a retry meets the fence.
 	a.resumeLost(t)
-	b.stop(30 * time.Second)
-	a.stop(30 * time.Second)
-	h := checkRun(t, e, expect{partitions: []int32{0}})
+	h := checkStopped(t, e, b, a)
 	for _, en := range h.Log {
 		if en.Kind == "commit" && strings.HasPrefix(en.Owner, "tenure-A-") {
 			t.Errorf("A committed %+v", en)

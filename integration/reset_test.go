@@ -52,9 +52,7 @@ func TestGroupDeletedWorkersResumeAndZombieStaysFenced(t *testing.T) {
 		waitCommitted(t, e, 0, 30, "")
 
 		z.resumeLost(t) // the zombie from before the reset
-		n.stop(30 * time.Second)
-		z.stop(30 * time.Second)
-		checkRun(t, e, expect{partitions: []int32{0}})
+		checkStopped(t, e, n, z)
 	})
 }
 
@@ -92,8 +90,7 @@ func TestExpiredGroupWorkersResume(t *testing.T) {
 	n := e.startWorker("N")
 	n.waitLog(60*time.Second, map[string]any{"msg": consumer.IncarnationMovedOn})
 	waitCommitted(t, e, 0, 30, "")
-	n.stop(30 * time.Second)
-	checkRun(t, e, expect{partitions: []int32{0}})
+	checkStopped(t, e, n)
 }
 
 // deleteGroupWhenEmpty waits for the group to empty (its members evicted)
@@ -144,9 +141,7 @@ func TestZombieFrozenBeforeClaimAcrossReset(t *testing.T) {
 	}
 	e.produce(jobsFor(keys, 30, 5)...)
 	waitCommitted(t, e, 0, 35, "")
-	n.stop(30 * time.Second)
-	z.stop(30 * time.Second)
-	h := checkRun(t, e, expect{partitions: []int32{0}})
+	h := checkStopped(t, e, n, z)
 	for _, en := range h.Log {
 		if en.Owner == zombie {
 			t.Errorf("the zombie is in the fence log: %+v (N claimed with %v)", en, claimed["token"])

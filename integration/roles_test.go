@@ -42,9 +42,7 @@ func workerRoleHandOff(t *testing.T, ctx context.Context, e *env, owner *pgx.Con
 	}
 	a.resume()
 	a.waitLogAny(30*time.Second, rejected, abandoned, map[string]any{"msg": "partitions lost"})
-	b.stop(30 * time.Second)
-	a.stop(30 * time.Second)
-	checkRun(t, e, expect{partitions: []int32{0}})
+	checkStopped(t, e, b, a)
 }
 
 func TestLeastPrivilegeRoles(t *testing.T) {

@@ -32,15 +32,9 @@ import (
 func newStrictEnv(t *testing.T, partitions int32) *env {
 	t.Helper()
 	e := newEnv(t, partitions)
-	c := pgtest.Start(t)
+	c := pgtest.StartPrepared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := c.AppendConf("max_prepared_transactions = 20"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Restart(ctx, "fast"); err != nil {
-		t.Fatal(err)
-	}
 	pool := testPool(t, ctx, c.URL())
 	if _, err := sink.Migrate(ctx, pool, e.schema); err != nil {
 		t.Fatalf("migrating the throwaway cluster: %v", err)
@@ -304,11 +298,7 @@ func TestStrictRefusedWithoutPreparedTransactions(t *testing.T) {
 func TestDemoStrict(t *testing.T) {
 	t.Parallel()
 	e := newStrictEnv(t, 1) // only its throwaway cluster is used
-	stdout, stderr, code := runDemoBin(t, 2*time.Minute, e.dbURL, "--strict", "--schema", "tenure_demo_strict")
-	if code != 0 {
-		t.Fatalf("tenure demo --strict exited %d\n---- stdout ----\n%s\n---- stderr ----\n%s", code, stdout, stderr)
-	}
-	for _, want := range []string{
+	stdout := runDemoStory(t, e.dbURL, []string{
 		"PREPAREs the transaction",
 		"SIGSTOP worker A — frozen with its batch prepared",
 		"reads the group's committed offset",
@@ -316,11 +306,7 @@ func TestDemoStrict(t *testing.T) {
 		"the coordinator rejects A's offset commit",
 		"already rolled back by B's claim",
 		"verdict: PASS",
-	} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("stdout lacks %q\n%s", want, stdout)
-		}
-	}
+	}, "--strict", "--schema", "tenure_demo_strict")
 	t.Logf("demo output:\n%s", stdout)
 }
 
@@ -364,9 +350,7 @@ func TestStrictGroupDeletedWithPreparedBatch(t *testing.T) {
 	if dec["committed"] != false {
 		t.Errorf("A's batch must stay rolled back: %v", dec)
 	}
-	n.stop(30 * time.Second)
-	a.stop(30 * time.Second)
-	h := checkRun(t, e, expect{partitions: []int32{0}})
+	h := checkStopped(t, e, n, a)
 	// A's batch was accepted, then rolled back: excused by the deletion.
 	for _, v := range history.CheckStrict(h, e.assignments(), e.strictEvents(), true, true) {
 		t.Errorf("violation: %s", v)
@@ -407,9 +391,7 @@ func TestPlainWorkerResolvesAStrictBatch(t *testing.T) {
 	}
 	a.resume()
 	a.waitLogAny(30*time.Second, map[string]any{"msg": consumer.MsgStrictDecided, "gid": gid}, map[string]any{"msg": "partitions lost"})
-	b.stop(30 * time.Second)
-	a.stop(30 * time.Second)
-	checkRun(t, e, expect{partitions: []int32{0}})
+	checkStopped(t, e, b, a)
 }
 
 // Workers that log in as different roles, each granted the schema's worker

@@ -315,7 +315,7 @@ func TestClaimConcurrentFirstClaims(t *testing.T) {
 func TestClaimEndsAnOlderClaimantHoldingTheRow(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	p := part
 	a, b := sink.Token{Epoch: 1}, sink.Token{Epoch: 2}
 	if _, err := e.store.Claim(e.ctx, sink.ClaimRequest{Partition: p, Token: a, Owner: "A", ClaimID: 7, PartitionCount: 1}); err != nil {
 		t.Fatal(err)
@@ -354,7 +354,7 @@ func TestClaimEndsAnOlderClaimantHoldingTheRow(t *testing.T) {
 func TestClaimRefusedLaterEndsNoSession(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	p := part
 	newer := sink.ClaimRequest{Partition: p, Token: sink.Token{Epoch: 6}, Owner: "M", ClaimID: 11, PartitionCount: 1}
 	if _, err := e.store.Claim(e.ctx, newer); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -66,9 +65,7 @@ func exportRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema, t
 // each; reverting it keeps, per key, the row updated last.
 func TestMigration017ExportsPerGroup(t *testing.T) {
 	t.Parallel()
-	ctx := testCtx(t)
-	pool := testdb.Pool(t)
-	schema := freshSchema(t, pool)
+	ctx, pool, schema := freshDB(t)
 	if _, err := sink.Migrate(ctx, pool, schema); err != nil {
 		t.Fatal(err)
 	}

@@ -175,6 +175,15 @@ func (e *env) claimAndCommit(t testing.TB, p sink.Partition, tk sink.Token, next
 	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: from, To: next})
 }
 
+// setupCommitted is setup with part claimed by owner "a" with token tk
+// (epoch 1) and committed up to next (claimAndCommit).
+func setupCommitted(t testing.TB, next int64) (e *env, p sink.Partition, tk sink.Token) {
+	t.Helper()
+	e, p, tk = setup(t), part, sink.Token{Epoch: 1}
+	e.claimAndCommit(t, p, tk, next)
+	return e, p, tk
+}
+
 func (e *env) mustGet(t testing.TB, p sink.Partition) sink.Fence {
 	t.Helper()
 	f, err := e.store.Get(e.ctx, p)

@@ -16,10 +16,7 @@ import (
 // the offset down to 36, not to min(38, 60), which would skip 36 and 37.
 func TestAcknowledgeAheadOfLogAfterTheLogGrewAgain(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
-	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
-	tk := sink.Token{Epoch: 1}
-	e.claimAndCommit(t, p, tk, 38)
+	e, p, tk := setupCommitted(t, 38)
 	e.mustHold(t, aheadOfLog(p, tk, 38, 36))
 	h, err := e.store.AcknowledgeHold(e.ctx, p, "ops", 0, 60, [16]byte{})
 	if err != nil {
@@ -50,10 +47,7 @@ func TestAcknowledgeAheadOfLogAfterTheLogGrewAgain(t *testing.T) {
 // deleted the first: the handler bug disappeared unresolved.)
 func TestHoldsOfDifferentKindsStayOpenTogether(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
-	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
-	tk := sink.Token{Epoch: 1}
-	e.claimAndCommit(t, p, tk, 10)
+	e, p, tk := setupCommitted(t, 10)
 	bug := sink.Hold{Partition: p, Kind: sink.HoldHandlerBug, Reason: "the handler committed", NextOffset: 10, LogStart: -1, HighWatermark: -1,
 		From: 10, To: 12, FirstJob: "t/0/10", LastJob: "t/0/11", Owner: "a", Token: tk, AckedOffset: -1}
 	trunc := sink.Hold{Partition: p, Kind: sink.HoldLogTruncated, Reason: "the log starts at 15", NextOffset: 10, LogStart: 15, HighWatermark: 20,
@@ -101,10 +95,7 @@ func TestHoldsOfDifferentKindsStayOpenTogether(t *testing.T) {
 // not compare.
 func TestAcknowledgementStartsANewLogEpoch(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
-	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
-	tk := sink.Token{Epoch: 1}
-	e.claimAndCommit(t, p, tk, 40)
+	e, p, tk := setupCommitted(t, 40)
 	if e.mustGet(t, p).LogEpoch != 0 {
 		t.Fatal("a new row is not at log epoch 0")
 	}

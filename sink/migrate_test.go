@@ -63,6 +63,14 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
+// freshDB is testCtx, the test database's pool and a freshSchema on it.
+func freshDB(t *testing.T) (context.Context, *pgxpool.Pool, string) {
+	t.Helper()
+	ctx := testCtx(t)
+	pool := testdb.Pool(t)
+	return ctx, pool, freshSchema(t, pool)
+}
+
 func TestMigrateIdempotent(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -116,9 +124,7 @@ func tableExists(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema, 
 // and the store works on the result.
 func TestMigrateDownAndUp(t *testing.T) {
 	t.Parallel()
-	ctx := testCtx(t)
-	pool := testdb.Pool(t)
-	schema := freshSchema(t, pool)
+	ctx, pool, schema := freshDB(t)
 	all := allVersions()
 	tables := map[int][]string{1: {"fences", "fence_log"}, 2: {"exports", "export_versions", "ledger"}}
 

@@ -19,7 +19,7 @@ import (
 func TestResetOffsetGoesThroughTheFence(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	p := part
 	tk := tok(0, 3)
 	claim := sink.ClaimRequest{Partition: p, Token: tk, Owner: "a", ClaimID: 7, PartitionCount: 1}
 	c, err := e.store.Claim(e.ctx, claim)
@@ -106,7 +106,7 @@ func TestResetOffsetGoesThroughTheFence(t *testing.T) {
 func TestResetOffsetRefusals(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	p := part
 	tk := tok(0, 1)
 	id := [16]byte{1, 2, 3}
 	if _, err := e.store.Claim(e.ctx, sink.ClaimRequest{Partition: p, Token: tk, Owner: "a", PartitionCount: 1, StartOffset: 10, TopicID: id}); err != nil {
@@ -157,7 +157,7 @@ func TestResetOffsetRefusals(t *testing.T) {
 func TestResetOffsetSerialisesWithCommits(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	p := part
 	tk := tok(0, 1)
 	from := e.mustClaim(t, p, tk, "a", 0)
 	tx, err := e.pool.Begin(e.ctx)
@@ -222,7 +222,7 @@ func TestResetOffsetSerialisesWithCommits(t *testing.T) {
 func TestFenceLogAtAndDeadLetters(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	p := sink.Partition{Group: "g", Topic: "t", Partition: 0}
+	p := part
 	tk := tok(0, 2)
 	from := e.mustClaim(t, p, tk, "a", 3)
 	e.mustCommit(t, sink.CommitRequest{Partition: p, Token: tk, Owner: "a", From: from, To: 10})

@@ -49,6 +49,11 @@ func plantEffect(name string, w Write, detail string, rules ...string) plantCase
 	}
 }
 
+// plantFunc is the case that lets plant change a clean history.
+func plantFunc(name string, plant func(t *testing.T, h *History), detail string, rules ...string) plantCase {
+	return plantCase{name: name, plant: plant, rules: rules, detail: detail}
+}
+
 // plantLog is the case that inserts entry e into a clean history's log.
 func plantLog(name string, e Entry, detail string, rules ...string) plantCase {
 	return plantCase{
@@ -269,50 +274,25 @@ func TestViolationsAreDetected(t *testing.T) {
 // or run backwards, and a fencing row that disagrees with them.
 func offsetViolations() []plantCase {
 	return []plantCase{
-		{
-			name: "gap between commits",
-			plant: func(t *testing.T, h *History) {
-				logEntry(t, h, 50).From = 6 // [5,6) was never committed
-			},
-			rules:  []string{"G1"},
-			detail: "leaves a gap after 5",
-		},
-		{
-			name: "overlapping commits",
-			plant: func(t *testing.T, h *History) {
-				logEntry(t, h, 50).From = 4 // offset 4 committed twice
-			},
-			rules:  []string{"G1"},
-			detail: "leaves a overlap after 5",
-		},
+		plantFunc("gap between commits", func(t *testing.T, h *History) {
+			logEntry(t, h, 50).From = 6 // [5,6) was never committed
+		}, "leaves a gap after 5", "G1"),
+		plantFunc("overlapping commits", func(t *testing.T, h *History) {
+			logEntry(t, h, 50).From = 4 // offset 4 committed twice
+		}, "leaves a overlap after 5", "G1"),
 		plantLog("commit that does not advance", commit(105, 0, tok(0, 5), "B", 12, 12),
 			"[12,12) does not advance", "G1"),
-		{
-			name: "commit that goes backwards",
-			plant: func(t *testing.T, h *History) {
-				insertLog(h, commit(105, 0, tok(0, 5), "B", 12, 10))
-				logEntry(t, h, 120).From = 10
-			},
-			rules:  []string{"G1"},
-			detail: "[12,10) does not advance",
-		},
-		{
-			name: "fencing row ahead of the log",
-			plant: func(t *testing.T, h *History) {
-				h.Fences[0].NextOffset = 21
-			},
-			rules:  []string{"G1"},
-			detail: "the log ends at 20 but the fencing row says 21",
-		},
-		{
-			name: "fencing row behind the log",
-			plant: func(t *testing.T, h *History) {
-				h.Fences[1].NextOffset = 5
-			},
-			// The job at 5 now also has an effect at the row's next offset.
-			rules:  []string{"G1"},
-			detail: "the log ends at 6 but the fencing row says 5",
-		},
+		plantFunc("commit that goes backwards", func(t *testing.T, h *History) {
+			insertLog(h, commit(105, 0, tok(0, 5), "B", 12, 10))
+			logEntry(t, h, 120).From = 10
+		}, "[12,10) does not advance", "G1"),
+		plantFunc("fencing row ahead of the log", func(t *testing.T, h *History) {
+			h.Fences[0].NextOffset = 21
+		}, "the log ends at 20 but the fencing row says 21", "G1"),
+		// The job at 5 now also has an effect at the row's next offset.
+		plantFunc("fencing row behind the log", func(t *testing.T, h *History) {
+			h.Fences[1].NextOffset = 5
+		}, "the log ends at 6 but the fencing row says 5", "G1"),
 	}
 }
 
@@ -320,71 +300,46 @@ func offsetViolations() []plantCase {
 // old owner's commit after the new owner's claim.
 func tokenViolations() []plantCase {
 	return []plantCase{
-		{
-			name: "G2: commit with a lower token after a higher commit",
-			plant: func(t *testing.T, h *History) {
-				// B, superseded by C's 0.7, commits [15,18) with 0.5 after
-				// C's commit; D continues after it.
-				e := logEntry(t, h, 170)
-				e.Token, e.Owner = tok(0, 5), "B"
-				e.ID = 145
-				sort.Slice(h.Log, func(i, j int) bool { return h.Log[i].ID < h.Log[j].ID })
-			},
-			// Every real commit is preceded by its claim, so the lower
-			// commit is also below C's claim: G3 as well; and the claim
-			// that follows resumes where the log was before B's commit: G1.
-			rules:  []string{"G1", "G2", "G3"},
-			detail: "commit #145 [15,18) with token 0.5 after a commit with token 0.7",
-		},
-		{
-			name: "G2: commit of an old incarnation after a reset",
-			plant: func(t *testing.T, h *History) {
-				// A zombie from before the group reset (token 0.7, a higher
-				// epoch than 1.1's) commits after D's commit.
-				e := logEntry(t, h, 180)
-				e.Token, e.Owner = tok(0, 7), "C"
-				retoken(h, 0, 18, 20, tok(0, 7))
-			},
-			rules:  []string{"G2", "G3"},
-			detail: "commit #180 [18,20) with token 0.7 after a commit with token 1.1",
-		},
+		// Every real commit is preceded by its claim, so the lower
+		// commit is also below C's claim: G3 as well; and the claim
+		// that follows resumes where the log was before B's commit: G1.
+		plantFunc("G2: commit with a lower token after a higher commit", func(t *testing.T, h *History) {
+			// B, superseded by C's 0.7, commits [15,18) with 0.5 after
+			// C's commit; D continues after it.
+			e := logEntry(t, h, 170)
+			e.Token, e.Owner = tok(0, 5), "B"
+			e.ID = 145
+			sort.Slice(h.Log, func(i, j int) bool { return h.Log[i].ID < h.Log[j].ID })
+		}, "commit #145 [15,18) with token 0.5 after a commit with token 0.7", "G1", "G2", "G3"),
+		plantFunc("G2: commit of an old incarnation after a reset", func(t *testing.T, h *History) {
+			// A zombie from before the group reset (token 0.7, a higher
+			// epoch than 1.1's) commits after D's commit.
+			e := logEntry(t, h, 180)
+			e.Token, e.Owner = tok(0, 7), "C"
+			retoken(h, 0, 18, 20, tok(0, 7))
+		}, "commit #180 [18,20) with token 0.7 after a commit with token 1.1", "G2", "G3"),
 		plantLog("G2: claim going backwards", claim(145, 0, tok(0, 6), "X", 15),
 			"claim #145 with token 0.6 after token 0.7", "G2"),
-		{
-			name: "G2: claim below an earlier commit",
-			plant: func(t *testing.T, h *History) {
-				// No earlier claim is higher, only a commit: planted on a
-				// history whose claim of 0.5 was not recorded.
-				h.Log = slices.DeleteFunc(h.Log, func(e Entry) bool { return e.ID == 70 || e.ID == 80 })
-				insertLog(h, claim(125, 0, tok(0, 4), "X", 13))
-			},
-			// Without B's claim, B's commits are made while A holds the
-			// partition: G3 too.
-			rules:  []string{"G2", "G3"},
-			detail: "claim #125 with token 0.4 after token 0.5",
-		},
-		{
-			name: "G3: old owner commits after the new owner's claim",
-			plant: func(t *testing.T, h *History) {
-				// The "token 81 arrives before 82" case: B has claimed with 0.5
-				// but written nothing; A's late commit at 0.3 lands.
-				insertLog(h, commit(95, 0, tok(0, 3), "A", 9, 10))
-				logEntry(t, h, 100).From = 10
-				retoken(h, 0, 9, 10, tok(0, 3))
-			},
-			rules:  []string{"G3"},
-			detail: "commit #95 [9,10) with token 0.3 after a claim with token 0.5",
-		},
-		{
-			name: "G3: commit of an old incarnation after the reset's claim",
-			plant: func(t *testing.T, h *History) {
-				insertLog(h, commit(165, 0, tok(0, 7), "C", 15, 16))
-				logEntry(t, h, 170).From = 16
-				retoken(h, 0, 15, 16, tok(0, 7))
-			},
-			rules:  []string{"G3"},
-			detail: "commit #165 [15,16) with token 0.7 after a claim with token 1.1",
-		},
+		// Without B's claim, B's commits are made while A holds the
+		// partition: G3 too.
+		plantFunc("G2: claim below an earlier commit", func(t *testing.T, h *History) {
+			// No earlier claim is higher, only a commit: planted on a
+			// history whose claim of 0.5 was not recorded.
+			h.Log = slices.DeleteFunc(h.Log, func(e Entry) bool { return e.ID == 70 || e.ID == 80 })
+			insertLog(h, claim(125, 0, tok(0, 4), "X", 13))
+		}, "claim #125 with token 0.4 after token 0.5", "G2", "G3"),
+		plantFunc("G3: old owner commits after the new owner's claim", func(t *testing.T, h *History) {
+			// The "token 81 arrives before 82" case: B has claimed with 0.5
+			// but written nothing; A's late commit at 0.3 lands.
+			insertLog(h, commit(95, 0, tok(0, 3), "A", 9, 10))
+			logEntry(t, h, 100).From = 10
+			retoken(h, 0, 9, 10, tok(0, 3))
+		}, "commit #95 [9,10) with token 0.3 after a claim with token 0.5", "G3"),
+		plantFunc("G3: commit of an old incarnation after the reset's claim", func(t *testing.T, h *History) {
+			insertLog(h, commit(165, 0, tok(0, 7), "C", 15, 16))
+			logEntry(t, h, 170).From = 16
+			retoken(h, 0, 15, 16, tok(0, 7))
+		}, "commit #165 [15,16) with token 0.7 after a claim with token 1.1", "G3"),
 	}
 }
 
@@ -396,42 +351,22 @@ func effectViolations() []plantCase {
 			"job at offset 3 has 2 committed effects or dead letters", "duplicate"),
 		plantEffect("dead letter and effect for the same job", effect("other", 0, 12, tok(0, 5)),
 			"job at offset 12 is dead-lettered and has a committed effect", "duplicate"),
-		{
-			name: "job dead-lettered twice",
-			plant: func(t *testing.T, h *History) {
-				h.DeadLetters = append(h.DeadLetters, h.DeadLetters[1])
-			},
-			rules:  []string{"duplicate"},
-			detail: "job at offset 4 has 2 committed effects or dead letters",
-		},
+		plantFunc("job dead-lettered twice", func(t *testing.T, h *History) {
+			h.DeadLetters = append(h.DeadLetters, h.DeadLetters[1])
+		}, "job at offset 4 has 2 committed effects or dead letters", "duplicate"),
 		plantEffect("effect at the next offset", effect("other", 1, 6, tok(1, 1)),
 			"job at offset 6 has a committed effect but the next offset is 6", "G1"),
 		plantEffect("effect beyond the next offset", effect("other", 0, 25, tok(1, 1)),
 			"job at offset 25 has a committed effect but the next offset is 20", "G1"),
-		{
-			name: "dead letter at the next offset",
-			plant: func(t *testing.T, h *History) {
-				h.DeadLetters = append(h.DeadLetters, Write{Key: "other", Topic: topic, Partition: 1, Offset: 6, Token: tok(1, 1)})
-			},
-			rules:  []string{"G1"},
-			detail: "job at offset 6 is dead-lettered but the next offset is 6",
-		},
-		{
-			name: "missing job",
-			plant: func(t *testing.T, h *History) {
-				h.Writes = slices.DeleteFunc(h.Writes, func(w Write) bool { return w.Partition == 0 && w.Offset == 7 })
-			},
-			rules:  []string{"missing"},
-			detail: "job at offset 7 is below the next offset 20 but has no effect and no dead letter",
-		},
-		{
-			name: "missing dead letter",
-			plant: func(t *testing.T, h *History) {
-				h.DeadLetters = h.DeadLetters[:1]
-			},
-			rules:  []string{"missing"},
-			detail: "t/1: job at offset 4 is below the next offset 6",
-		},
+		plantFunc("dead letter at the next offset", func(t *testing.T, h *History) {
+			h.DeadLetters = append(h.DeadLetters, Write{Key: "other", Topic: topic, Partition: 1, Offset: 6, Token: tok(1, 1)})
+		}, "job at offset 6 is dead-lettered but the next offset is 6", "G1"),
+		plantFunc("missing job", func(t *testing.T, h *History) {
+			h.Writes = slices.DeleteFunc(h.Writes, func(w Write) bool { return w.Partition == 0 && w.Offset == 7 })
+		}, "job at offset 7 is below the next offset 20 but has no effect and no dead letter", "missing"),
+		plantFunc("missing dead letter", func(t *testing.T, h *History) {
+			h.DeadLetters = h.DeadLetters[:1]
+		}, "t/1: job at offset 4 is below the next offset 6", "missing"),
 	}
 }
 
@@ -439,37 +374,22 @@ func effectViolations() []plantCase {
 // token than their commit's, or exports that go back.
 func writeViolations() []plantCase {
 	return []plantCase{
-		{
-			name: "effect written under another token than its commit's",
-			plant: func(t *testing.T, h *History) {
-				// A handler that committed on its own: the job's effect
-				// landed under a token whose commit does not cover it.
-				write(t, h, 0, 16).Token = tok(0, 7)
-			},
-			rules:  []string{"G1"},
-			detail: "t/0: the effect of the job at offset 16 carries token 0.7 but commit",
-		},
-		{
-			name: "export regression",
-			plant: func(t *testing.T, h *History) {
-				// Key k0-1's versions 2 and 3 (offsets 3 and 5) swap: the
-				// newer version shows the older job.
-				a, b := write(t, h, 0, 3), write(t, h, 0, 5)
-				a.Version, b.Version = b.Version, a.Version
-			},
-			rules:  []string{"export-regressed"},
-			detail: `key "k0-1": version 3 (offset 3, token 0.3) follows version 2 (offset 5, token 0.3)`,
-		},
-		{
-			name: "export rewritten by a stale job",
-			plant: func(t *testing.T, h *History) {
-				// A zombie's write of an old job becomes the key's newest
-				// version (the job's first effect also stays).
-				h.Writes = append(h.Writes, Write{Key: keyOf(0, 2), Version: 100, Topic: topic, Partition: 0, Offset: 2, Token: tok(0, 3)})
-			},
-			rules:  []string{"duplicate", "export-regressed"},
-			detail: "version 100 (offset 2, token 0.3) follows version",
-		},
+		plantFunc("effect written under another token than its commit's", func(t *testing.T, h *History) {
+			// A handler that committed on its own: the job's effect
+			// landed under a token whose commit does not cover it.
+			write(t, h, 0, 16).Token = tok(0, 7)
+		}, "t/0: the effect of the job at offset 16 carries token 0.7 but commit", "G1"),
+		plantFunc("export regression", func(t *testing.T, h *History) {
+			// Key k0-1's versions 2 and 3 (offsets 3 and 5) swap: the
+			// newer version shows the older job.
+			a, b := write(t, h, 0, 3), write(t, h, 0, 5)
+			a.Version, b.Version = b.Version, a.Version
+		}, `key "k0-1": version 3 (offset 3, token 0.3) follows version 2 (offset 5, token 0.3)`, "export-regressed"),
+		plantFunc("export rewritten by a stale job", func(t *testing.T, h *History) {
+			// A zombie's write of an old job becomes the key's newest
+			// version (the job's first effect also stays).
+			h.Writes = append(h.Writes, Write{Key: keyOf(0, 2), Version: 100, Topic: topic, Partition: 0, Offset: 2, Token: tok(0, 3)})
+		}, "version 100 (offset 2, token 0.3) follows version", "duplicate", "export-regressed"),
 	}
 }
 

@@ -96,52 +96,32 @@ func TestResetViolationsAreDetected(t *testing.T) {
 // token, or a batch that straddles a reset.
 func resetRecordViolations() []plantCase {
 	return []plantCase{
-		{
-			name: "reset that does not start where the log had reached",
-			plant: func(t *testing.T, h *History) {
-				// A reset from 18 while the commits had reached 20: jobs
-				// 18-19 would be unaccounted for.
-				logEntry(t, h, 40).From = 18
-			},
-			// The repeat of 5-19 then no longer explains key versions
-			// going back from offsets 18 and 19.
-			rules:  []string{"G1", "export-regressed"},
-			detail: "reset #40 moved the offset from 18 but the log had reached 20",
-		},
-		{
-			name: "commit that straddles a reset and fits by offset",
-			plant: func(t *testing.T, h *History) {
-				// A's batch [35,40) was begun before the resets 35->40 and
-				// 40->35; it lands after them without a claim. Its range
-				// fits the offsets exactly: only the log epoch forbids it.
-				h.Log = slices.DeleteFunc(h.Log, func(e Entry) bool { return e.ID == 140 })
-			},
-			rules:  []string{"G1"},
-			detail: "commit #150 [35,40) by \"B\" straddles reset #130 (from 40 to 35)",
-		},
-		{
-			name: "commit that straddles a reset and does not fit",
-			plant: func(t *testing.T, h *History) {
-				// A's batch [20,25), begun before the reset 20->5, lands
-				// right after it.
-				insertLog(h, commit(45, 0, tok(0, 3), "A", 20, 25))
-				for off := int64(20); off < 25; off++ {
-					h.Writes = append(h.Writes, Write{Key: "late", Topic: topic, Partition: 0, Offset: off, Token: tok(0, 3)})
-				}
-			},
-			rules:  []string{"G1"},
-			detail: "commit #45 [20,25) by \"A\" straddles reset #40",
-		},
+		// The repeat of 5-19 then no longer explains key versions
+		// going back from offsets 18 and 19.
+		plantFunc("reset that does not start where the log had reached", func(t *testing.T, h *History) {
+			// A reset from 18 while the commits had reached 20: jobs
+			// 18-19 would be unaccounted for.
+			logEntry(t, h, 40).From = 18
+		}, "reset #40 moved the offset from 18 but the log had reached 20", "G1", "export-regressed"),
+		plantFunc("commit that straddles a reset and fits by offset", func(t *testing.T, h *History) {
+			// A's batch [35,40) was begun before the resets 35->40 and
+			// 40->35; it lands after them without a claim. Its range
+			// fits the offsets exactly: only the log epoch forbids it.
+			h.Log = slices.DeleteFunc(h.Log, func(e Entry) bool { return e.ID == 140 })
+		}, "commit #150 [35,40) by \"B\" straddles reset #130 (from 40 to 35)", "G1"),
+		plantFunc("commit that straddles a reset and does not fit", func(t *testing.T, h *History) {
+			// A's batch [20,25), begun before the reset 20->5, lands
+			// right after it.
+			insertLog(h, commit(45, 0, tok(0, 3), "A", 20, 25))
+			for off := int64(20); off < 25; off++ {
+				h.Writes = append(h.Writes, Write{Key: "late", Topic: topic, Partition: 0, Offset: off, Token: tok(0, 3)})
+			}
+		}, "commit #45 [20,25) by \"A\" straddles reset #40", "G1"),
 		plantLog("reset before any claim", reset(5, 0, tok(0, 3), "ops", 0, 0),
 			"reset #5 from 0 to 0 before any claim", "G1"),
-		{
-			name: "reset under another token than the holder's",
-			plant: func(t *testing.T, h *History) {
-				logEntry(t, h, 90).Token = tok(0, 3)
-			},
-			rules:  []string{"G1"},
-			detail: "reset #90 by \"ops\" carries token 0.3 (claim 0) but the partition was held with token 0.5",
-		},
+		plantFunc("reset under another token than the holder's", func(t *testing.T, h *History) {
+			logEntry(t, h, 90).Token = tok(0, 3)
+		}, "reset #90 by \"ops\" carries token 0.3 (claim 0) but the partition was held with token 0.5", "G1"),
 	}
 }
 
@@ -150,68 +130,48 @@ func resetRecordViolations() []plantCase {
 // that go back without a reset.
 func resetJobViolations() []plantCase {
 	return []plantCase{
-		{
-			name: "job a reset repeated that ran only once",
-			plant: func(t *testing.T, h *History) {
-				// The repeat of job 7 left no effect.
-				n := 0
-				h.Writes = slices.DeleteFunc(h.Writes, func(w Write) bool {
-					if w.Offset == 7 {
-						n++
-						return n == 2
-					}
-					return false
-				})
-			},
-			rules:  []string{"missing"},
-			detail: "job at offset 7 is covered by 2 commits with token 0.3 but has 1 effects or dead letters with it",
-		},
+		plantFunc("job a reset repeated that ran only once", func(t *testing.T, h *History) {
+			// The repeat of job 7 left no effect.
+			n := 0
+			h.Writes = slices.DeleteFunc(h.Writes, func(w Write) bool {
+				if w.Offset == 7 {
+					n++
+					return n == 2
+				}
+				return false
+			})
+		}, "job at offset 7 is covered by 2 commits with token 0.3 but has 1 effects or dead letters with it", "missing"),
 		plantEffect("job a reset skipped that has an effect", effect("k-27", 0, 27, tok(0, 5)),
 			"job at offset 27 has a committed effect or dead letter but no commit covers it", "G1"),
 		plantEffect("job run three times where two commits cover it", effect("k-8", 0, 8, tok(0, 3)),
 			"job at offset 8 has 3 effects or dead letters with token 0.3 but 2 commits with that token cover it", "duplicate"),
-		{
-			name: "effect of a repeated job under another token",
-			plant: func(t *testing.T, h *History) {
-				for i := range h.Writes {
-					if h.Writes[i].Offset == 9 {
-						h.Writes[i].Token = tok(0, 5) // both runs were A's, at 0.3
-					}
+		plantFunc("effect of a repeated job under another token", func(t *testing.T, h *History) {
+			for i := range h.Writes {
+				if h.Writes[i].Offset == 9 {
+					h.Writes[i].Token = tok(0, 5) // both runs were A's, at 0.3
 				}
-			},
-			rules:  []string{"G1", "missing"},
-			detail: "job at offset 9 has an effect or dead letter with token 0.5 but no commit with that token covers it",
-		},
-		{
-			name: "job below the next offset that no commit covered and no reset skipped",
-			plant: func(t *testing.T, h *History) {
-				// The skip 25->30 recorded as 26->30, and B's commit
-				// [20,26): job 25 claims to be done, and has no effect.
-				logEntry(t, h, 80).To = 26
-				logEntry(t, h, 90).From = 26
-				h.Writes = slices.DeleteFunc(h.Writes, func(w Write) bool { return w.Offset == 25 })
-			},
-			rules:  []string{"missing"},
-			detail: "job at offset 25 is covered by 1 commits with token 0.5 but has 0 effects",
-		},
-		{
-			name: "export that goes back without a reset",
-			plant: func(t *testing.T, h *History) {
-				// Key k0-0's versions of offsets 20 and 22 swap.
-				var a, b *Write
-				for i := range h.Writes {
-					switch h.Writes[i].Offset {
-					case 20:
-						a = &h.Writes[i]
-					case 22:
-						b = &h.Writes[i]
-					}
+			}
+		}, "job at offset 9 has an effect or dead letter with token 0.5 but no commit with that token covers it", "G1", "missing"),
+		plantFunc("job below the next offset that no commit covered and no reset skipped", func(t *testing.T, h *History) {
+			// The skip 25->30 recorded as 26->30, and B's commit
+			// [20,26): job 25 claims to be done, and has no effect.
+			logEntry(t, h, 80).To = 26
+			logEntry(t, h, 90).From = 26
+			h.Writes = slices.DeleteFunc(h.Writes, func(w Write) bool { return w.Offset == 25 })
+		}, "job at offset 25 is covered by 1 commits with token 0.5 but has 0 effects", "missing"),
+		plantFunc("export that goes back without a reset", func(t *testing.T, h *History) {
+			// Key k0-0's versions of offsets 20 and 22 swap.
+			var a, b *Write
+			for i := range h.Writes {
+				switch h.Writes[i].Offset {
+				case 20:
+					a = &h.Writes[i]
+				case 22:
+					b = &h.Writes[i]
 				}
-				a.Version, b.Version = b.Version, a.Version
-			},
-			rules:  []string{"export-regressed"},
-			detail: "key \"k0-0\": version",
-		},
+			}
+			a.Version, b.Version = b.Version, a.Version
+		}, "key \"k0-0\": version", "export-regressed"),
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
@@ -28,6 +29,17 @@ func (t txOf) Begin(ctx context.Context) (consumer.Savepoint, error) {
 	return txOf{sp}, err
 }
 
+// testSchema is the test database's pool, a schema of the test's own on
+// it, and a context that ends 30s from now or with the test.
+func testSchema(t *testing.T) (context.Context, *pgxpool.Pool, string) {
+	t.Helper()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t, pool)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx, pool, schema
+}
+
 // The export handler keeps every job's exact bytes: a value that is not
 // UTF-8 ($'\xff\xfe' used to come back as two U+FFFD), one with NUL bytes
 // (which jsonb refuses), and JSON whose spelling jsonb would rewrite. The
@@ -35,10 +47,7 @@ func (t txOf) Begin(ctx context.Context) (consumer.Savepoint, error) {
 // exactly.
 func TestBuiltInHandlersKeepTheJobsBytes(t *testing.T) {
 	t.Parallel()
-	pool := testdb.Pool(t)
-	schema := testdb.Schema(t, pool)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx, pool, schema := testSchema(t)
 	values := map[string][]byte{
 		"not-utf8": []byte("\xff\xfe"),
 		"nul":      []byte("a\x00b"),
@@ -161,10 +170,7 @@ func mustJSON(v any) []byte {
 // next write of its key moves its own row on. ExportsOf reads them all.
 func TestExportRowPerGroupTopicAndKey(t *testing.T) {
 	t.Parallel()
-	pool := testdb.Pool(t)
-	schema := testdb.Schema(t, pool)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx, pool, schema := testSchema(t)
 	h, err := jobs.New("export", schema, "w")
 	if err != nil {
 		t.Fatal(err)

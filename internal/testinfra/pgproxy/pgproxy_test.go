@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"sync"
 	"testing"
@@ -70,6 +71,24 @@ func (w *world) count(t *testing.T, x int) int {
 	return n
 }
 
+// wantCommitted fails the test unless row x was committed want times.
+func (w *world) wantCommitted(t *testing.T, x, want int) {
+	t.Helper()
+	if n := w.count(t, x); n != want {
+		t.Fatalf("row %d committed %d times, want %d", x, n, want)
+	}
+}
+
+// wantConnError fails the test unless the commit's err is a broken
+// connection rather than nil or an error the server sent.
+func wantConnError(t *testing.T, err error) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) {
+		t.Fatalf("commit returned %v, want a connection error", err)
+	}
+}
+
 // insertAndCommit inserts x in a transaction and commits it, returning the
 // commit's error.
 func insertAndCommit(t *testing.T, c *pgx.Conn, table string, x int, before func()) error {
@@ -88,6 +107,19 @@ func insertAndCommit(t *testing.T, c *pgx.Conn, table string, x int, before func
 		before()
 	}
 	return tx.Commit(ctx)
+}
+
+// commitCutAfter inserts 1 on a new connection through the proxy and
+// commits it, the COMMIT armed by arm with AfterCommit; it returns arm's
+// report channel and the commit's error.
+func (w *world) commitCutAfter(t *testing.T, arm func(client net.Addr, cut pgproxy.Cut) <-chan pgproxy.Report) (<-chan pgproxy.Report, error) {
+	t.Helper()
+	c := w.connect(t)
+	var report <-chan pgproxy.Report
+	err := insertAndCommit(t, c, w.table, 1, func() {
+		report = arm(c.PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
+	})
+	return report, err
 }
 
 func wait(t *testing.T, ch <-chan pgproxy.Report) pgproxy.Report {
@@ -150,21 +182,12 @@ func TestRelaysManyConnections(t *testing.T) {
 func TestCutAfterCommit(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c := w.connect(t)
-	var report <-chan pgproxy.Report
-	err := insertAndCommit(t, c, w.table, 1, func() {
-		report = w.proxy.CutCommit(c.PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
-	})
-	var pgErr *pgconn.PgError
-	if err == nil || errors.As(err, &pgErr) {
-		t.Fatalf("commit returned %v, want a connection error", err)
-	}
+	report, err := w.commitCutAfter(t, w.proxy.CutCommit)
+	wantConnError(t, err)
 	if r := wait(t, report); r.Cut != pgproxy.AfterCommit || r.Reply != "COMMIT" {
 		t.Fatalf("report %+v, want the server's COMMIT", r)
 	}
-	if n := w.count(t, 1); n != 1 {
-		t.Fatalf("row committed %d times, want 1", n)
-	}
+	w.wantCommitted(t, 1, 1)
 }
 
 // BeforeCommit: the transaction does not commit; a commit on another
@@ -180,21 +203,14 @@ func TestCutBeforeCommit(t *testing.T) {
 		t.Fatalf("a commit on another connection failed: %v", err)
 	}
 	err := insertAndCommit(t, a, w.table, 1, nil)
-	var pgErr *pgconn.PgError
-	if err == nil || errors.As(err, &pgErr) {
-		t.Fatalf("commit returned %v, want a connection error", err)
-	}
+	wantConnError(t, err)
 	if r := wait(t, report); r.Cut != pgproxy.BeforeCommit {
 		t.Fatalf("report %+v", r)
 	}
 	// Uncommitted rows are invisible whether or not the server has noticed
 	// the closed connection yet.
-	if n := w.count(t, 1); n != 0 {
-		t.Fatalf("row committed %d times, want 0", n)
-	}
-	if n := w.count(t, 2); n != 1 {
-		t.Fatalf("the other connection's row committed %d times, want 1", n)
-	}
+	w.wantCommitted(t, 1, 0)
+	w.wantCommitted(t, 2, 1) // the other connection's row
 }
 
 // Down, the proxy breaks every connection and refuses new ones; up again,
@@ -224,11 +240,7 @@ func TestDownAndUp(t *testing.T) {
 func TestCutCommitAndGoDown(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	c := w.connect(t)
-	var report <-chan pgproxy.Report
-	err := insertAndCommit(t, c, w.table, 1, func() {
-		report = w.proxy.CutCommitAndGoDown(c.PgConn().Conn().LocalAddr(), pgproxy.AfterCommit)
-	})
+	report, err := w.commitCutAfter(t, w.proxy.CutCommitAndGoDown)
 	if err == nil {
 		t.Fatal("the cut commit returned no error")
 	}
@@ -242,9 +254,7 @@ func TestCutCommitAndGoDown(t *testing.T) {
 		t.Fatal("connected while the proxy is down")
 	}
 	w.proxy.SetDown(false)
-	if n := w.count(t, 1); n != 1 {
-		t.Fatalf("row committed %d times, want 1", n)
-	}
+	w.wantCommitted(t, 1, 1)
 }
 
 // A held statement reaches the server when released, even though its client

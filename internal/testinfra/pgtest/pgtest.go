@@ -131,6 +131,23 @@ func Start(t testing.TB) *Cluster {
 	return c
 }
 
+// StartPrepared is Start with prepared transactions enabled
+// (max_prepared_transactions = 20), which strict hand-off needs and the
+// shared server runs without.
+func StartPrepared(t testing.TB) *Cluster {
+	t.Helper()
+	c := Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.AppendConf("max_prepared_transactions = 20"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(ctx, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // URL is the cluster's connection URL (trust auth, user postgres).
 func (c *Cluster) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
