@@ -41,7 +41,7 @@
 //
 // Histograms:
 //
-//	handler_duration_seconds{outcome="ok|error|panic"}   one Handle call
+//	handler_duration_seconds{outcome="ok|error|panic"}   one handler call (Handle, or HandleBatches for several batches)
 //	commit_duration_seconds{outcome="committed|fenced"}  the fence statement and COMMIT of a batch
 //	end_to_end_latency_seconds                            a job's record timestamp to its commit
 //
@@ -165,7 +165,7 @@ func New(opts Options) *Collector {
 		claims:        counter("claims_total", "Claims accepted by Postgres, by partition."),
 		claimsFenced:  counter("claims_fenced_total", "Claim statements rejected by the fence (another claim holds the partition; another round may follow), by partition."),
 		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tenure_handler_duration_seconds",
-			Help: "Duration of one Handle call, by outcome (ok, error, panic).", ConstLabels: cl, Buckets: opts.HandlerBuckets}, []string{"outcome"}),
+			Help: "Duration of one handler call (Handle, or HandleBatches for several batches), by outcome (ok, error, panic).", ConstLabels: cl, Buckets: opts.HandlerBuckets}, []string{"outcome"}),
 		commitDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tenure_commit_duration_seconds",
 			Help: "Duration of a batch's fence statement and COMMIT, by outcome (committed, fenced).", ConstLabels: cl, Buckets: opts.CommitBuckets}, []string{"outcome"}),
 		endToEnd: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tenure_end_to_end_latency_seconds",
@@ -222,7 +222,12 @@ func (m *Collector) Instrument(cfg consumer.Config) consumer.Config {
 	m.store, m.group = cfg.Store, cfg.Group
 	m.mu.Unlock()
 	if cfg.Handler != nil {
-		cfg.Handler = &timedHandler{m: m, h: cfg.Handler}
+		th := timedHandler{m: m, h: cfg.Handler}
+		if bh, ok := cfg.Handler.(consumer.BatchesHandler); ok {
+			cfg.Handler = &timedBatches{th, bh}
+		} else {
+			cfg.Handler = &th
+		}
 	}
 	h := cfg.Hooks
 	cfg.Hooks.BeforeCommit = func(ctx context.Context, b *consumer.Batch) {
@@ -337,16 +342,33 @@ type timedHandler struct {
 	h consumer.Handler
 }
 
-func (t *timedHandler) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) (err error) {
-	call := &handling{start: time.Now()}
-	t.m.mu.Lock()
-	t.m.handling[call] = struct{}{}
-	t.m.mu.Unlock()
+func (t *timedHandler) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
+	return t.m.timed(func() error { return t.h.Handle(ctx, tx, b) })
+}
+
+// timedBatches is timedHandler for a consumer.BatchesHandler: a call with
+// several batches is timed as one call, and stays one.
+type timedBatches struct {
+	timedHandler
+	bh consumer.BatchesHandler
+}
+
+func (t *timedBatches) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
+	return t.m.timed(func() error { return t.bh.HandleBatches(ctx, tx, batches) })
+}
+
+// timed runs call, recording it as running meanwhile and its duration by
+// outcome.
+func (m *Collector) timed(call func() error) (err error) {
+	h := &handling{start: time.Now()}
+	m.mu.Lock()
+	m.handling[h] = struct{}{}
+	m.mu.Unlock()
 	returned := false
 	defer func() {
-		t.m.mu.Lock()
-		delete(t.m.handling, call)
-		t.m.mu.Unlock()
+		m.mu.Lock()
+		delete(m.handling, h)
+		m.mu.Unlock()
 		outcome := "ok"
 		switch {
 		case !returned:
@@ -354,9 +376,9 @@ func (t *timedHandler) Handle(ctx context.Context, tx consumer.Tx, b *consumer.B
 		case err != nil:
 			outcome = "error"
 		}
-		t.m.handlerDuration.WithLabelValues(outcome).Observe(time.Since(call.start).Seconds())
+		m.handlerDuration.WithLabelValues(outcome).Observe(time.Since(h.start).Seconds())
 	}()
-	err = t.h.Handle(ctx, tx, b)
+	err = call()
 	returned = true
 	return err
 }

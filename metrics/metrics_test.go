@@ -285,3 +285,39 @@ func TestCollectorHooks(t *testing.T) {
 		t.Errorf("lint: %v %v", err, problems)
 	}
 }
+
+// Instrument keeps a consumer.BatchesHandler one (a wrapper that hid it
+// would cost every transaction that spans partitions a call per batch),
+// times its call once, and leaves a plain Handler plain.
+func TestInstrumentKeepsBatchesHandlers(t *testing.T) {
+	m := metrics.New(metrics.Options{})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	var got int
+	cfg := m.Instrument(consumer.Config{Handler: batchesHandler{func(bs []*consumer.Batch) { got = len(bs) }}})
+	bh, ok := cfg.Handler.(consumer.BatchesHandler)
+	if !ok {
+		t.Fatalf("Instrument made a BatchesHandler a %T, which is not one", cfg.Handler)
+	}
+	if err := bh.HandleBatches(context.Background(), nil, []*consumer.Batch{{}, {}, {}}); err != nil || got != 3 {
+		t.Fatalf("HandleBatches = %v, the handler got %d batches; want nil, 3", err, got)
+	}
+	if n := testutil.CollectAndCount(m, "tenure_handler_duration_seconds"); n != 1 {
+		t.Errorf("%d handler duration series after one call, want 1", n)
+	}
+	plain := m.Instrument(consumer.Config{Handler: consumer.HandlerFunc(func(context.Context, consumer.Tx, *consumer.Batch) error { return nil })})
+	if _, ok := plain.Handler.(consumer.BatchesHandler); ok {
+		t.Error("Instrument made a plain Handler a BatchesHandler")
+	}
+}
+
+type batchesHandler struct{ got func([]*consumer.Batch) }
+
+func (h batchesHandler) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
+	return h.HandleBatches(ctx, tx, []*consumer.Batch{b})
+}
+
+func (h batchesHandler) HandleBatches(_ context.Context, _ consumer.Tx, bs []*consumer.Batch) error {
+	h.got(bs)
+	return nil
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"time"
 
@@ -97,7 +98,7 @@ func (w *workerCmd) define(f *flagSet) {
 	f.String(&w.hold, "hold-once", "", "demos and tests: the point (before-claim, before-batch or before-commit; before-claim:P for partition P only) at which to log \"holding\" once and wait for SIGCONT", arg("POINT"), testOnly)
 	f.Bool(&w.injectFaults, "inject-faults", false, "tests and chaos runs: a job whose value contains \"tenure-fault\":\"error\" fails, \"panic\" panics, \"slow\" outlives the handler timeout", testOnly)
 	f.Bool(&w.unsafeNoFence, "unsafe-no-fence", false, "benchmarks only (tenure bench): commit batches WITHOUT the fence; the guarantee is gone", testOnly)
-	f.String(&w.cpuProfile, "cpu-profile", "", "benchmarks (tenure bench): write a CPU profile of the worker's whole run to FILE when it stops (go tool pprof)", arg("FILE"), testOnly)
+	f.String(&w.cpuProfile, "cpu-profile", "", "benchmarks (tenure bench): write a CPU profile of the worker's whole run to FILE when it stops (go tool pprof; %p in FILE is the process id)", arg("FILE"), testOnly)
 	f.String(&w.stageLogFile, "stage-log", "", "benchmarks (tenure bench): write the times of each fetch and committed batch (fetched, formed, handled, committed) to FILE when the worker stops, for the latency breakdown", arg("FILE"), testOnly)
 }
 
@@ -323,9 +324,11 @@ func (w *workerCmd) run(ctx context.Context) error {
 }
 
 // startCPUProfile profiles the process's CPU into file until stop is
-// called: tenure bench's answer to "where does the time go".
+// called: tenure bench's answer to "where does the time go". A %p in file
+// is the process id, so that several workers given the same flags each
+// write their own.
 func startCPUProfile(file string) (stop func(), err error) {
-	f, err := os.Create(file)
+	f, err := os.Create(strings.ReplaceAll(file, "%p", strconv.Itoa(os.Getpid())))
 	if err != nil {
 		return nil, fmt.Errorf("--cpu-profile: %w", err)
 	}
