@@ -96,6 +96,13 @@ type Export struct {
 
 // Handle writes one export per record, in one round trip.
 func (e *Export) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Batch) error {
+	return e.HandleBatches(ctx, tx, []*consumer.Batch{b})
+}
+
+// HandleBatches writes the exports of several partitions' batches in one
+// round trip (consumer.BatchesHandler: a transaction that spans
+// partitions).
+func (e *Export) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
 	// A row per (group, topic, key) (migration 017): another topic's or
 	// another group's job of the same key has a row of its own.
 	sql := `WITH up AS (
@@ -112,6 +119,16 @@ INSERT INTO ` + e.schema + `.export_versions
 	(consumer_group, job_key, version, topic, partition, job_offset, incarnation, epoch, worker)
 SELECT $10, $1, version, $3, $4, $5, $6, $7, $8 FROM up`
 	var batch pgx.Batch
+	for _, b := range batches {
+		if err := e.queue(&batch, sql, b); err != nil {
+			return err
+		}
+	}
+	return tx.SendBatch(ctx, &batch).Close()
+}
+
+// queue queues the statements of b's exports on batch.
+func (e *Export) queue(batch *pgx.Batch, sql string, b *consumer.Batch) error {
 	for _, r := range b.Records {
 		// A job without a usable key can never succeed: park it at once.
 		if len(r.Key) == 0 {
@@ -130,7 +147,7 @@ SELECT $10, $1, version, $3, $4, $5, $6, $7, $8 FROM up`
 		batch.Queue(sql, string(r.Key), dj, r.Topic, r.Partition, r.Offset,
 			b.Token.Incarnation, b.Token.Epoch, e.worker, r.Value, b.Group)
 	}
-	return tx.SendBatch(ctx, &batch).Close()
+	return nil
 }
 
 // exportDocument is the JSON view of an export. The job's exact bytes are in
@@ -159,6 +176,13 @@ func payload(v []byte) (json.RawMessage, string) {
 	s, _ := json.Marshal(string(v)) // valid UTF-8: exact
 	return s, ""
 }
+
+// The built-in handlers that write rows take a joint transaction's batches
+// in one call.
+var (
+	_ consumer.BatchesHandler = (*Ledger)(nil)
+	_ consumer.BatchesHandler = (*Export)(nil)
+)
 
 // Ledger appends one row per job.
 type Ledger struct {
