@@ -78,6 +78,8 @@ type Handler interface {
 // retried, split or dead-lettered in its own partition as always. Every
 // rule of Handle holds for it too (tx only, never COMMIT or ROLLBACK; a
 // handler that ends the transaction halts every partition of the call).
+// A Handler that wraps another must implement it too when the wrapped one
+// does, or every batch gets a call of its own (metrics.Instrument does).
 type BatchesHandler interface {
 	Handler
 	HandleBatches(ctx context.Context, tx Tx, batches []*Batch) error
