@@ -328,15 +328,9 @@ func testJointHandlerEndsTx(t *testing.T, stmt string) {
 	const parts = 6
 	b := setup(t, parts)
 	inner := ledger(t, b.schema)
-	gate := make(chan struct{})
-	var gated atomic.Bool
+	slot := newHeldSlot(b, parts)
 	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-		if batch.Partition == 3 && gated.CompareAndSwap(true, false) {
-			select {
-			case <-gate:
-			case <-ctx.Done():
-			}
-		}
+		slot.wait(ctx, batch)
 		if err := inner.Handle(ctx, tx, batch); err != nil {
 			return err
 		}
@@ -347,31 +341,17 @@ func testJointHandlerEndsTx(t *testing.T, stmt string) {
 		return nil
 	})
 	log, logs := observedLogger(t, zap.ErrorLevel+1)
-	cfg := b.jointConfig(h, log, parts, 2)
-	var taken atomic.Int64
-	cfg.Hooks.BeforeBatch = func(context.Context, *consumer.Batch) { taken.Add(1) }
-	c, stop := runNew(t, cfg)
+	c, stop := slot.start(b.jointConfig(h, log, parts, 2))
 	defer stop() //nolint:errcheck
-	keys := keysFor(parts)
-	b.produce(parts, func(i int) string { return keys[i] })
-	b.waitDone(60 * time.Second)
 	before := b.rowsByPartition("ledger")
 
 	// Partition 3's batch holds the one slot; 0 and 2 queue, then 1 (the
 	// bug), then 4 and 5.
-	gated.Store(true)
-	b.produce(1, func(int) string { return keys[3] })
-	waitForCond(t, 10*time.Second, "partition 3's batch to hold the slot", func() bool { return !gated.Load() })
-	queue := func(ps []int, value string) {
-		n := taken.Load()
-		b.produceValues(len(ps), func(i int) string { return keys[ps[i]] }, func(int) string { return value })
-		waitForCond(t, 10*time.Second, "the batches to queue", func() bool { return taken.Load() >= n+int64(len(ps)) })
-		time.Sleep(100 * time.Millisecond) // from the hook to the queue
-	}
-	queue([]int{0, 2}, `{"i":1}`)
-	queue([]int{1}, "bug")
-	queue([]int{4, 5}, `{"i":2}`)
-	close(gate)
+	slot.hold()
+	slot.queue([]int{0, 2}, `{"i":1}`)
+	slot.queue([]int{1}, "bug")
+	slot.queue([]int{4, 5}, `{"i":2}`)
+	slot.release()
 
 	ranBefore := map[int32]bool{0: true, 2: true}
 	wantHalted := 1
@@ -435,17 +415,11 @@ func TestCommitSpanBatchesCallThatEndsTheTransaction(t *testing.T) {
 			const parts = 4
 			b := setup(t, parts)
 			inner := ledger(t, b.schema).(consumer.BatchesHandler)
-			gate := make(chan struct{})
-			var gated atomic.Bool
+			slot := newHeldSlot(b, parts)
 			var calls atomic.Int64
 			h := &batchesFunc{
 				handle: func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-					if batch.Partition == 3 && gated.CompareAndSwap(true, false) {
-						select {
-						case <-gate:
-						case <-ctx.Done():
-						}
-					}
+					slot.wait(ctx, batch)
 					return inner.Handle(ctx, tx, batch)
 				},
 				batches: func(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
@@ -463,32 +437,17 @@ func TestCommitSpanBatchesCallThatEndsTheTransaction(t *testing.T) {
 				},
 			}
 			log, logs := observedLogger(t, zap.ErrorLevel+1)
-			cfg := b.jointConfig(h, log, parts, 2)
-			var taken atomic.Int64
-			cfg.Hooks.BeforeBatch = func(context.Context, *consumer.Batch) { taken.Add(1) }
-			c, stop := runNew(t, cfg)
+			c, stop := slot.start(b.jointConfig(h, log, parts, 2))
 			defer stop() //nolint:errcheck
-			keys := keysFor(parts)
-			b.produce(parts, func(i int) string { return keys[i] })
-			b.waitDone(60 * time.Second)
 			before := b.rowsByPartition("ledger")
 
 			// Partition 3's batch holds the one slot; 0, 1 (the bug) and 2
 			// queue behind it and go in one call.
-			gated.Store(true)
-			b.produce(1, func(int) string { return keys[3] })
-			waitForCond(t, 10*time.Second, "partition 3's batch to hold the slot", func() bool { return !gated.Load() })
-			n := taken.Load()
-			b.produceValues(3, func(i int) string { return keys[i] }, func(i int) string {
-				if i == 1 {
-					return "bug"
-				}
-				return `{"i":1}`
-			})
-			waitForCond(t, 10*time.Second, "the batches to queue", func() bool { return taken.Load() >= n+3 })
-			time.Sleep(100 * time.Millisecond) // from the hook to the queue
+			slot.hold()
+			slot.queue([]int{0, 2}, `{"i":1}`)
+			slot.queue([]int{1}, "bug")
 			callsBefore := calls.Load()
-			close(gate)
+			slot.release()
 
 			if stmt == "COMMIT" {
 				waitForCond(t, 30*time.Second, "the halts", func() bool { return c.Stats().LanesHalted == 3 })
@@ -545,3 +504,58 @@ func (h *batchesFunc) Handle(ctx context.Context, tx consumer.Tx, b *consumer.Ba
 func (h *batchesFunc) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
 	return h.batches(ctx, tx, batches)
 }
+
+// heldSlot runs a joint committer whose one transaction slot partition 3's
+// next batch holds (its handler waits in wait) while the batches of other
+// partitions queue behind it: once released, the next transaction takes
+// them all.
+type heldSlot struct {
+	b     *bundle
+	keys  []string // keys[p] lands on partition p
+	gate  chan struct{}
+	gated atomic.Bool
+	taken atomic.Int64
+}
+
+func newHeldSlot(b *bundle, parts int32) *heldSlot {
+	return &heldSlot{b: b, keys: keysFor(parts), gate: make(chan struct{})}
+}
+
+// wait is the test handler's first step: partition 3's batch, once held,
+// waits for the release.
+func (s *heldSlot) wait(ctx context.Context, batch *consumer.Batch) {
+	if batch.Partition == 3 && s.gated.CompareAndSwap(true, false) {
+		select {
+		case <-s.gate:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// start runs cfg, counting the batches taken, and waits until a job on
+// each partition is done.
+func (s *heldSlot) start(cfg consumer.Config) (*consumer.Consumer, func() error) {
+	cfg.Hooks.BeforeBatch = func(context.Context, *consumer.Batch) { s.taken.Add(1) }
+	c, stop := runNew(s.b.t, cfg)
+	s.b.produce(int(s.b.parts), func(i int) string { return s.keys[i] })
+	s.b.waitDone(60 * time.Second)
+	return c, stop
+}
+
+// hold makes partition 3's next batch hold the slot.
+func (s *heldSlot) hold() {
+	s.gated.Store(true)
+	s.b.produce(1, func(int) string { return s.keys[3] })
+	waitForCond(s.b.t, 10*time.Second, "partition 3's batch to hold the slot", func() bool { return !s.gated.Load() })
+}
+
+// queue produces value to each of the partitions ps and waits until their
+// batches are queued.
+func (s *heldSlot) queue(ps []int, value string) {
+	n := s.taken.Load()
+	s.b.produceValues(len(ps), func(i int) string { return s.keys[ps[i]] }, func(int) string { return value })
+	waitForCond(s.b.t, 10*time.Second, "the batches to queue", func() bool { return s.taken.Load() >= n+int64(len(ps)) })
+	time.Sleep(100 * time.Millisecond) // from the hook to the queue
+}
+
+func (s *heldSlot) release() { close(s.gate) }
