@@ -96,17 +96,11 @@ func (h *countingBatches) HandleBatches(ctx context.Context, tx consumer.Tx, bat
 	return h.BatchesHandler.HandleBatches(ctx, tx, batches)
 }
 
-// oneByOne makes h a BatchesHandler whose call handles its batches with h
-// one after another: it fails wherever h fails.
-type oneByOne struct {
-	consumer.Handler
-	several atomic.Int64
-}
+// oneByOne makes a Handler a BatchesHandler whose call handles its
+// batches with Handle one after another: it fails wherever Handle fails.
+type oneByOne struct{ consumer.Handler }
 
-func (h *oneByOne) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
-	if len(batches) > 1 {
-		h.several.Add(1)
-	}
+func (h oneByOne) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
 	for _, b := range batches {
 		if err := h.Handle(ctx, tx, b); err != nil {
 			return err
@@ -143,7 +137,7 @@ func testJointPoison(t *testing.T, together bool) {
 	}
 	b.produceValues(600, func(i int) string { return fmt.Sprintf("k%d", i%31) }, values)
 	h, _ := poisonHandler(t, b.schema)
-	calls := &oneByOne{Handler: h}
+	calls := &countingBatches{BatchesHandler: oneByOne{h}}
 	if together {
 		h = calls
 	}
@@ -334,16 +328,10 @@ func testJointHandlerEndsTx(t *testing.T, stmt string) {
 		if err := inner.Handle(ctx, tx, batch); err != nil {
 			return err
 		}
-		if string(batch.Records[0].Value) == "bug" {
-			_, err := tx.Exec(ctx, stmt)
-			return err
-		}
-		return nil
+		return endOnBug(ctx, tx, stmt, batch)
 	})
-	log, logs := observedLogger(t, zap.ErrorLevel+1)
-	c, stop := slot.start(b.jointConfig(h, log, parts, 2))
+	c, stop, logs, before := slot.run(h)
 	defer stop() //nolint:errcheck
-	before := b.rowsByPartition("ledger")
 
 	// Partition 3's batch holds the one slot; 0 and 2 queue, then 1 (the
 	// bug), then 4 and 5.
@@ -372,15 +360,7 @@ func testJointHandlerEndsTx(t *testing.T, stmt string) {
 	})
 	after := b.rowsByPartition("ledger")
 	for p := int32(0); p < parts; p++ {
-		key := sink.Partition{Group: b.group, Topic: b.topic, Partition: p}
-		hold, held, err := fence.Of(b.store).OpenHoldNeedingAck(context.Background(), key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := b.store.Get(context.Background(), key)
-		if err != nil {
-			t.Fatal(err)
-		}
+		hold, held, f := b.holdAndFence(p)
 		switch {
 		case p == 1:
 			if !held || hold.Kind != sink.HoldHandlerBug || strings.Contains(hold.Reason, "shared") || f.NextOffset != 1 {
@@ -427,19 +407,11 @@ func TestCommitSpanBatchesCallThatEndsTheTransaction(t *testing.T) {
 					if err := inner.HandleBatches(ctx, tx, batches); err != nil {
 						return err
 					}
-					for _, batch := range batches {
-						if string(batch.Records[0].Value) == "bug" {
-							_, err := tx.Exec(ctx, stmt)
-							return err
-						}
-					}
-					return nil
+					return endOnBug(ctx, tx, stmt, batches...)
 				},
 			}
-			log, logs := observedLogger(t, zap.ErrorLevel+1)
-			c, stop := slot.start(b.jointConfig(h, log, parts, 2))
+			c, stop, logs, before := slot.run(h)
 			defer stop() //nolint:errcheck
-			before := b.rowsByPartition("ledger")
 
 			// Partition 3's batch holds the one slot; 0, 1 (the bug) and 2
 			// queue behind it and go in one call.
@@ -459,15 +431,7 @@ func TestCommitSpanBatchesCallThatEndsTheTransaction(t *testing.T) {
 			}
 			after := b.rowsByPartition("ledger")
 			for p := int32(0); p < parts; p++ {
-				key := sink.Partition{Group: b.group, Topic: b.topic, Partition: p}
-				hold, held, err := fence.Of(b.store).OpenHoldNeedingAck(context.Background(), key)
-				if err != nil {
-					t.Fatal(err)
-				}
-				f, err := b.store.Get(context.Background(), key)
-				if err != nil {
-					t.Fatal(err)
-				}
+				hold, held, f := b.holdAndFence(p)
 				switch {
 				case stmt == "COMMIT" && p < 3:
 					if !held || hold.Kind != sink.HoldHandlerBug || f.NextOffset != 1 || after[p] != before[p]+1 {
@@ -532,14 +496,43 @@ func (s *heldSlot) wait(ctx context.Context, batch *consumer.Batch) {
 	}
 }
 
-// start runs cfg, counting the batches taken, and waits until a job on
-// each partition is done.
-func (s *heldSlot) start(cfg consumer.Config) (*consumer.Consumer, func() error) {
+// run runs h with commits that span every partition on one transaction
+// slot, counting the batches taken, and waits until a job on each
+// partition is done; before is the ledger's rows by partition then.
+func (s *heldSlot) run(h consumer.Handler) (c *consumer.Consumer, stop func() error, logs *observer.ObservedLogs, before map[int32]int) {
+	log, logs := observedLogger(s.b.t, zap.ErrorLevel+1)
+	cfg := s.b.jointConfig(h, log, int(s.b.parts), 2)
 	cfg.Hooks.BeforeBatch = func(context.Context, *consumer.Batch) { s.taken.Add(1) }
-	c, stop := runNew(s.b.t, cfg)
+	c, stop = runNew(s.b.t, cfg)
 	s.b.produce(int(s.b.parts), func(i int) string { return s.keys[i] })
 	s.b.waitDone(60 * time.Second)
-	return c, stop
+	return c, stop, logs, s.b.rowsByPartition("ledger")
+}
+
+// endOnBug runs stmt (COMMIT or ROLLBACK: a handler's bug) in tx when one
+// of batches starts with the job "bug".
+func endOnBug(ctx context.Context, tx consumer.Tx, stmt string, batches ...*consumer.Batch) error {
+	for _, b := range batches {
+		if string(b.Records[0].Value) == "bug" {
+			_, err := tx.Exec(ctx, stmt)
+			return err
+		}
+	}
+	return nil
+}
+
+// holdAndFence reads partition p's open hold, if any, and its fencing row.
+func (b *bundle) holdAndFence(p int32) (hold sink.Hold, held bool, f sink.Fence) {
+	b.t.Helper()
+	key := sink.Partition{Group: b.group, Topic: b.topic, Partition: p}
+	hold, held, err := fence.Of(b.store).OpenHoldNeedingAck(context.Background(), key)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if f, err = b.store.Get(context.Background(), key); err != nil {
+		b.t.Fatal(err)
+	}
+	return hold, held, f
 }
 
 // hold makes partition 3's next batch hold the slot.
