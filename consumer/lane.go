@@ -264,8 +264,11 @@ func (l *lane) sleep(d time.Duration) bool {
 
 func (l *lane) run() {
 	l.c.stats.lanes.Add(1)
-	defer l.c.stats.lanes.Add(-1)
+	// done closes last: whoever waits for it (a stop) then reads a count
+	// without this lane. The other order let Run return while
+	// Stats().Lanes still counted a lane that had ended.
 	defer close(l.done)
+	defer l.c.stats.lanes.Add(-1)
 	l.startCommit()
 	if l.recovering != nil && !l.recover(l.recovering) {
 		return
