@@ -258,10 +258,10 @@ func (j *jointCommitter) runTx(entries []*jointEntry) (again []*jointEntry) {
 			}
 			together = 0 // the call failed: each batch runs alone
 		case resLost:
-			for _, e := range entries[:together] {
-				e.done <- err
-			}
-			return entries[together:]
+			// The call was the transaction's first work: nothing else
+			// is lost with it, and its batches, marked alone, run again
+			// in a new transaction.
+			return entries
 		case resEnded:
 			return j.endedInCall(conn, tx, xid, entries, together)
 		}
@@ -448,6 +448,9 @@ func (j *jointCommitter) batchesFirst(entries []*jointEntry) []*jointEntry {
 // savepoint, as the transaction's first work. resFailed with a nil error:
 // the call failed and was rolled back to the savepoint, and each batch is
 // marked to run alone; with an error: the transaction could not go on.
+// resLost: the call failed and took the transaction with it (its
+// connection closed, or the savepoint could not be rolled back); each
+// batch is marked to run alone, in a new transaction.
 func (j *jointCommitter) runBatches(conn *pgxpool.Conn, tx pgx.Tx, entries []*jointEntry, sess *fence.Session, xid *string) (txResult, error) {
 	c := j.c
 	sctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
@@ -488,7 +491,13 @@ func (j *jointCommitter) runBatches(conn *pgxpool.Conn, tx pgx.Tx, entries []*jo
 		endSpan(sp, werr)
 	}
 	if conn.Conn().IsClosed() {
-		return resLost, infraError{errors.New("commit: the connection closed")}
+		// A statement the call was in when its deadline came is cancelled
+		// by closing the connection; or the connection broke under it.
+		// Either way each batch goes again alone: a call that failed with
+		// them must not take them again, or a call too slow for
+		// HandlerTimeout would fail the same way on every retry.
+		markAlone(entries)
+		return resLost, nil
 	}
 	if conn.Conn().PgConn().TxStatus() == 'I' {
 		return resEnded, nil
@@ -511,13 +520,20 @@ func (j *jointCommitter) runBatches(conn *pgxpool.Conn, tx pgx.Tx, entries []*jo
 		if sqlState(err) == codeNoTransaction || sqlState(err) == codeNoSavepoint {
 			return resEnded, nil
 		}
-		return resLost, infraError{fmt.Errorf("commit: %w", err)}
+		markAlone(entries) // the transaction cannot go on: again, each alone
+		return resLost, nil
 	}
+	markAlone(entries)
+	c.log.Debug("a call with several batches failed: each runs alone", zap.Int("batches", len(entries)), zap.Error(werr))
+	return resFailed, nil
+}
+
+// markAlone marks the batches of a failed BatchesHandler call to run alone
+// from now on, each through Handle.
+func markAlone(entries []*jointEntry) {
 	for _, e := range entries {
 		e.alone = true
 	}
-	c.log.Debug("a call with several batches failed: each runs alone", zap.Int("batches", len(entries)), zap.Error(werr))
-	return resFailed, nil
 }
 
 // callBatches is the BatchesHandler's call, with the Tx a Handle gets and
