@@ -96,7 +96,7 @@ func (j *jointCommitter) commit(ctx context.Context, l *lane, b *Batch, work fun
 		req: sink.CommitRequest{Partition: l.key, Token: l.token, Owner: l.owner, ClaimID: l.claimID, From: b.From, To: b.To, LogEpoch: l.logEpoch}}
 	j.mu.Lock()
 	j.queue = append(j.queue, e)
-	if j.runners < jointTxs {
+	if j.runners < j.parallel() {
 		j.runners++
 		go j.run()
 	}
@@ -155,7 +155,12 @@ func (j *jointCommitter) run() {
 func (j *jointCommitter) take() []*jointEntry {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	n := min(len(j.queue), j.span)
+	// Its share of what waits, so that every transaction that can run
+	// at once has work before any takes several batches: a few waiting
+	// batches go in transactions of their own, side by side, as with
+	// CommitSpan 1; hundreds share a few.
+	par := j.parallel()
+	n := min(j.span, (len(j.queue)+par-1)/par)
 	if n == 0 {
 		j.runners--
 		return nil
@@ -166,7 +171,17 @@ func (j *jointCommitter) take() []*jointEntry {
 		e.taken = true
 	}
 	j.queue = append(j.queue[:0:0], j.queue[n:]...)
+	if len(j.queue) > 0 && j.runners < par {
+		j.runners++ // the rest is another runner's share
+		go j.run()
+	}
 	return entries
+}
+
+// parallel is how many joint transactions can run at once: jointTxs, or
+// fewer when the pool has fewer transaction slots (laneConns).
+func (j *jointCommitter) parallel() int {
+	return max(1, min(jointTxs, cap(j.c.txSlots())))
 }
 
 // txResult is what became of one batch's savepoint in a joint transaction.
