@@ -302,7 +302,7 @@ func Print(w io.Writer, rep *Report) {
 		_ = tw.Flush()
 	}
 	if len(rep.Partitions) > 0 {
-		fmt.Fprintln(w, "\npartition dimension (the same backlog, 3 workers, --session-timeout 6s; one run per count and round; rate, CPU and RSS up to the SIGKILL of one worker a third of the way through;")
+		fmt.Fprintln(w, "\npartition dimension (the same backlog, 3 workers, --session-timeout 6s; one run per count and round; rate, CPU and RSS up to the SIGKILL of one worker a third of the way through, CPU from the moment every partition was claimed;")
 		fmt.Fprintln(w, "  held: the partitions the killed worker held at the kill (its last claims); hand-off: the longest time from the kill to another worker's first commit on one of them that still had jobs, and to its claim):")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		// The round, when there is more than one.
@@ -431,7 +431,7 @@ func printDimension(w io.Writer, rep *Report) {
 		over = fmt.Sprintf("median (min–max) of %d rounds", rounds)
 	}
 	fmt.Fprintf(w, "\npartition dimension side by side: tenure's 3 workers and the at-least-once program's 3 processes (one COPY per poll across partitions, no fencing) on the same backlog,\n"+
-		"  each up to a third of it (tenure's: the SIGKILL); %s; CPU: the processes' and Postgres's together; ratios: tenure's over the at-least-once program's, of the medians:\n", over)
+		"  each up to a third of it (tenure's: the SIGKILL); %s; CPU: the processes' and Postgres's together, from the group settled (start-up is the claims column's); ratios: tenure's over the at-least-once program's, of the medians:\n", over)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  PARTITIONS\tTENURE JOBS/S\tAT-LEAST-ONCE JOBS/S\tRATE RATIO\tTENURE CPU S/1M\tAT-LEAST-ONCE CPU S/1M\tCPU RATIO\tTENURE PEAK RSS MB\tAT-LEAST-ONCE PEAK RSS MB\tHAND-OFF MAX S")
 	ratio := func(a, b Stat) string {
