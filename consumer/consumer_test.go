@@ -276,11 +276,7 @@ func TestConsumesEveryPartitionExactlyOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	b.produce(400, func(i int) string { return fmt.Sprintf("k%d", i%37) })
-	stop := b.start(b.config(ledger(t, b.schema), zaptest.NewLogger(t)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(ledger(t, b.schema), zaptest.NewLogger(t)), 60*time.Second)
 	h := b.check()
 	if len(h.Writes) != 400 {
 		t.Fatalf("ledger has %d rows, want 400", len(h.Writes))
@@ -293,17 +289,9 @@ func TestResumesFromPostgresOffsets(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	b.produce(100, func(i int) string { return fmt.Sprintf("k%d", i) })
-	stop := b.start(b.config(ledger(t, b.schema), zaptest.NewLogger(t)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(ledger(t, b.schema), zaptest.NewLogger(t)), 60*time.Second)
 	b.produce(50, func(i int) string { return fmt.Sprintf("k%d", i) })
-	stop = b.start(b.config(ledger(t, b.schema), zaptest.NewLogger(t)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(ledger(t, b.schema), zaptest.NewLogger(t)), 60*time.Second)
 	if h := b.check(); len(h.Writes) != 150 {
 		t.Fatalf("ledger has %d rows, want 150", len(h.Writes))
 	}
@@ -346,11 +334,7 @@ func TestBatchesAreOrderedAndChained(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	stop := b.start(b.config(h, zaptest.NewLogger(t)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(h, zaptest.NewLogger(t)), 60*time.Second)
 	mu.Lock()
 	defer mu.Unlock()
 	for _, s := range bad {
@@ -380,11 +364,7 @@ func TestFailingAndPanickingHandlersAreRetried(t *testing.T) {
 		return nil
 	})
 	core, logs := observer.New(zap.DebugLevel)
-	stop := b.start(b.config(h, zap.New(core)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(h, zap.New(core)), 60*time.Second)
 	if h := b.check(); len(h.Writes) != 60 {
 		t.Fatalf("ledger has %d rows, want 60", len(h.Writes))
 	}

@@ -72,7 +72,6 @@ func TestPoisonJobsAreDeadLetteredAndTheRestCommit(t *testing.T) {
 	cfg := b.config(h, zap.New(core))
 	cfg.MaxAttempts = 3
 	cfg.HandlerTimeout = 300 * time.Millisecond
-	stop := b.start(cfg)
 	defer func() {
 		if t.Failed() {
 			for _, e := range logs.All() {
@@ -80,10 +79,7 @@ func TestPoisonJobsAreDeadLetteredAndTheRestCommit(t *testing.T) {
 			}
 		}
 	}()
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 60*time.Second)
 	hist := b.check()
 	if len(hist.Writes) != 96 {
 		t.Errorf("ledger has %d rows, want 96 (100 jobs, 4 dead)", len(hist.Writes))

@@ -60,11 +60,7 @@ func TestCommitSpanCommitsEveryJobOnceInSharedTransactions(t *testing.T) {
 			if calls == "a call per batch" {
 				handler = consumer.HandlerFunc(inner.Handle)
 			}
-			stop := b.start(b.jointConfig(handler, log, 8, 3))
-			b.waitDone(60 * time.Second)
-			if err := stop(); err != nil {
-				t.Fatal(err)
-			}
+			b.runUntilDone(b.jointConfig(handler, log, 8, 3), 60*time.Second)
 			if h := b.check(); len(h.Writes) != 1200 {
 				t.Fatalf("ledger has %d rows, want 1200", len(h.Writes))
 			}
@@ -144,7 +140,6 @@ func testJointPoison(t *testing.T, together bool) {
 	core, logs := observer.New(zap.DebugLevel)
 	cfg := b.jointConfig(h, zap.New(core), 6, 3)
 	cfg.MaxAttempts = 3
-	stop := b.start(cfg)
 	defer func() {
 		if t.Failed() {
 			for _, e := range logs.FilterLevelExact(zap.WarnLevel).All() {
@@ -152,10 +147,7 @@ func testJointPoison(t *testing.T, together bool) {
 			}
 		}
 	}()
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 60*time.Second)
 	if hist := b.check(); len(hist.Writes) != 598 {
 		t.Errorf("ledger has %d rows, want 598 (600 jobs, 2 dead)", len(hist.Writes))
 	}

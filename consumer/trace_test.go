@@ -196,11 +196,7 @@ func TestTracingSpanTree(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tr := b.traced(sdktrace.WithSyncer(exp))
 	tr.produce(t, b.topic, `{"i":0}`, `{"i":1}`, `{"i":2}`)
-	stop := b.start(tr.config(b, ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(tr.config(b, ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))), 60*time.Second)
 	s := spansOf(exp)
 
 	publish := s.named(b.topic + " publish")

@@ -31,11 +31,7 @@ func TestHandlerTxCannotEndTheTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.produce(5, func(int) string { return "k" })
-	stop := b.start(b.config(consumer.HandlerFunc(p.handle), zaptest.NewLogger(t)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(consumer.HandlerFunc(p.handle), zaptest.NewLogger(t)), 60*time.Second)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 
