@@ -30,16 +30,8 @@ func TestWorkerCutOffFromItsDatabaseGivesItsPartitionsUp(t *testing.T) {
 	cutCfg := cfg
 	cutCfg.Store = cutStore
 	cutCfg.ClientID = "cut"
-	cut, err := consumer.New(cutCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopCut := runConsumer(t, cut)
-	healthy, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, healthy)
+	cut, stopCut := runNew(t, cutCfg)
+	healthy, _ := runNew(t, cfg)
 	b.waitDone(60 * time.Second)
 	waitForCond(t, 30*time.Second, "both workers to hold partitions", func() bool {
 		return cut.Stats().Lanes > 0 && healthy.Stats().Lanes > 0
@@ -87,11 +79,7 @@ func TestDatabaseDownForEveryoneDoesNotFlap(t *testing.T) {
 	var ws []*consumer.Consumer
 	for i := range 2 {
 		cfg.ClientID = fmt.Sprintf("w%d", i)
-		c, err := consumer.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		runConsumer(t, c)
+		c, _ := runNew(t, cfg)
 		ws = append(ws, c)
 	}
 	b.waitDone(60 * time.Second)
@@ -154,11 +142,7 @@ func TestWorkerRejoinsThroughAMultiHostURL(t *testing.T) {
 	proxy, store := proxiedStoreAfter(t, b, tarpit(t))
 	cfg := b.watchConfig(5*time.Second, 3*time.Second)
 	cfg.Store = store
-	w, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, w)
+	w, _ := runNew(t, cfg)
 	b.waitDone(60 * time.Second)
 	proxy.Stall(true)
 	waitForCond(t, 30*time.Second, "the worker to step down", func() bool { return w.Stats().SteppedDown == 1 })

@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -27,11 +26,7 @@ func TestDivergedDatabaseIsHeldUntilAccepted(t *testing.T) {
 			b := setup(t, 1)
 			b.produce(20, func(i int) string { return "k" })
 			cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
-			c, err := consumer.New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stop := runConsumer(t, c)
+			c, stop := runNew(t, cfg)
 			b.waitDone(60 * time.Second)
 			ctx := context.Background()
 			adm := kadm.NewClient(b.cl)
@@ -55,11 +50,7 @@ func TestDivergedDatabaseIsHeldUntilAccepted(t *testing.T) {
 			}
 			b.produce(5, func(i int) string { return "k" })
 			if when == "at the claim" {
-				c, err = consumer.New(cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				stop = runConsumer(t, c)
+				c, stop = runNew(t, cfg)
 			}
 			defer stop() //nolint:errcheck
 			var h sink.Hold

@@ -113,11 +113,7 @@ func TestLaneRecoversFromAnOffsetMismatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	b.produce(10, func(i int) string { return "k" })
-	c, err := consumer.New(b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
+	c, stop := runNew(t, b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))))
 	defer stop() //nolint:errcheck
 	b.waitDone(60 * time.Second)
 	if _, err := b.pool.Exec(context.Background(), `UPDATE "`+b.schema+`".fences SET next_offset = next_offset + 5`); err != nil {

@@ -327,11 +327,7 @@ func TestTracingFencedBatch(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tr := b.traced(sdktrace.WithSyncer(exp))
 	tr.produce(t, b.topic, `{"i":0}`)
-	c, err := consumer.New(tr.config(b, ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
+	c, stop := runNew(t, tr.config(b, ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
 	b.waitDone(60 * time.Second)
 	key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
 	f, err := b.store.Get(context.Background(), key)
