@@ -16,6 +16,17 @@ import (
 	"github.com/tenure-dev/tenure/sink"
 )
 
+// poisonValues gives job i's value, naming the failure kinds has for it,
+// if any, for poisonHandler.
+func poisonValues(kinds map[int]string) func(i int) string {
+	return func(i int) string {
+		if k, ok := kinds[i]; ok {
+			return fmt.Sprintf(`{"i":%d,"kind":%q}`, i, k)
+		}
+		return fmt.Sprintf(`{"i":%d}`, i)
+	}
+}
+
 // poisonHandler writes ledger rows but fails on chosen jobs: "fail" forever
 // (transient-looking), "garbage" permanently, "panic" by panicking, "slow" by
 // outliving the handler timeout, "flaky" only on its first two attempts.
@@ -60,12 +71,7 @@ func TestPoisonJobsAreDeadLetteredAndTheRestCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	kinds := map[int]string{7: "fail", 23: "garbage", 41: "panic", 55: "slow", 60: "flaky"}
-	values := func(i int) string {
-		if k, ok := kinds[i]; ok {
-			return fmt.Sprintf(`{"i":%d,"kind":%q}`, i, k)
-		}
-		return fmt.Sprintf(`{"i":%d}`, i)
-	}
+	values := poisonValues(kinds)
 	b.produceValues(100, func(i int) string { return fmt.Sprintf("k%d", i%2) }, values)
 	h, _ := poisonHandler(t, b.schema)
 	core, logs := observer.New(zap.DebugLevel)

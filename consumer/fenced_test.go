@@ -50,15 +50,8 @@ func TestFencedLaneStallsThenRecovers(t *testing.T) {
 	b.waitDone(60 * time.Second)
 
 	// Someone with a higher token claims the partition in Postgres.
-	key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
-	f, err := b.store.Get(context.Background(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.Claim(context.Background(), sink.ClaimRequest{Partition: key,
-		Token: sink.Token{Incarnation: f.Token.Incarnation, Epoch: f.Token.Epoch + 10}, Owner: "usurper", PartitionCount: 1}); err != nil {
-		t.Fatal(err)
-	}
+	key := b.key(0)
+	f, _ := b.usurp(0)
 	b.produce(30, func(i int) string { return "k" })
 	waitForCond(t, 30*time.Second, "the batch to be fenced", func() bool { return c.Stats().BatchesFenced >= 1 })
 	waitForCond(t, 10*time.Second, "the partition to be paused", func() bool {
@@ -127,6 +120,23 @@ func TestLaneRecoversFromAnOffsetMismatch(t *testing.T) {
 	if st := c.Stats(); st.Recoveries != 1 || st.BatchesFenced != 1 {
 		t.Errorf("stats: %d recoveries, %d batches fenced; want 1 and 1", st.Recoveries, st.BatchesFenced)
 	}
+}
+
+// usurp claims partition p in Postgres behind its lane's back, for owner
+// "usurper" with a token ten epochs above the stored one, and returns the
+// fencing row as it was and the usurper's token.
+func (b *bundle) usurp(p int32) (was sink.Fence, usurper sink.Token) {
+	b.t.Helper()
+	key := b.key(p)
+	was, err := b.store.Get(context.Background(), key)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	usurper = sink.Token{Incarnation: was.Token.Incarnation, Epoch: was.Token.Epoch + 10}
+	if _, err := b.store.Claim(context.Background(), sink.ClaimRequest{Partition: key, Token: usurper, Owner: "usurper", PartitionCount: b.parts}); err != nil {
+		b.t.Fatal(err)
+	}
+	return was, usurper
 }
 
 func (b *bundle) ledgerRows() int {

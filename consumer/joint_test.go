@@ -125,13 +125,7 @@ func TestCommitSpanPoisonJobDoesNotHoldOthersBack(t *testing.T) {
 func testJointPoison(t *testing.T, together bool) {
 	b := setup(t, 6)
 	poison := map[int]string{50: "fail", 120: "panic"}
-	values := func(i int) string {
-		if k, ok := poison[i]; ok {
-			return fmt.Sprintf(`{"i":%d,"kind":%q}`, i, k)
-		}
-		return fmt.Sprintf(`{"i":%d}`, i)
-	}
-	b.produceValues(600, func(i int) string { return fmt.Sprintf("k%d", i%31) }, values)
+	b.produceValues(600, func(i int) string { return fmt.Sprintf("k%d", i%31) }, poisonValues(poison))
 	h, _ := poisonHandler(t, b.schema)
 	calls := &countingBatches{BatchesHandler: oneByOne{h}}
 	if together {
@@ -223,15 +217,8 @@ func TestCommitSpanZombieBatchIsRefusedAndTheOthersCommit(t *testing.T) {
 	b.waitDone(60 * time.Second)
 
 	// Someone with a higher token claims partition 0 in Postgres.
-	zombie := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
-	f, err := b.store.Get(context.Background(), zombie)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.Claim(context.Background(), sink.ClaimRequest{Partition: zombie,
-		Token: sink.Token{Incarnation: f.Token.Incarnation, Epoch: f.Token.Epoch + 10}, Owner: "usurper", PartitionCount: parts}); err != nil {
-		t.Fatal(err)
-	}
+	zombie := b.key(0)
+	f, _ := b.usurp(0)
 	before := b.rowsByPartition("ledger")
 	gated.Store(true)
 	b.produce(1, func(int) string { return keys[1] })

@@ -329,15 +329,7 @@ func TestTracingFencedBatch(t *testing.T) {
 	tr.produce(t, b.topic, `{"i":0}`)
 	c, stop := runNew(t, tr.config(b, ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
 	b.waitDone(60 * time.Second)
-	key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
-	f, err := b.store.Get(context.Background(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	usurper := sink.Token{Incarnation: f.Token.Incarnation, Epoch: f.Token.Epoch + 10}
-	if _, err := b.store.Claim(context.Background(), sink.ClaimRequest{Partition: key, Token: usurper, Owner: "usurper", PartitionCount: 1}); err != nil {
-		t.Fatal(err)
-	}
+	f, usurper := b.usurp(0)
 	tr.produce(t, b.topic, `{"i":1}`)
 	waitForCond(t, 30*time.Second, "the batch to be fenced", func() bool { return c.Stats().BatchesFenced >= 1 })
 	if err := stop(); err != nil {
