@@ -139,7 +139,7 @@ func TestPoisonJobsAreDeadLetteredAndTheRestCommit(t *testing.T) {
 func TestConnectionErrorsNeverDeadLetter(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.produce(10, func(i int) string { return "k" })
+	b.produce(10, oneKey)
 	inner := ledger(t, b.schema)
 	var mu sync.Mutex
 	failures := 0

@@ -24,7 +24,7 @@ func TestDivergedDatabaseIsHeldUntilAccepted(t *testing.T) {
 		t.Run(when, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 1)
-			b.produce(20, func(i int) string { return "k" })
+			b.produce(20, oneKey)
 			cfg := b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
 			c, stop := runNew(t, cfg)
 			b.waitDone(60 * time.Second)
@@ -48,7 +48,7 @@ func TestDivergedDatabaseIsHeldUntilAccepted(t *testing.T) {
 			if _, err := b.pool.Exec(ctx, `UPDATE "`+b.schema+`".fences SET next_offset = 12`); err != nil {
 				t.Fatal(err)
 			}
-			b.produce(5, func(i int) string { return "k" })
+			b.produce(5, oneKey)
 			if when == "at the claim" {
 				c, stop = runNew(t, cfg)
 			}

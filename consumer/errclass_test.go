@@ -72,7 +72,7 @@ func TestHandlerErrorsAreTheJobsWhateverTheirType(t *testing.T) {
 		}
 		return fmt.Sprintf(`{"i":%d}`, i)
 	}
-	b.produceValues(20, func(int) string { return "k" }, value)
+	b.produceValues(20, oneKey, value)
 	inner := ledger(t, b.schema)
 	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		for _, r := range batch.Records {
@@ -119,7 +119,7 @@ func TestHandlerErrorsAreTheJobsWhateverTheirType(t *testing.T) {
 func TestTransientIsRetriedAndNeverDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.produce(10, func(int) string { return "k" })
+	b.produce(10, oneKey)
 	inner := ledger(t, b.schema)
 	var mu sync.Mutex
 	calls, sizes := 0, map[int]bool{}
@@ -171,7 +171,7 @@ func TestHandlerSQLEnvironmentErrorsStallAndRecover(t *testing.T) {
 	b := setup(t, 1)
 	ctx := context.Background()
 	table := pgx.Identifier{b.schema, "exports_out"}.Sanitize()
-	b.produce(10, func(int) string { return "k" })
+	b.produce(10, oneKey)
 	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		for _, r := range batch.Records {
 			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (job) VALUES ($1)`, consumer.JobID(r)); err != nil {
@@ -229,7 +229,7 @@ func TestHandlerSQLDataErrorsAreTheJobs(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `INSERT INTO `+table+` VALUES ('n7')`); err != nil {
 		t.Fatal(err)
 	}
-	b.produceValues(12, func(int) string { return "k" }, func(i int) string { return fmt.Sprintf("n%d", i) })
+	b.produceValues(12, oneKey, func(i int) string { return fmt.Sprintf("n%d", i) })
 	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		for _, r := range batch.Records {
 			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, string(r.Value)); err != nil {

@@ -29,7 +29,7 @@ import (
 func TestFencedLaneStallsThenRecovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.produce(20, func(i int) string { return "k" })
+	b.produce(20, oneKey)
 	core, logs := observer.New(zap.DebugLevel)
 	cfg := b.config(ledger(t, b.schema), zap.New(core))
 	c, err := consumer.New(cfg)
@@ -52,7 +52,7 @@ func TestFencedLaneStallsThenRecovers(t *testing.T) {
 	// Someone with a higher token claims the partition in Postgres.
 	key := b.key(0)
 	f, _ := b.usurp(0)
-	b.produce(30, func(i int) string { return "k" })
+	b.produce(30, oneKey)
 	waitForCond(t, 30*time.Second, "the batch to be fenced", func() bool { return c.Stats().BatchesFenced >= 1 })
 	waitForCond(t, 10*time.Second, "the partition to be paused", func() bool {
 		return len(c.Client().PauseFetchPartitions(nil)[b.topic]) == 1
@@ -105,14 +105,14 @@ func TestFencedLaneStallsThenRecovers(t *testing.T) {
 func TestLaneRecoversFromAnOffsetMismatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.produce(10, func(i int) string { return "k" })
+	b.produce(10, oneKey)
 	c, stop := runNew(t, b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))))
 	defer stop() //nolint:errcheck
 	b.waitDone(60 * time.Second)
 	if _, err := b.pool.Exec(context.Background(), `UPDATE "`+b.schema+`".fences SET next_offset = next_offset + 5`); err != nil {
 		t.Fatal(err)
 	}
-	b.produce(20, func(i int) string { return "k" }) // offsets 10-29; 10-14 skipped by the operator
+	b.produce(20, oneKey) // offsets 10-29; 10-14 skipped by the operator
 	b.waitDone(30 * time.Second)
 	if n := b.ledgerRows(); n != 25 {
 		t.Errorf("ledger has %d rows, want 25 (30 jobs, 5 skipped by the operator)", n)
