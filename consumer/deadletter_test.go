@@ -140,21 +140,12 @@ func TestConnectionErrorsNeverDeadLetter(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	b.produce(10, oneKey)
-	inner := ledger(t, b.schema)
-	var mu sync.Mutex
-	failures := 0
-	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if failures < 8 { // more than MaxAttempts
-			failures++
-			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
-			if err == nil {
-				return errors.New("expected the session to be terminated")
-			}
-			return err
+	h, _ := failFirst(t, b, 8, func(ctx context.Context, tx consumer.Tx) error { // more than MaxAttempts
+		_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+		if err == nil {
+			return errors.New("expected the session to be terminated")
 		}
-		return inner.Handle(ctx, tx, batch)
+		return err
 	})
 	cfg := b.config(h, zap.NewNop())
 	cfg.MaxAttempts = 2

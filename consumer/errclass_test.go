@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -120,19 +121,8 @@ func TestTransientIsRetriedAndNeverDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	b.produce(10, oneKey)
-	inner := ledger(t, b.schema)
-	var mu sync.Mutex
-	calls, sizes := 0, map[int]bool{}
-	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-		mu.Lock()
-		calls++
-		n := calls
-		sizes[len(batch.Records)] = true
-		mu.Unlock()
-		if n <= 8 { // four times MaxAttempts
-			return consumer.Transient(errors.New("exporter unavailable (503)"))
-		}
-		return inner.Handle(ctx, tx, batch)
+	h, sizes := failFirst(t, b, 8, func(context.Context, consumer.Tx) error { // four times MaxAttempts
+		return consumer.Transient(errors.New("exporter unavailable (503)"))
 	})
 	log, logs := dumpedLogger(t)
 	cfg := b.config(h, log)
@@ -152,9 +142,7 @@ func TestTransientIsRetriedAndNeverDeadLettered(t *testing.T) {
 	if st.HandlerTransient != 8 || st.HandlerFailures != 0 {
 		t.Errorf("stats: %d transient, %d counted failures; want 8 and 0", st.HandlerTransient, st.HandlerFailures)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(sizes) != 1 {
+	if sizes := sizes(); len(sizes) != 1 {
 		t.Errorf("the batch was split (sizes %v): Transient must retry it whole", sizes)
 	}
 	if n := logs.FilterMessageSnippet("(Transient, or a lock conflict)").Len(); n != 8 {
@@ -248,6 +236,32 @@ func TestHandlerSQLDataErrorsAreTheJobs(t *testing.T) {
 	var n int
 	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil || n != 12 {
 		t.Errorf("%d invoices (%v), want 12 (11 jobs and the one that was there)", n, err)
+	}
+}
+
+// failFirst is the ledger on b's schema behind a handler whose first n
+// calls return fail's error instead; sizes returns the sizes of the
+// batches it was called with.
+func failFirst(t testing.TB, b *bundle, n int, fail func(ctx context.Context, tx consumer.Tx) error) (h consumer.Handler, sizes func() map[int]bool) {
+	t.Helper()
+	inner := ledger(t, b.schema)
+	var mu sync.Mutex
+	calls, seen := 0, map[int]bool{}
+	h = consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+		mu.Lock()
+		calls++
+		c := calls
+		seen[len(batch.Records)] = true
+		mu.Unlock()
+		if c <= n {
+			return fail(ctx, tx)
+		}
+		return inner.Handle(ctx, tx, batch)
+	})
+	return h, func() map[int]bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(seen)
 	}
 }
 
