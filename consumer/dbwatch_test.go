@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgproxy"
 )
 
 // A worker whose database stops answering without a reset (here a proxy
@@ -22,15 +23,11 @@ import (
 // worker joins again once its database answers.
 func TestWorkerCutOffFromItsDatabaseGivesItsPartitionsUp(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 6)
-	key := func(i int) string { return fmt.Sprintf("k%d", i%60) }
-	b.produce(120, key)
-	proxy, cutStore := proxiedStore(t, b)
-	cfg := b.watchConfig(4*time.Second, 2*time.Second)
+	b, key, proxy, cfg := watchedSetup(t, 6, 4*time.Second, 2*time.Second)
 	cutCfg := cfg
-	cutCfg.Store = cutStore
 	cutCfg.ClientID = "cut"
 	cut, stopCut := runNew(t, cutCfg)
+	cfg.Store = b.store // the healthy worker's database answers throughout
 	healthy, _ := runNew(t, cfg)
 	b.waitDone(60 * time.Second)
 	waitForCond(t, 30*time.Second, "both workers to hold partitions", func() bool {
@@ -70,12 +67,7 @@ func TestWorkerCutOffFromItsDatabaseGivesItsPartitionsUp(t *testing.T) {
 // process everything once it answers.
 func TestDatabaseDownForEveryoneDoesNotFlap(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 4)
-	key := func(i int) string { return fmt.Sprintf("k%d", i%40) }
-	b.produce(80, key)
-	proxy, store := proxiedStore(t, b)
-	cfg := b.watchConfig(3*time.Second, 2*time.Second)
-	cfg.Store = store
+	b, key, proxy, cfg := watchedSetup(t, 4, 3*time.Second, 2*time.Second)
 	var ws []*consumer.Consumer
 	for i := range 2 {
 		cfg.ClientID = fmt.Sprintf("w%d", i)
@@ -114,6 +106,22 @@ func (b *bundle) watchConfig(database, commit time.Duration) consumer.Config {
 	return cfg
 }
 
+// watchedSetup is a bundle of partitions with ten keys a partition (key)
+// and two jobs a key produced, and the watchConfig (database and commit
+// timeouts) of a worker whose store reaches the database through proxy,
+// listed after the hosts before (proxiedStoreAfter).
+func watchedSetup(t *testing.T, partitions int32, database, commit time.Duration, before ...string) (b *bundle, key func(i int) string, proxy *pgproxy.Proxy, cfg consumer.Config) {
+	t.Helper()
+	b = setup(t, partitions)
+	keys := 10 * int(partitions)
+	key = func(i int) string { return fmt.Sprintf("k%d", i%keys) }
+	b.produce(2*keys, key)
+	proxy, store := proxiedStoreAfter(t, b, before...)
+	cfg = b.watchConfig(database, commit)
+	cfg.Store = store
+	return b, key, proxy, cfg
+}
+
 // The derivation of the default: the session timeout, at least 10s.
 func TestDefaultDatabaseTimeout(t *testing.T) {
 	t.Parallel()
@@ -136,12 +144,7 @@ func TestDefaultDatabaseTimeout(t *testing.T) {
 // steps down, and must join again once the second host answers.
 func TestWorkerRejoinsThroughAMultiHostURL(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 4)
-	key := func(i int) string { return fmt.Sprintf("k%d", i%40) }
-	b.produce(80, key)
-	proxy, store := proxiedStoreAfter(t, b, tarpit(t))
-	cfg := b.watchConfig(5*time.Second, 3*time.Second)
-	cfg.Store = store
+	b, key, proxy, cfg := watchedSetup(t, 4, 5*time.Second, 3*time.Second, tarpit(t))
 	w, _ := runNew(t, cfg)
 	b.waitDone(60 * time.Second)
 	proxy.Stall(true)
