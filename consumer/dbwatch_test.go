@@ -50,10 +50,7 @@ func TestWorkerCutOffFromItsDatabaseGivesItsPartitionsUp(t *testing.T) {
 	}
 
 	proxy.Stall(false)
-	waitForCond(t, 30*time.Second, "the worker to join again and hold partitions", func() bool {
-		st := cut.Stats()
-		return st.SteppedDown == 0 && st.Lanes > 0
-	})
+	waitRejoined(t, cut, 30*time.Second, "the worker to join again and hold partitions")
 	b.produce(120, key)
 	b.waitDone(60 * time.Second)
 	if err := stopCut(); err != nil {
@@ -122,6 +119,16 @@ func watchedSetup(t *testing.T, partitions int32, database, commit time.Duration
 	return b, key, proxy, cfg
 }
 
+// waitRejoined waits, within timeout, for w to be stepped down no more and
+// hold partitions (what, if it does not).
+func waitRejoined(t *testing.T, w *consumer.Consumer, timeout time.Duration, what string) {
+	t.Helper()
+	waitForCond(t, timeout, what, func() bool {
+		st := w.Stats()
+		return st.SteppedDown == 0 && st.Lanes > 0
+	})
+}
+
 // The derivation of the default: the session timeout, at least 10s.
 func TestDefaultDatabaseTimeout(t *testing.T) {
 	t.Parallel()
@@ -150,10 +157,7 @@ func TestWorkerRejoinsThroughAMultiHostURL(t *testing.T) {
 	proxy.Stall(true)
 	waitForCond(t, 30*time.Second, "the worker to step down", func() bool { return w.Stats().SteppedDown == 1 })
 	proxy.Stall(false)
-	waitForCond(t, 40*time.Second, "the worker to join the group again through the second host", func() bool {
-		st := w.Stats()
-		return st.SteppedDown == 0 && st.Lanes > 0
-	})
+	waitRejoined(t, w, 40*time.Second, "the worker to join the group again through the second host")
 	b.produce(80, key)
 	b.waitDone(60 * time.Second)
 	b.check()
