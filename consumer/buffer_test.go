@@ -19,37 +19,18 @@ import (
 // with the backlog. Without the pausing the buffer holds the whole backlog.
 func TestBuffersStayBoundedWhateverTheBacklog(t *testing.T) {
 	b := setup(t, 4)
-	// Small record batches, so that one fetch is small too (a broker
-	// returns at least one whole batch, whatever the fetch's limit).
-	pcl, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
-		kgo.ProducerBatchMaxBytes(8<<10), kgo.ProducerBatchCompression(kgo.NoCompression()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcl.Close()
 	pad := strings.Repeat("x", 1000)
 	const jobs = 4000 // about 4 MB
 	recs := make([]*kgo.Record, jobs)
 	for i := range recs {
 		recs[i] = &kgo.Record{Topic: b.topic, Key: fmt.Appendf(nil, "k%d", i), Value: fmt.Appendf(nil, `{"i":%d,"p":"%s"}`, i, pad)}
 	}
-	produceAll(t, pcl, recs, 30*time.Second)
-	slow, handled := slowCounting(3 * time.Millisecond)
-	cfg := b.config(slow, zap.NewNop())
-	cfg.BatchMax = 10
-	cfg.PartitionBufferBytes = 16 << 10
-	cfg.WorkerBufferBytes = 40 << 10
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(rctx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
+	// Small record batches, so that one fetch is small too (a broker
+	// returns at least one whole batch, whatever the fetch's limit).
+	produceAll(t, b, kgo.StickyKeyPartitioner(nil), 8<<10, recs, 30*time.Second)
+	cfg, handled := b.slowCounting(3*time.Millisecond, 10, 16<<10, 40<<10)
+	c, stop := runNew(t, cfg)
+	defer func() { _ = stop() }()
 
 	// The bound: the worker's buffer, plus one fetch that lands before the
 	// lanes can pause (FetchMaxBytes is at least 64 KiB), plus a batch.
@@ -84,14 +65,6 @@ func TestBuffersStayBoundedWhateverTheBacklog(t *testing.T) {
 func TestWorkerBufferBoundsAThousandPartitions(t *testing.T) {
 	const parts, perPart = 1000, 8
 	b := setup(t, parts)
-	// Small record batches, several per partition: a fetch returns at
-	// least one whole batch, whatever its limit.
-	pcl, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.ProducerBatchMaxBytes(4<<10), kgo.ProducerBatchCompression(kgo.NoCompression()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcl.Close()
 	pad := strings.Repeat("x", 1000)
 	recs := make([]*kgo.Record, 0, parts*perPart)
 	for p := range int32(parts) {
@@ -99,12 +72,10 @@ func TestWorkerBufferBoundsAThousandPartitions(t *testing.T) {
 			recs = append(recs, &kgo.Record{Topic: b.topic, Partition: p, Key: fmt.Appendf(nil, "k%d-%d", p, i), Value: fmt.Appendf(nil, `{"i":%d,"p":"%s"}`, i, pad)})
 		}
 	}
-	produceAll(t, pcl, recs, 60*time.Second)
-	slow, handled := slowCounting(2 * time.Millisecond)
-	cfg := b.config(slow, zap.NewNop())
-	cfg.BatchMax = 4
-	cfg.PartitionBufferBytes = 64 << 10
-	cfg.WorkerBufferBytes = 512 << 10
+	// Small record batches, several per partition: a fetch returns at
+	// least one whole batch, whatever its limit.
+	produceAll(t, b, kgo.ManualPartitioner(), 4<<10, recs, 60*time.Second)
+	cfg, handled := b.slowCounting(2*time.Millisecond, 4, 64<<10, 512<<10)
 	cfg.ClaimTimeout = 2 * time.Minute
 	c, stop := runNew(t, cfg)
 	defer func() { _ = stop() }()
@@ -133,10 +104,17 @@ func TestWorkerBufferBoundsAThousandPartitions(t *testing.T) {
 	}
 }
 
-// produceAll produces recs and fails the test unless every one is
-// acknowledged within timeout.
-func produceAll(t *testing.T, pcl *kgo.Client, recs []*kgo.Record, timeout time.Duration) {
+// produceAll produces recs to b's broker through a client of its own, with
+// partitioner and record batches of at most batchBytes, uncompressed, and
+// fails the test unless every one is acknowledged within timeout.
+func produceAll(t *testing.T, b *bundle, partitioner kgo.Partitioner, batchBytes int32, recs []*kgo.Record, timeout time.Duration) {
 	t.Helper()
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.RecordPartitioner(partitioner),
+		kgo.ProducerBatchMaxBytes(batchBytes), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if err := pcl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
@@ -144,13 +122,19 @@ func produceAll(t *testing.T, pcl *kgo.Client, recs []*kgo.Record, timeout time.
 	}
 }
 
-// slowCounting is a handler that takes d per batch and counts the jobs it
-// was given.
-func slowCounting(d time.Duration) (consumer.Handler, *atomic.Int64) {
-	handled := new(atomic.Int64)
-	return consumer.HandlerFunc(func(_ context.Context, _ consumer.Tx, bt *consumer.Batch) error {
+// slowCounting is the config of a worker with no log whose handler takes
+// d per batch of at most batchMax jobs and counts the jobs it was given
+// (handled), its lanes' buffers bounded at partitionBytes each and
+// workerBytes in all.
+func (b *bundle) slowCounting(d time.Duration, batchMax int, partitionBytes, workerBytes int64) (cfg consumer.Config, handled *atomic.Int64) {
+	handled = new(atomic.Int64)
+	cfg = b.config(consumer.HandlerFunc(func(_ context.Context, _ consumer.Tx, bt *consumer.Batch) error {
 		time.Sleep(d)
 		handled.Add(int64(len(bt.Records)))
 		return nil
-	}), handled
+	}), zap.NewNop())
+	cfg.BatchMax = batchMax
+	cfg.PartitionBufferBytes = partitionBytes
+	cfg.WorkerBufferBytes = workerBytes
+	return cfg, handled
 }

@@ -67,11 +67,7 @@ func TestClaimsOfAnAssignmentRunAtOnce(t *testing.T) {
 			claimed.Store(p.Partition, true)
 		}
 	}
-	stop := b.start(cfg)
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 60*time.Second)
 	most := f.most.Load()
 	t.Logf("at most %d claims at once", most)
 	if most < 2 {
@@ -252,11 +248,7 @@ func TestAPanickingClaimStaysThatPartitionsTrouble(t *testing.T) {
 			panic("a hook's bug")
 		}
 	}
-	stop := b.start(cfg)
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 60*time.Second)
 	if !panicked.Load() {
 		t.Fatal("the hook never panicked")
 	}

@@ -264,6 +264,17 @@ func observedLogger(t testing.TB, echo zapcore.Level) (*zap.Logger, *observer.Ob
 	return zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(echo)).Core())), logs
 }
 
+// eachParallel runs test in a parallel subtest named after each of cases.
+func eachParallel[C ~string](t *testing.T, cases []C, test func(t *testing.T, c C)) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(string(c), func(t *testing.T) {
+			t.Parallel()
+			test(t, c)
+		})
+	}
+}
+
 func ledger(t testing.TB, schema string) consumer.Handler {
 	h, err := jobs.New("ledger", schema, "test")
 	if err != nil {
@@ -276,11 +287,7 @@ func TestConsumesEveryPartitionExactlyOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	b.produce(400, func(i int) string { return fmt.Sprintf("k%d", i%37) })
-	stop := b.start(b.config(ledger(t, b.schema), zaptest.NewLogger(t)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(ledger(t, b.schema), zaptest.NewLogger(t)), 60*time.Second)
 	h := b.check()
 	if len(h.Writes) != 400 {
 		t.Fatalf("ledger has %d rows, want 400", len(h.Writes))
@@ -293,17 +300,9 @@ func TestResumesFromPostgresOffsets(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	b.produce(100, func(i int) string { return fmt.Sprintf("k%d", i) })
-	stop := b.start(b.config(ledger(t, b.schema), zaptest.NewLogger(t)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(ledger(t, b.schema), zaptest.NewLogger(t)), 60*time.Second)
 	b.produce(50, func(i int) string { return fmt.Sprintf("k%d", i) })
-	stop = b.start(b.config(ledger(t, b.schema), zaptest.NewLogger(t)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(ledger(t, b.schema), zaptest.NewLogger(t)), 60*time.Second)
 	if h := b.check(); len(h.Writes) != 150 {
 		t.Fatalf("ledger has %d rows, want 150", len(h.Writes))
 	}
@@ -346,11 +345,7 @@ func TestBatchesAreOrderedAndChained(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	stop := b.start(b.config(h, zaptest.NewLogger(t)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(h, zaptest.NewLogger(t)), 60*time.Second)
 	mu.Lock()
 	defer mu.Unlock()
 	for _, s := range bad {
@@ -380,11 +375,7 @@ func TestFailingAndPanickingHandlersAreRetried(t *testing.T) {
 		return nil
 	})
 	core, logs := observer.New(zap.DebugLevel)
-	stop := b.start(b.config(h, zap.New(core)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(b.config(h, zap.New(core)), 60*time.Second)
 	if h := b.check(); len(h.Writes) != 60 {
 		t.Fatalf("ledger has %d rows, want 60", len(h.Writes))
 	}
@@ -407,79 +398,76 @@ func TestFailingAndPanickingHandlersAreRetried(t *testing.T) {
 // log is contiguous and ordered (G1-G3).
 func TestRebalancesKeepEveryJobExactlyOnce(t *testing.T) {
 	t.Parallel()
-	for _, proto := range []consumer.Protocol{consumer.Classic, consumer.NextGen} {
-		t.Run(string(proto), func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, 6)
-			inner := ledger(t, b.schema)
-			// Slow enough that every member joins while work is going on.
-			slow := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-				time.Sleep(5 * time.Millisecond)
-				return inner.Handle(ctx, tx, batch)
-			})
-			var committed [3]atomic.Int64 // batches committed per member
-			cfg := func(n int) consumer.Config {
-				c := b.config(slow, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-				c.BatchMax = 5
-				c.Protocol = proto
-				c.Hooks.AfterBatch = func(_ *consumer.Batch, err error) {
-					if err == nil {
-						committed[n].Add(1)
-					}
-				}
-				return c
-			}
-			// Each member must have taken part before the next change, so
-			// that the run has hand-offs whatever the machine's speed.
-			took := func(n int) {
-				t.Helper()
-				deadline := time.Now().Add(60 * time.Second)
-				for committed[n].Load() == 0 {
-					if time.Now().After(deadline) {
-						t.Fatalf("member %d committed nothing within 60s", n+1)
-					}
-					b.produce(6, func(i int) string { return fmt.Sprintf("k%d", i) })
-					time.Sleep(50 * time.Millisecond)
+	eachParallel(t, []consumer.Protocol{consumer.Classic, consumer.NextGen}, func(t *testing.T, proto consumer.Protocol) {
+		b := setup(t, 6)
+		inner := ledger(t, b.schema)
+		// Slow enough that every member joins while work is going on.
+		slow := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+			time.Sleep(5 * time.Millisecond)
+			return inner.Handle(ctx, tx, batch)
+		})
+		var committed [3]atomic.Int64 // batches committed per member
+		cfg := func(n int) consumer.Config {
+			c := b.config(slow, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+			c.BatchMax = 5
+			c.Protocol = proto
+			c.Hooks.AfterBatch = func(_ *consumer.Batch, err error) {
+				if err == nil {
+					committed[n].Add(1)
 				}
 			}
-			stop1 := b.start(cfg(0))
-			b.produce(300, func(i int) string { return fmt.Sprintf("k%d", i%53) })
-			took(0)
-			stop2 := b.start(cfg(1))
-			b.produce(300, func(i int) string { return fmt.Sprintf("k%d", i%53) })
-			took(1)
-			if err := stop1(); err != nil {
+			return c
+		}
+		// Each member must have taken part before the next change, so
+		// that the run has hand-offs whatever the machine's speed.
+		took := func(n int) {
+			t.Helper()
+			deadline := time.Now().Add(60 * time.Second)
+			for committed[n].Load() == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("member %d committed nothing within 60s", n+1)
+				}
+				b.produce(6, func(i int) string { return fmt.Sprintf("k%d", i) })
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		stop1 := b.start(cfg(0))
+		b.produce(300, func(i int) string { return fmt.Sprintf("k%d", i%53) })
+		took(0)
+		stop2 := b.start(cfg(1))
+		b.produce(300, func(i int) string { return fmt.Sprintf("k%d", i%53) })
+		took(1)
+		if err := stop1(); err != nil {
+			t.Fatal(err)
+		}
+		stop3 := b.start(cfg(2))
+		b.produce(300, func(i int) string { return fmt.Sprintf("k%d", i%53) })
+		took(2)
+		b.waitDone(90 * time.Second)
+		for _, s := range []func() error{stop2, stop3} {
+			if err := s(); err != nil {
 				t.Fatal(err)
 			}
-			stop3 := b.start(cfg(2))
-			b.produce(300, func(i int) string { return fmt.Sprintf("k%d", i%53) })
-			took(2)
-			b.waitDone(90 * time.Second)
-			for _, s := range []func() error{stop2, stop3} {
-				if err := s(); err != nil {
-					t.Fatal(err)
-				}
+		}
+		h := b.check()
+		var want int64
+		for _, end := range b.endOffsets() {
+			want += end
+		}
+		if int64(len(h.Writes)) != want {
+			t.Fatalf("ledger has %d rows, want %d (every job in the log)", len(h.Writes), want)
+		}
+		owners := map[string]bool{}
+		for _, e := range h.Log {
+			if e.Kind == "commit" {
+				owners[e.Owner] = true
 			}
-			h := b.check()
-			var want int64
-			for _, end := range b.endOffsets() {
-				want += end
-			}
-			if int64(len(h.Writes)) != want {
-				t.Fatalf("ledger has %d rows, want %d (every job in the log)", len(h.Writes), want)
-			}
-			owners := map[string]bool{}
-			for _, e := range h.Log {
-				if e.Kind == "commit" {
-					owners[e.Owner] = true
-				}
-			}
-			t.Logf("%d commits by %d members", len(h.Log), len(owners))
-			if len(owners) < 2 {
-				t.Errorf("expected commits from several members, got %v", owners)
-			}
-		})
-	}
+		}
+		t.Logf("%d commits by %d members", len(h.Log), len(owners))
+		if len(owners) < 2 {
+			t.Errorf("expected commits from several members, got %v", owners)
+		}
+	})
 }
 
 func TestConfigErrors(t *testing.T) {

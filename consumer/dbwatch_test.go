@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/tenure-dev/tenure/consumer"
+	"github.com/tenure-dev/tenure/internal/testinfra/pgproxy"
 )
 
 // A worker whose database stops answering without a reset (here a proxy
@@ -22,24 +23,12 @@ import (
 // worker joins again once its database answers.
 func TestWorkerCutOffFromItsDatabaseGivesItsPartitionsUp(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 6)
-	key := func(i int) string { return fmt.Sprintf("k%d", i%60) }
-	b.produce(120, key)
-	proxy, cutStore := proxiedStore(t, b)
-	cfg := b.watchConfig(4*time.Second, 2*time.Second)
+	b, key, proxy, cfg := watchedSetup(t, 6, 4*time.Second, 2*time.Second)
 	cutCfg := cfg
-	cutCfg.Store = cutStore
 	cutCfg.ClientID = "cut"
-	cut, err := consumer.New(cutCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopCut := runConsumer(t, cut)
-	healthy, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, healthy)
+	cut, stopCut := runNew(t, cutCfg)
+	cfg.Store = b.store // the healthy worker's database answers throughout
+	healthy, _ := runNew(t, cfg)
 	b.waitDone(60 * time.Second)
 	waitForCond(t, 30*time.Second, "both workers to hold partitions", func() bool {
 		return cut.Stats().Lanes > 0 && healthy.Stats().Lanes > 0
@@ -61,10 +50,7 @@ func TestWorkerCutOffFromItsDatabaseGivesItsPartitionsUp(t *testing.T) {
 	}
 
 	proxy.Stall(false)
-	waitForCond(t, 30*time.Second, "the worker to join again and hold partitions", func() bool {
-		st := cut.Stats()
-		return st.SteppedDown == 0 && st.Lanes > 0
-	})
+	waitRejoined(t, cut, 30*time.Second, "the worker to join again and hold partitions")
 	b.produce(120, key)
 	b.waitDone(60 * time.Second)
 	if err := stopCut(); err != nil {
@@ -78,20 +64,11 @@ func TestWorkerCutOffFromItsDatabaseGivesItsPartitionsUp(t *testing.T) {
 // process everything once it answers.
 func TestDatabaseDownForEveryoneDoesNotFlap(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 4)
-	key := func(i int) string { return fmt.Sprintf("k%d", i%40) }
-	b.produce(80, key)
-	proxy, store := proxiedStore(t, b)
-	cfg := b.watchConfig(3*time.Second, 2*time.Second)
-	cfg.Store = store
+	b, key, proxy, cfg := watchedSetup(t, 4, 3*time.Second, 2*time.Second)
 	var ws []*consumer.Consumer
 	for i := range 2 {
 		cfg.ClientID = fmt.Sprintf("w%d", i)
-		c, err := consumer.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		runConsumer(t, c)
+		c, _ := runNew(t, cfg)
 		ws = append(ws, c)
 	}
 	b.waitDone(60 * time.Second)
@@ -126,6 +103,32 @@ func (b *bundle) watchConfig(database, commit time.Duration) consumer.Config {
 	return cfg
 }
 
+// watchedSetup is a bundle of partitions with ten keys a partition (key)
+// and two jobs a key produced, and the watchConfig (database and commit
+// timeouts) of a worker whose store reaches the database through proxy,
+// listed after the hosts before (proxiedStoreAfter).
+func watchedSetup(t *testing.T, partitions int32, database, commit time.Duration, before ...string) (b *bundle, key func(i int) string, proxy *pgproxy.Proxy, cfg consumer.Config) {
+	t.Helper()
+	b = setup(t, partitions)
+	keys := 10 * int(partitions)
+	key = func(i int) string { return fmt.Sprintf("k%d", i%keys) }
+	b.produce(2*keys, key)
+	proxy, store := proxiedStoreAfter(t, b, before...)
+	cfg = b.watchConfig(database, commit)
+	cfg.Store = store
+	return b, key, proxy, cfg
+}
+
+// waitRejoined waits, within timeout, for w to be stepped down no more and
+// hold partitions (what, if it does not).
+func waitRejoined(t *testing.T, w *consumer.Consumer, timeout time.Duration, what string) {
+	t.Helper()
+	waitForCond(t, timeout, what, func() bool {
+		st := w.Stats()
+		return st.SteppedDown == 0 && st.Lanes > 0
+	})
+}
+
 // The derivation of the default: the session timeout, at least 10s.
 func TestDefaultDatabaseTimeout(t *testing.T) {
 	t.Parallel()
@@ -148,25 +151,13 @@ func TestDefaultDatabaseTimeout(t *testing.T) {
 // steps down, and must join again once the second host answers.
 func TestWorkerRejoinsThroughAMultiHostURL(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 4)
-	key := func(i int) string { return fmt.Sprintf("k%d", i%40) }
-	b.produce(80, key)
-	proxy, store := proxiedStoreAfter(t, b, tarpit(t))
-	cfg := b.watchConfig(5*time.Second, 3*time.Second)
-	cfg.Store = store
-	w, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, w)
+	b, key, proxy, cfg := watchedSetup(t, 4, 5*time.Second, 3*time.Second, tarpit(t))
+	w, _ := runNew(t, cfg)
 	b.waitDone(60 * time.Second)
 	proxy.Stall(true)
 	waitForCond(t, 30*time.Second, "the worker to step down", func() bool { return w.Stats().SteppedDown == 1 })
 	proxy.Stall(false)
-	waitForCond(t, 40*time.Second, "the worker to join the group again through the second host", func() bool {
-		st := w.Stats()
-		return st.SteppedDown == 0 && st.Lanes > 0
-	})
+	waitRejoined(t, w, 40*time.Second, "the worker to join the group again through the second host")
 	b.produce(80, key)
 	b.waitDone(60 * time.Second)
 	b.check()

@@ -16,6 +16,17 @@ import (
 	"github.com/tenure-dev/tenure/sink"
 )
 
+// poisonValues gives job i's value, naming the failure kinds has for it,
+// if any, for poisonHandler.
+func poisonValues(kinds map[int]string) func(i int) string {
+	return func(i int) string {
+		if k, ok := kinds[i]; ok {
+			return fmt.Sprintf(`{"i":%d,"kind":%q}`, i, k)
+		}
+		return fmt.Sprintf(`{"i":%d}`, i)
+	}
+}
+
 // poisonHandler writes ledger rows but fails on chosen jobs: "fail" forever
 // (transient-looking), "garbage" permanently, "panic" by panicking, "slow" by
 // outliving the handler timeout, "flaky" only on its first two attempts.
@@ -60,19 +71,13 @@ func TestPoisonJobsAreDeadLetteredAndTheRestCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	kinds := map[int]string{7: "fail", 23: "garbage", 41: "panic", 55: "slow", 60: "flaky"}
-	values := func(i int) string {
-		if k, ok := kinds[i]; ok {
-			return fmt.Sprintf(`{"i":%d,"kind":%q}`, i, k)
-		}
-		return fmt.Sprintf(`{"i":%d}`, i)
-	}
+	values := poisonValues(kinds)
 	b.produceValues(100, func(i int) string { return fmt.Sprintf("k%d", i%2) }, values)
 	h, _ := poisonHandler(t, b.schema)
 	core, logs := observer.New(zap.DebugLevel)
 	cfg := b.config(h, zap.New(core))
 	cfg.MaxAttempts = 3
 	cfg.HandlerTimeout = 300 * time.Millisecond
-	stop := b.start(cfg)
 	defer func() {
 		if t.Failed() {
 			for _, e := range logs.All() {
@@ -80,10 +85,7 @@ func TestPoisonJobsAreDeadLetteredAndTheRestCommit(t *testing.T) {
 			}
 		}
 	}()
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 60*time.Second)
 	hist := b.check()
 	if len(hist.Writes) != 96 {
 		t.Errorf("ledger has %d rows, want 96 (100 jobs, 4 dead)", len(hist.Writes))
@@ -137,22 +139,13 @@ func TestPoisonJobsAreDeadLetteredAndTheRestCommit(t *testing.T) {
 func TestConnectionErrorsNeverDeadLetter(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.produce(10, func(i int) string { return "k" })
-	inner := ledger(t, b.schema)
-	var mu sync.Mutex
-	failures := 0
-	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if failures < 8 { // more than MaxAttempts
-			failures++
-			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
-			if err == nil {
-				return errors.New("expected the session to be terminated")
-			}
-			return err
+	b.produce(10, oneKey)
+	h, _ := failFirst(t, b, 8, func(ctx context.Context, tx consumer.Tx) error { // more than MaxAttempts
+		_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+		if err == nil {
+			return errors.New("expected the session to be terminated")
 		}
-		return inner.Handle(ctx, tx, batch)
+		return err
 	})
 	cfg := b.config(h, zap.NewNop())
 	cfg.MaxAttempts = 2

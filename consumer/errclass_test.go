@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -72,7 +73,7 @@ func TestHandlerErrorsAreTheJobsWhateverTheirType(t *testing.T) {
 		}
 		return fmt.Sprintf(`{"i":%d}`, i)
 	}
-	b.produceValues(20, func(int) string { return "k" }, value)
+	b.produceValues(20, oneKey, value)
 	inner := ledger(t, b.schema)
 	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		for _, r := range batch.Records {
@@ -119,20 +120,9 @@ func TestHandlerErrorsAreTheJobsWhateverTheirType(t *testing.T) {
 func TestTransientIsRetriedAndNeverDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.produce(10, func(int) string { return "k" })
-	inner := ledger(t, b.schema)
-	var mu sync.Mutex
-	calls, sizes := 0, map[int]bool{}
-	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-		mu.Lock()
-		calls++
-		n := calls
-		sizes[len(batch.Records)] = true
-		mu.Unlock()
-		if n <= 8 { // four times MaxAttempts
-			return consumer.Transient(errors.New("exporter unavailable (503)"))
-		}
-		return inner.Handle(ctx, tx, batch)
+	b.produce(10, oneKey)
+	h, sizes := failFirst(t, b, 8, func(context.Context, consumer.Tx) error { // four times MaxAttempts
+		return consumer.Transient(errors.New("exporter unavailable (503)"))
 	})
 	log, logs := dumpedLogger(t)
 	cfg := b.config(h, log)
@@ -152,9 +142,7 @@ func TestTransientIsRetriedAndNeverDeadLettered(t *testing.T) {
 	if st.HandlerTransient != 8 || st.HandlerFailures != 0 {
 		t.Errorf("stats: %d transient, %d counted failures; want 8 and 0", st.HandlerTransient, st.HandlerFailures)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(sizes) != 1 {
+	if sizes := sizes(); len(sizes) != 1 {
 		t.Errorf("the batch was split (sizes %v): Transient must retry it whole", sizes)
 	}
 	if n := logs.FilterMessageSnippet("(Transient, or a lock conflict)").Len(); n != 8 {
@@ -171,7 +159,7 @@ func TestHandlerSQLEnvironmentErrorsStallAndRecover(t *testing.T) {
 	b := setup(t, 1)
 	ctx := context.Background()
 	table := pgx.Identifier{b.schema, "exports_out"}.Sanitize()
-	b.produce(10, func(int) string { return "k" })
+	b.produce(10, oneKey)
 	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		for _, r := range batch.Records {
 			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (job) VALUES ($1)`, consumer.JobID(r)); err != nil {
@@ -229,7 +217,7 @@ func TestHandlerSQLDataErrorsAreTheJobs(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `INSERT INTO `+table+` VALUES ('n7')`); err != nil {
 		t.Fatal(err)
 	}
-	b.produceValues(12, func(int) string { return "k" }, func(i int) string { return fmt.Sprintf("n%d", i) })
+	b.produceValues(12, oneKey, func(i int) string { return fmt.Sprintf("n%d", i) })
 	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		for _, r := range batch.Records {
 			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, string(r.Value)); err != nil {
@@ -248,6 +236,32 @@ func TestHandlerSQLDataErrorsAreTheJobs(t *testing.T) {
 	var n int
 	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil || n != 12 {
 		t.Errorf("%d invoices (%v), want 12 (11 jobs and the one that was there)", n, err)
+	}
+}
+
+// failFirst is the ledger on b's schema behind a handler whose first n
+// calls return fail's error instead; sizes returns the sizes of the
+// batches it was called with.
+func failFirst(t testing.TB, b *bundle, n int, fail func(ctx context.Context, tx consumer.Tx) error) (h consumer.Handler, sizes func() map[int]bool) {
+	t.Helper()
+	inner := ledger(t, b.schema)
+	var mu sync.Mutex
+	calls, seen := 0, map[int]bool{}
+	h = consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+		mu.Lock()
+		calls++
+		c := calls
+		seen[len(batch.Records)] = true
+		mu.Unlock()
+		if c <= n {
+			return fail(ctx, tx)
+		}
+		return inner.Handle(ctx, tx, batch)
+	})
+	return h, func() map[int]bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(seen)
 	}
 }
 

@@ -29,7 +29,7 @@ import (
 func TestFencedLaneStallsThenRecovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.produce(20, func(i int) string { return "k" })
+	b.produce(20, oneKey)
 	core, logs := observer.New(zap.DebugLevel)
 	cfg := b.config(ledger(t, b.schema), zap.New(core))
 	c, err := consumer.New(cfg)
@@ -50,16 +50,9 @@ func TestFencedLaneStallsThenRecovers(t *testing.T) {
 	b.waitDone(60 * time.Second)
 
 	// Someone with a higher token claims the partition in Postgres.
-	key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
-	f, err := b.store.Get(context.Background(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.Claim(context.Background(), sink.ClaimRequest{Partition: key,
-		Token: sink.Token{Incarnation: f.Token.Incarnation, Epoch: f.Token.Epoch + 10}, Owner: "usurper", PartitionCount: 1}); err != nil {
-		t.Fatal(err)
-	}
-	b.produce(30, func(i int) string { return "k" })
+	key := b.key(0)
+	f, _ := b.usurp(0)
+	b.produce(30, oneKey)
 	waitForCond(t, 30*time.Second, "the batch to be fenced", func() bool { return c.Stats().BatchesFenced >= 1 })
 	waitForCond(t, 10*time.Second, "the partition to be paused", func() bool {
 		return len(c.Client().PauseFetchPartitions(nil)[b.topic]) == 1
@@ -112,18 +105,14 @@ func TestFencedLaneStallsThenRecovers(t *testing.T) {
 func TestLaneRecoversFromAnOffsetMismatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.produce(10, func(i int) string { return "k" })
-	c, err := consumer.New(b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
+	b.produce(10, oneKey)
+	c, stop := runNew(t, b.config(ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))))
 	defer stop() //nolint:errcheck
 	b.waitDone(60 * time.Second)
 	if _, err := b.pool.Exec(context.Background(), `UPDATE "`+b.schema+`".fences SET next_offset = next_offset + 5`); err != nil {
 		t.Fatal(err)
 	}
-	b.produce(20, func(i int) string { return "k" }) // offsets 10-29; 10-14 skipped by the operator
+	b.produce(20, oneKey) // offsets 10-29; 10-14 skipped by the operator
 	b.waitDone(30 * time.Second)
 	if n := b.ledgerRows(); n != 25 {
 		t.Errorf("ledger has %d rows, want 25 (30 jobs, 5 skipped by the operator)", n)
@@ -131,6 +120,23 @@ func TestLaneRecoversFromAnOffsetMismatch(t *testing.T) {
 	if st := c.Stats(); st.Recoveries != 1 || st.BatchesFenced != 1 {
 		t.Errorf("stats: %d recoveries, %d batches fenced; want 1 and 1", st.Recoveries, st.BatchesFenced)
 	}
+}
+
+// usurp claims partition p in Postgres behind its lane's back, for owner
+// "usurper" with a token ten epochs above the stored one, and returns the
+// fencing row as it was and the usurper's token.
+func (b *bundle) usurp(p int32) (was sink.Fence, usurper sink.Token) {
+	b.t.Helper()
+	key := b.key(p)
+	was, err := b.store.Get(context.Background(), key)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	usurper = sink.Token{Incarnation: was.Token.Incarnation, Epoch: was.Token.Epoch + 10}
+	if _, err := b.store.Claim(context.Background(), sink.ClaimRequest{Partition: key, Token: usurper, Owner: "usurper", PartitionCount: b.parts}); err != nil {
+		b.t.Fatal(err)
+	}
+	return was, usurper
 }
 
 func (b *bundle) ledgerRows() int {

@@ -8,7 +8,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/fence"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -24,11 +23,7 @@ func TestWorkerPrunesTheFenceLogOfItsPartitions(t *testing.T) {
 	cfg.BatchMax = 1 // one commit per job: a long log
 	cfg.FenceLogRetention = sink.FenceLogRetention{MaxEntries: 5, MaxAge: -1}
 	cfg.FenceLogPruneInterval = 100 * time.Millisecond
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
+	c, stop := runNew(t, cfg)
 	b.waitDone(30 * time.Second)
 	ctx := context.Background()
 	waitForCond(t, 30*time.Second, "the fence log to be pruned to 5 entries and the claim", func() bool {

@@ -108,12 +108,12 @@ func (r *haltRun) callsSoFar() int {
 // runIntoTheBug runs five good jobs, then the bug, then five more jobs the
 // halted lane must not run; it returns the handler's calls up to the bug.
 func (r *haltRun) runIntoTheBug(t *testing.T, c *consumer.Consumer) (before int) {
-	r.b.produce(5, func(int) string { return "k" })
+	r.b.produce(5, oneKey)
 	r.b.waitDone(30 * time.Second)
-	r.b.produceValues(1, func(int) string { return "k" }, func(int) string { return "bug" })
+	r.b.produceValues(1, oneKey, func(int) string { return "bug" })
 	waitForCond(t, 30*time.Second, "the handler bug to be detected", func() bool { return c.Stats().HandlerBugs == 1 })
 	before = r.callsSoFar()
-	r.b.produce(5, func(int) string { return "k" })
+	r.b.produce(5, oneKey)
 	time.Sleep(time.Second) // a lane that went on would have run by now
 	return before
 }

@@ -48,39 +48,32 @@ func (b *bundle) sharedCommits() (shared, most int) {
 // transaction's batches), and behind a plain Handler (one call each).
 func TestCommitSpanCommitsEveryJobOnceInSharedTransactions(t *testing.T) {
 	t.Parallel()
-	for _, calls := range []string{"one call for several batches", "a call per batch"} {
-		t.Run(calls, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, 12)
-			b.produce(1200, func(i int) string { return fmt.Sprintf("k%d", i%97) })
-			log, logs := observedLogger(t, zap.WarnLevel)
-			inner := ledger(t, b.schema).(consumer.BatchesHandler)
-			h := &countingBatches{BatchesHandler: inner}
-			var handler consumer.Handler = h
-			if calls == "a call per batch" {
-				handler = consumer.HandlerFunc(inner.Handle)
-			}
-			stop := b.start(b.jointConfig(handler, log, 8, 3))
-			b.waitDone(60 * time.Second)
-			if err := stop(); err != nil {
-				t.Fatal(err)
-			}
-			if h := b.check(); len(h.Writes) != 1200 {
-				t.Fatalf("ledger has %d rows, want 1200", len(h.Writes))
-			}
-			shared, most := b.sharedCommits()
-			t.Logf("%d transactions carried several partitions, at most %d; %d calls took several batches", shared, most, h.several.Load())
-			if shared == 0 || most > 8 {
-				t.Errorf("%d transactions carried several partitions, at most %d: want some, and none above the span 8", shared, most)
-			}
-			if calls == "one call for several batches" && h.several.Load() == 0 {
-				t.Error("no HandleBatches call took several batches")
-			}
-			if n := logs.FilterLevelExact(zap.ErrorLevel).Len(); n != 0 {
-				t.Errorf("%d errors logged", n)
-			}
-		})
-	}
+	eachParallel(t, []string{"one call for several batches", "a call per batch"}, func(t *testing.T, calls string) {
+		b := setup(t, 12)
+		b.produce(1200, func(i int) string { return fmt.Sprintf("k%d", i%97) })
+		log, logs := observedLogger(t, zap.WarnLevel)
+		inner := ledger(t, b.schema).(consumer.BatchesHandler)
+		h := &countingBatches{BatchesHandler: inner}
+		var handler consumer.Handler = h
+		if calls == "a call per batch" {
+			handler = consumer.HandlerFunc(inner.Handle)
+		}
+		b.runUntilDone(b.jointConfig(handler, log, 8, 3), 60*time.Second)
+		if h := b.check(); len(h.Writes) != 1200 {
+			t.Fatalf("ledger has %d rows, want 1200", len(h.Writes))
+		}
+		shared, most := b.sharedCommits()
+		t.Logf("%d transactions carried several partitions, at most %d; %d calls took several batches", shared, most, h.several.Load())
+		if shared == 0 || most > 8 {
+			t.Errorf("%d transactions carried several partitions, at most %d: want some, and none above the span 8", shared, most)
+		}
+		if calls == "one call for several batches" && h.several.Load() == 0 {
+			t.Error("no HandleBatches call took several batches")
+		}
+		if n := logs.FilterLevelExact(zap.ErrorLevel).Len(); n != 0 {
+			t.Errorf("%d errors logged", n)
+		}
+	})
 }
 
 // countingBatches counts the HandleBatches calls that took several batches.
@@ -118,24 +111,15 @@ func (h oneByOne) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*
 // the failure.
 func TestCommitSpanPoisonJobDoesNotHoldOthersBack(t *testing.T) {
 	t.Parallel()
-	for _, calls := range []string{"a call per batch", "one call for several batches"} {
-		t.Run(calls, func(t *testing.T) {
-			t.Parallel()
-			testJointPoison(t, calls == "one call for several batches")
-		})
-	}
+	eachParallel(t, []string{"a call per batch", "one call for several batches"}, func(t *testing.T, calls string) {
+		testJointPoison(t, calls == "one call for several batches")
+	})
 }
 
 func testJointPoison(t *testing.T, together bool) {
 	b := setup(t, 6)
 	poison := map[int]string{50: "fail", 120: "panic"}
-	values := func(i int) string {
-		if k, ok := poison[i]; ok {
-			return fmt.Sprintf(`{"i":%d,"kind":%q}`, i, k)
-		}
-		return fmt.Sprintf(`{"i":%d}`, i)
-	}
-	b.produceValues(600, func(i int) string { return fmt.Sprintf("k%d", i%31) }, values)
+	b.produceValues(600, func(i int) string { return fmt.Sprintf("k%d", i%31) }, poisonValues(poison))
 	h, _ := poisonHandler(t, b.schema)
 	calls := &countingBatches{BatchesHandler: oneByOne{h}}
 	if together {
@@ -144,7 +128,6 @@ func testJointPoison(t *testing.T, together bool) {
 	core, logs := observer.New(zap.DebugLevel)
 	cfg := b.jointConfig(h, zap.New(core), 6, 3)
 	cfg.MaxAttempts = 3
-	stop := b.start(cfg)
 	defer func() {
 		if t.Failed() {
 			for _, e := range logs.FilterLevelExact(zap.WarnLevel).All() {
@@ -152,10 +135,7 @@ func testJointPoison(t *testing.T, together bool) {
 			}
 		}
 	}()
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(cfg, 60*time.Second)
 	if hist := b.check(); len(hist.Writes) != 598 {
 		t.Errorf("ledger has %d rows, want 598 (600 jobs, 2 dead)", len(hist.Writes))
 	}
@@ -231,15 +211,8 @@ func TestCommitSpanZombieBatchIsRefusedAndTheOthersCommit(t *testing.T) {
 	b.waitDone(60 * time.Second)
 
 	// Someone with a higher token claims partition 0 in Postgres.
-	zombie := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
-	f, err := b.store.Get(context.Background(), zombie)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.Claim(context.Background(), sink.ClaimRequest{Partition: zombie,
-		Token: sink.Token{Incarnation: f.Token.Incarnation, Epoch: f.Token.Epoch + 10}, Owner: "usurper", PartitionCount: parts}); err != nil {
-		t.Fatal(err)
-	}
+	zombie := b.key(0)
+	f, _ := b.usurp(0)
 	before := b.rowsByPartition("ledger")
 	gated.Store(true)
 	b.produce(1, func(int) string { return keys[1] })
@@ -310,12 +283,9 @@ func keysFor(n int32) []string {
 // handler did it.
 func TestCommitSpanHandlerThatEndsTheTransaction(t *testing.T) {
 	t.Parallel()
-	for _, stmt := range []string{"COMMIT", "ROLLBACK"} {
-		t.Run(stmt, func(t *testing.T) {
-			t.Parallel()
-			testJointHandlerEndsTx(t, stmt)
-		})
-	}
+	eachParallel(t, []string{"COMMIT", "ROLLBACK"}, func(t *testing.T, stmt string) {
+		testJointHandlerEndsTx(t, stmt)
+	})
 }
 
 func testJointHandlerEndsTx(t *testing.T, stmt string) {
@@ -389,70 +359,67 @@ func testJointHandlerEndsTx(t *testing.T, stmt string) {
 // ROLLBACK (nothing committed) each runs again alone and commits once.
 func TestCommitSpanBatchesCallThatEndsTheTransaction(t *testing.T) {
 	t.Parallel()
-	for _, stmt := range []string{"COMMIT", "ROLLBACK"} {
-		t.Run(stmt, func(t *testing.T) {
-			t.Parallel()
-			const parts = 4
-			b := setup(t, parts)
-			inner := ledger(t, b.schema).(consumer.BatchesHandler)
-			slot := newHeldSlot(b, parts)
-			var calls atomic.Int64
-			h := &batchesFunc{
-				handle: func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
-					slot.wait(ctx, batch)
-					return inner.Handle(ctx, tx, batch)
-				},
-				batches: func(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
-					calls.Add(1)
-					if err := inner.HandleBatches(ctx, tx, batches); err != nil {
-						return err
-					}
-					return endOnBug(ctx, tx, stmt, batches...)
-				},
-			}
-			c, stop, logs, before := slot.run(h)
-			defer stop() //nolint:errcheck
+	eachParallel(t, []string{"COMMIT", "ROLLBACK"}, func(t *testing.T, stmt string) {
+		const parts = 4
+		b := setup(t, parts)
+		inner := ledger(t, b.schema).(consumer.BatchesHandler)
+		slot := newHeldSlot(b, parts)
+		var calls atomic.Int64
+		h := &batchesFunc{
+			handle: func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
+				slot.wait(ctx, batch)
+				return inner.Handle(ctx, tx, batch)
+			},
+			batches: func(ctx context.Context, tx consumer.Tx, batches []*consumer.Batch) error {
+				calls.Add(1)
+				if err := inner.HandleBatches(ctx, tx, batches); err != nil {
+					return err
+				}
+				return endOnBug(ctx, tx, stmt, batches...)
+			},
+		}
+		c, stop, logs, before := slot.run(h)
+		defer stop() //nolint:errcheck
 
-			// Partition 3's batch holds the one slot; 0, 1 (the bug) and 2
-			// queue behind it and go in one call.
-			slot.hold()
-			slot.queue([]int{0, 2}, `{"i":1}`)
-			slot.queue([]int{1}, "bug")
-			callsBefore := calls.Load()
-			slot.release()
+		// Partition 3's batch holds the one slot; 0, 1 (the bug) and 2
+		// queue behind it and go in one call.
+		slot.hold()
+		slot.queue([]int{0, 2}, `{"i":1}`)
+		slot.queue([]int{1}, "bug")
+		callsBefore := calls.Load()
+		slot.release()
 
-			if stmt == "COMMIT" {
-				waitForCond(t, 30*time.Second, "the halts", func() bool { return c.Stats().LanesHalted == 3 })
-			} else {
-				b.waitDone(30 * time.Second)
-			}
-			if calls.Load() == callsBefore {
-				t.Fatal("the queued batches were not given to HandleBatches together: the test did not test it")
-			}
-			after := b.rowsByPartition("ledger")
-			for p := int32(0); p < parts; p++ {
-				hold, held, f := b.holdAndFence(p)
-				switch {
-				case stmt == "COMMIT" && p < 3:
-					if !held || hold.Kind != sink.HoldHandlerBug || f.NextOffset != 1 || after[p] != before[p]+1 {
-						t.Errorf("partition %d (in the call that ran COMMIT): hold %+v (%v), next offset %d, %d new rows; want a handler-bug hold at 1, its row committed outside the fence",
-							p, hold, held, f.NextOffset, after[p]-before[p])
-					}
-				default:
-					if held || f.NextOffset != 2 || after[p] != before[p]+1 {
-						t.Errorf("partition %d: hold %+v (%v), next offset %d, %d new rows; want it committed once at 2", p, hold, held, f.NextOffset, after[p]-before[p])
-					}
+		if stmt == "COMMIT" {
+			waitForCond(t, 30*time.Second, "the halts", func() bool { return c.Stats().LanesHalted == 3 })
+		} else {
+			b.waitDone(30 * time.Second)
+		}
+		if calls.Load() == callsBefore {
+			t.Fatal("the queued batches were not given to HandleBatches together: the test did not test it")
+		}
+		after := b.rowsByPartition("ledger")
+		for p := int32(0); p < parts; p++ {
+			hold, held, f := b.holdAndFence(p)
+			switch {
+			case stmt == "COMMIT" && p < 3:
+				if !held || hold.Kind != sink.HoldHandlerBug || f.NextOffset != 1 || after[p] != before[p]+1 {
+					t.Errorf("partition %d (in the call that ran COMMIT): hold %+v (%v), next offset %d, %d new rows; want a handler-bug hold at 1, its row committed outside the fence",
+						p, hold, held, f.NextOffset, after[p]-before[p])
+				}
+			default:
+				if held || f.NextOffset != 2 || after[p] != before[p]+1 {
+					t.Errorf("partition %d: hold %+v (%v), next offset %d, %d new rows; want it committed once at 2", p, hold, held, f.NextOffset, after[p]-before[p])
 				}
 			}
-			wantBugs := 0
-			if stmt == "COMMIT" {
-				wantBugs = 3
-			}
-			if n := logs.FilterMessageSnippet("handler bug").Len(); n != wantBugs {
-				t.Errorf("%d handler bugs logged, want %d", n, wantBugs)
-			}
-		})
-	}
+		}
+		wantBugs := 0
+		if stmt == "COMMIT" {
+			wantBugs = 3
+		}
+		if n := logs.FilterMessageSnippet("handler bug").Len(); n != wantBugs {
+			t.Errorf("%d handler bugs logged, want %d", n, wantBugs)
+		}
+	})
 }
 
 // batchesFunc is a BatchesHandler of two functions.

@@ -23,12 +23,8 @@ func TestLockWaitsAreNotTheJobsFault(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	ctx := context.Background()
-	if _, err := b.pool.Exec(ctx, `CREATE TABLE "`+b.schema+`".counters (k text PRIMARY KEY, n int NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.pool.Exec(ctx, `INSERT INTO "`+b.schema+`".counters VALUES ('k', 0)`); err != nil {
-		t.Fatal(err)
-	}
+	b.exec(`CREATE TABLE $schema.counters (k text PRIMARY KEY, n int NOT NULL)`)
+	b.exec(`INSERT INTO $schema.counters VALUES ('k', 0)`)
 	// The "zombie": holds the row lock for a while.
 	zombie, err := b.pool.Begin(ctx)
 	if err != nil {
@@ -45,7 +41,7 @@ func TestLockWaitsAreNotTheJobsFault(t *testing.T) {
 		close(released)
 	}()
 
-	b.produce(5, func(int) string { return "k" })
+	b.produce(5, oneKey)
 	h := consumer.HandlerFunc(func(ctx context.Context, tx consumer.Tx, batch *consumer.Batch) error {
 		_, err := tx.Exec(ctx, `UPDATE "`+b.schema+`".counters SET n = n + $1 WHERE k = 'k'`, len(batch.Records))
 		return err

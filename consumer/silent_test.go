@@ -200,41 +200,38 @@ func TestLogTruncatedUnderALaggingLaneIsHeld(t *testing.T) {
 // diverged; acknowledged, it processes the jobs again from the log's start.
 func TestRestoreFromBeforeTheFirstClaimIsHeld(t *testing.T) {
 	t.Parallel()
-	for _, when := range []string{"at the claim", "while the lane runs"} {
-		t.Run(when, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, 1)
-			b.produce(20, oneKey)
-			cfg := b.quietLedger(t)
-			stop := b.runMirrored(t, cfg, 20, "tenure/log-epoch=0")
-			if when == "at the claim" {
-				if err := stop(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			b.exec(`DELETE FROM $schema.fences; DELETE FROM $schema.fence_log; DELETE FROM $schema.ledger`)
-			b.produce(5, oneKey)
-			if when == "at the claim" {
-				runNew(t, cfg)
-			}
-			key := b.key(0)
-			h := b.heldAs(key, sink.HoldDiverged, 30*time.Second)
-			if h.NextOffset != 0 || h.AckedOffset != 20 {
-				t.Errorf("hold %+v: want the database's 0 (nothing processed) against the acknowledged 20", h)
-			}
-			time.Sleep(time.Second) // a lane that went on anyway would commit meanwhile
-			if n := b.ledgerRows(); n != 0 {
-				t.Fatalf("the held partition was processed: %d ledger rows", n)
-			}
-			if _, err := b.store.AcknowledgeHold(context.Background(), key, "ops", 0, 25, [16]byte{}); err != nil {
+	eachParallel(t, []string{"at the claim", "while the lane runs"}, func(t *testing.T, when string) {
+		b := setup(t, 1)
+		b.produce(20, oneKey)
+		cfg := b.quietLedger(t)
+		stop := b.runMirrored(t, cfg, 20, "tenure/log-epoch=0")
+		if when == "at the claim" {
+			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
-			b.waitDone(30 * time.Second)
-			if n := b.ledgerRows(); n != 25 {
-				t.Errorf("%d ledger rows after the acknowledgement, want 25 (every job once)", n)
-			}
-		})
-	}
+		}
+		b.exec(`DELETE FROM $schema.fences; DELETE FROM $schema.fence_log; DELETE FROM $schema.ledger`)
+		b.produce(5, oneKey)
+		if when == "at the claim" {
+			runNew(t, cfg)
+		}
+		key := b.key(0)
+		h := b.heldAs(key, sink.HoldDiverged, 30*time.Second)
+		if h.NextOffset != 0 || h.AckedOffset != 20 {
+			t.Errorf("hold %+v: want the database's 0 (nothing processed) against the acknowledged 20", h)
+		}
+		time.Sleep(time.Second) // a lane that went on anyway would commit meanwhile
+		if n := b.ledgerRows(); n != 0 {
+			t.Fatalf("the held partition was processed: %d ledger rows", n)
+		}
+		if _, err := b.store.AcknowledgeHold(context.Background(), key, "ops", 0, 25, [16]byte{}); err != nil {
+			t.Fatal(err)
+		}
+		b.waitDone(30 * time.Second)
+		if n := b.ledgerRows(); n != 25 {
+			t.Errorf("%d ledger rows after the acknowledgement, want 25 (every job once)", n)
+		}
+	})
 }
 
 // A group moving to tenure from plain Kafka offsets: the offset another

@@ -196,11 +196,7 @@ func TestTracingSpanTree(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tr := b.traced(sdktrace.WithSyncer(exp))
 	tr.produce(t, b.topic, `{"i":0}`, `{"i":1}`, `{"i":2}`)
-	stop := b.start(tr.config(b, ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.runUntilDone(tr.config(b, ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))), 60*time.Second)
 	s := spansOf(exp)
 
 	publish := s.named(b.topic + " publish")
@@ -331,21 +327,9 @@ func TestTracingFencedBatch(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tr := b.traced(sdktrace.WithSyncer(exp))
 	tr.produce(t, b.topic, `{"i":0}`)
-	c, err := consumer.New(tr.config(b, ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
+	c, stop := runNew(t, tr.config(b, ledger(t, b.schema), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))))
 	b.waitDone(60 * time.Second)
-	key := sink.Partition{Group: b.group, Topic: b.topic, Partition: 0}
-	f, err := b.store.Get(context.Background(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	usurper := sink.Token{Incarnation: f.Token.Incarnation, Epoch: f.Token.Epoch + 10}
-	if _, err := b.store.Claim(context.Background(), sink.ClaimRequest{Partition: key, Token: usurper, Owner: "usurper", PartitionCount: 1}); err != nil {
-		t.Fatal(err)
-	}
+	f, usurper := b.usurp(0)
 	tr.produce(t, b.topic, `{"i":1}`)
 	waitForCond(t, 30*time.Second, "the batch to be fenced", func() bool { return c.Stats().BatchesFenced >= 1 })
 	if err := stop(); err != nil {

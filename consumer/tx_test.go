@@ -27,15 +27,9 @@ func TestHandlerTxCannotEndTheTransaction(t *testing.T) {
 	b := setup(t, 1)
 	ctx := context.Background()
 	p := &txProbe{schema: b.schema, table: pgx.Identifier{b.schema, "out"}.Sanitize()}
-	if _, err := b.pool.Exec(ctx, `CREATE TABLE `+p.table+` (job text PRIMARY KEY, note text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	b.produce(5, func(int) string { return "k" })
-	stop := b.start(b.config(consumer.HandlerFunc(p.handle), zaptest.NewLogger(t)))
-	b.waitDone(60 * time.Second)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	b.exec(`CREATE TABLE ` + p.table + ` (job text PRIMARY KEY, note text NOT NULL)`)
+	b.produce(5, oneKey)
+	b.runUntilDone(b.config(consumer.HandlerFunc(p.handle), zaptest.NewLogger(t)), 60*time.Second)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 

@@ -397,6 +397,17 @@ func (e *env) openBatch(t testing.TB, req sink.CommitRequest) pgx.Tx {
 	return tx
 }
 
+// setupOpenBatch is setup with part claimed by owner "a" with token 0.5
+// at start, and a's batch from there to to open with its fence passed
+// (openBatch).
+func setupOpenBatch(t testing.TB, start, to int64) (e *env, req sink.CommitRequest, tx pgx.Tx) {
+	t.Helper()
+	e = setup(t)
+	from := e.mustClaim(t, part, tok(0, 5), "a", start)
+	req = sink.CommitRequest{Partition: part, Token: tok(0, 5), Owner: "a", From: from, To: to}
+	return e, req, e.openBatch(t, req)
+}
+
 // openLaneBatch is openBatch without the handler's writes, in a session
 // named for req's claim as a lane names it (fence.ApplicationName), so that
 // a newer claim can tell whose it is.
@@ -491,10 +502,7 @@ func TestClaimWaitsForOpenCommit(t *testing.T) {
 // finds the offset moved, so the batch's effects land once.
 func TestCommitConcurrentDuplicate(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
-	from := e.mustClaim(t, part, tok(0, 5), "a", 0)
-	req := sink.CommitRequest{Partition: part, Token: tok(0, 5), Owner: "a", From: from, To: 4}
-	tx1 := e.openBatch(t, req)
+	e, req, tx1 := setupOpenBatch(t, 0, 4)
 
 	ctx, cancel := context.WithTimeout(e.ctx, 15*time.Second)
 	defer cancel()
@@ -540,10 +548,7 @@ func TestCommitConcurrentDuplicate(t *testing.T) {
 // be retried from the same offset.
 func TestCommitAcceptedThenRolledBack(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
-	from := e.mustClaim(t, part, tok(0, 5), "a", 3)
-	req := sink.CommitRequest{Partition: part, Token: tok(0, 5), Owner: "a", From: from, To: 8}
-	tx := e.openBatch(t, req)
+	e, req, tx := setupOpenBatch(t, 3, 8)
 	if err := tx.Rollback(e.ctx); err != nil {
 		t.Fatal(err)
 	}
