@@ -72,11 +72,13 @@ type Config struct {
 	// CommitSpan is the most lanes whose ready batches share one Postgres
 	// transaction (0: DefaultCommitSpan; 1: each batch its own, as before).
 	// Above 1, a lane whose batch is ready hands it to the worker's joint
-	// committer; each transaction takes what is waiting, up to CommitSpan
-	// batches, runs each in a savepoint of its own, and ends with one fence
-	// statement over all their partitions and COMMIT. The guarantee holds
-	// per partition unchanged: if any partition is refused nothing of the
-	// transaction commits, and the others go again without it. What it
+	// committer; each transaction takes its share of what is waiting (the
+	// waiting batches over the transactions that run at once), up to
+	// CommitSpan batches, runs each in a savepoint of its own, and ends
+	// with one fence statement over all their partitions and COMMIT. The
+	// guarantee holds per partition unchanged: if any partition is refused
+	// nothing of the transaction commits, and the others go again without
+	// it. What it
 	// trades: with many partitions each carrying few jobs, one COMMIT and
 	// one fence round trip are shared by several lanes, at the price of a
 	// SAVEPOINT and a RELEASE per batch (a transaction that takes a single
