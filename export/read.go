@@ -86,16 +86,8 @@ func List(ctx context.Context, q Querier, schema string, f ListFilter) ([]Pointe
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []Pointer
-	for rows.Next() {
-		p, err := scanPointer(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, rows.Err()
+	// nil when there are none, as before
+	return pgx.AppendRows[Pointer, []Pointer](nil, rows, func(r pgx.CollectableRow) (Pointer, error) { return scanPointer(r) })
 }
 
 // MismatchError is returned when an object's bytes do not match what its

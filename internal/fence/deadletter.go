@@ -165,19 +165,7 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLett
 	rows, err := s.pool.Query(ctx, `SELECT `+deadLetterCols+` FROM `+quote(s.schema)+`.dead_letters
 		WHERE ($1 = '' OR consumer_group = $1) AND ($2 = '' OR topic = $2) AND ($3 = '' OR status = $3)
 		ORDER BY `+order+` LIMIT $4`, f.Group, f.Topic, f.Status, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []DeadLetter
-	for rows.Next() {
-		d, err := scanDeadLetter(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, d)
-	}
-	return out, rows.Err()
+	return collect(rows, err, scanDeadLetter)
 }
 
 // DeadLetterCounts counts group's dead letters: those still dead (neither

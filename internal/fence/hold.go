@@ -139,19 +139,7 @@ func (s *Store) OpenHold(ctx context.Context, p Partition) (Hold, error) {
 func (s *Store) OpenHolds(ctx context.Context, group string) ([]Hold, error) {
 	rows, err := s.pool.Query(ctx, holdSelect(s.schema)+` WHERE ($1 = '' OR consumer_group = $1) AND resolved_at IS NULL
 		ORDER BY consumer_group, topic, partition, id`, group)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Hold
-	for rows.Next() {
-		h, err := scanHold(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, h)
-	}
-	return out, rows.Err()
+	return collect(rows, err, scanHold)
 }
 
 // OpenHoldNeedingAck returns p's oldest open hold that waits for an

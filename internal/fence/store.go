@@ -500,19 +500,7 @@ func (s *Store) Get(ctx context.Context, p Partition) (Fence, error) {
 // List reads the fencing rows of group, or of every group when group is "".
 func (s *Store) List(ctx context.Context, group string) ([]Fence, error) {
 	rows, err := s.pool.Query(ctx, s.listSQL, group)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Fence
-	for rows.Next() {
-		f, err := scanFence(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, f)
-	}
-	return out, rows.Err()
+	return collect(rows, err, scanFence)
 }
 
 // FenceRows reads the fencing rows of parts (of one group), keyed by
@@ -544,6 +532,15 @@ WHERE f.consumer_group = $1 AND (f.topic, f.partition) IN (SELECT * FROM unnest(
 		out[f.Partition] = f
 	}
 	return out, rows.Err()
+}
+
+// collect reads every row of a query (rows, err: what Query returned) with
+// scan, a scanner that QueryRow's row can use too; nil when there are none.
+func collect[T any](rows pgx.Rows, err error, scan func(pgx.Row) (T, error)) ([]T, error) {
+	if err != nil {
+		return nil, err
+	}
+	return pgx.AppendRows[T, []T](nil, rows, func(r pgx.CollectableRow) (T, error) { return scan(r) })
 }
 
 func scanFence(r pgx.Row) (Fence, error) {
