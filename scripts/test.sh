@@ -109,8 +109,10 @@ go test -count=1 -timeout 25m $(go list ./... | grep -v /integration/chaos)
 go test -count=1 -short ./integration/chaos
 # Six short chaos runs, each with a seed from the clock, so that every CI
 # run tries another fault schedule: one per group protocol (classic, and
-# KIP-848's consumer protocol), one whose workers commit the batches of up
-# to 4 partitions in one transaction (--commit-span 4, KIP-848), one on a pg_auto_failover formation
+# KIP-848's consumer protocol), both with the workers' default
+# --commit-span (commits that span partitions), one whose workers commit
+# each batch in a transaction of its own (--commit-span 1, KIP-848), one
+# on a pg_auto_failover formation
 # (installed above) whose primary is killed and its synchronous standby
 # promoted among the other faults (pg-failover; about 1m40s for 60s of
 # faults, two failovers), one with --strict workers, checked for
@@ -148,7 +150,7 @@ chaos_run "classic protocol" -chaos.protocol classic
 chaos_run "consumer protocol (KIP-848)" -chaos.protocol consumer
 chaos_run "on a pg_auto_failover formation" -chaos.postgres formation
 chaos_run "strict hand-off (classic)" -chaos.protocol classic -chaos.strict
-chaos_run "commits spanning partitions (KIP-848, --commit-span 4)" -chaos.protocol consumer -chaos.commit-span 4
+chaos_run "a transaction per batch (KIP-848, --commit-span 1)" -chaos.protocol consumer -chaos.commit-span 1
 chaos_run "the newest kinds alone (strict, classic)" -chaos.protocol classic -chaos.strict \
 	-chaos.kinds offsets-reset,add-partitions,rolling-restart,partition-multi-host
 echo "== go test -race (core packages)"

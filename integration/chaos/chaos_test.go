@@ -431,7 +431,7 @@ func (w *world) workerArgs(s *slot, name string, extra ...string) []string {
 	}
 	if s.strict {
 		args = append(args, "--strict")
-	} else if w.cfg.span > 1 {
+	} else {
 		args = append(args, "--commit-span", strconv.Itoa(w.cfg.span))
 	}
 	return append(args, extra...)
@@ -1236,7 +1236,7 @@ func (w *world) replay() string {
 	if w.cfg.strict {
 		s += " -chaos.strict"
 	}
-	if w.cfg.span > 1 {
+	if !w.cfg.strict {
 		s += " -chaos.commit-span " + strconv.Itoa(w.cfg.span)
 	}
 	if len(w.cfg.kinds) > 0 {

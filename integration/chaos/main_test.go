@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/testinfra/tenurebin"
 )
 
@@ -23,7 +24,7 @@ var (
 	keepFlag     = flag.Bool("chaos.keep", false, "keep the logs directory even when the run passes [TENURE_CHAOS_KEEP]")
 	strictFlag   = flag.Bool("chaos.strict", false, "workers run with --strict (strict hand-off), and the run checks G3-strict: no batch became visible after its assignment was superseded (classic protocol, single server) [TENURE_CHAOS_STRICT]")
 	postgresFlag = flag.String("chaos.postgres", "", "the run's PostgreSQL: single (one throwaway server, pg-restart faults) or formation (pg_auto_failover, pg-failover faults) (default single) [TENURE_CHAOS_POSTGRES]")
-	spanFlag     = flag.Int("chaos.commit-span", 0, "workers run with --commit-span N (commits that span partitions; plain workers only, so not with -chaos.strict) (default 1: each batch in its own transaction) [TENURE_CHAOS_COMMIT_SPAN]")
+	spanFlag     = flag.Int("chaos.commit-span", 0, "workers run with --commit-span N (commits that span partitions; plain workers only, so not with -chaos.strict) (default: the worker's, consumer.DefaultCommitSpan, or 1 with -chaos.strict; 1: each batch in its own transaction) [TENURE_CHAOS_COMMIT_SPAN]")
 	kindsFlag    = flag.String("chaos.kinds", "", "deal only these fault kinds, comma separated (default: every kind) [TENURE_CHAOS_KINDS]")
 )
 
@@ -44,7 +45,7 @@ type config struct {
 	keep     bool
 	postgres string // postgresSingle or postgresFormation
 	strict   bool
-	span     int      // --commit-span of the workers (1: off)
+	span     int      // --commit-span of the plain workers (1: each batch its own)
 	kinds    []string // the kinds the deck deals (nil: all)
 }
 
@@ -134,7 +135,12 @@ func (c *config) fillDefaults() {
 		c.workers = 3
 	}
 	if c.span == 0 {
-		c.span = 1
+		// The worker's own default, said on its command line all the same
+		// (workers), so that the summary and the replay line name it.
+		c.span = consumer.DefaultCommitSpan
+		if c.strict {
+			c.span = 1
+		}
 	}
 	if c.rate == 0 {
 		c.rate = 100

@@ -56,9 +56,11 @@ type workerCmd struct {
 
 	// addr is where /healthz, /readyz and /metrics are served ("": not).
 	addr string
+	f    *flagSet
 }
 
 func (w *workerCmd) define(f *flagSet) {
+	w.f = f
 	w.kafka.define(f, brokersUsage, required)
 	f.String(&w.group, "group", "", "consumer group shared by the replicas", arg("G"), required)
 	f.String(&w.topic, "topic", "", "topics to consume, comma separated", arg("T[,T2]"), required)
@@ -71,7 +73,7 @@ func (w *workerCmd) define(f *flagSet) {
 	f.Duration(&w.rebalance, "rebalance-timeout", consumer.DefaultRebalanceTimeout, "classic protocol rebalance timeout; revoked partitions get half of it to finish their batch")
 	f.Int(&w.batchMax, "batch-max", consumer.DefaultBatchMax, "most jobs per transaction; a lane takes what it has buffered, up to this, so batches grow with the backlog")
 	f.Bytes(&w.batchMaxBytes, "batch-max-bytes", consumer.DefaultBatchMaxBytes, "most bytes (keys, values, headers) per transaction; a larger job makes a batch of its own")
-	f.Int(&w.span, "commit-span", consumer.DefaultCommitSpan, "the most partitions whose ready batches share one Postgres transaction and one fence statement (1: each batch its own; more shares a COMMIT and a fence round trip among partitions that carry few jobs each, and a failed transaction costs each batch in it a retry; not with --strict)", arg("N"))
+	f.Int(&w.span, "commit-span", consumer.DefaultCommitSpan, "the most partitions whose ready batches share one Postgres transaction and one fence statement (1: each batch its own; more shares a COMMIT and a fence round trip among partitions that carry few jobs each, and a failed transaction costs each batch in it a retry; a few waiting batches still go side by side; 1 with --strict, which takes no other)", arg("N"))
 	f.Duration(&w.batchLinger, "batch-linger", 0, "how long a lane with less than a full batch waits for more (0: at once; a few ms makes fewer, larger batches at moderate load, at that much latency)")
 	f.Bytes(&w.partitionBuffer, "partition-buffer-bytes", consumer.DefaultPartitionBufferBytes, "the records one partition holds ahead of its handler: fetching it pauses there")
 	f.Bytes(&w.workerBuffer, "worker-buffer-bytes", consumer.DefaultWorkerBufferBytes, "the records all partitions together hold, buffered and in the batches being handled: past it, every partition's fetching pauses; it bounds the worker's memory whatever the backlog and the partition count, and sizes the fetches (a thirty-second of it per response; docs/operations.md, \"Memory\")")
@@ -164,6 +166,9 @@ func (w *workerCmd) check([]string) error {
 	}
 	if w.jobIDHeader != "" && w.exportStore == "" {
 		return usagef("--job-id-header needs --export-store")
+	}
+	if (w.strict || w.unsafeNoFence) && (w.f == nil || !w.f.given("commit-span")) {
+		w.span = 1 // as consumer.Config has it: their commit paths take one batch a transaction
 	}
 	switch {
 	case w.strict && w.unsafeNoFence:
