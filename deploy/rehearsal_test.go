@@ -246,13 +246,10 @@ func rehearsalPostgres(t *testing.T, ctx context.Context, files string) (*pgtest
 		}
 		conf = append(conf, fmt.Sprintf("ssl_%s_file = '%s'", map[string]string{"server.crt": "cert", "server.key": "key"}[f.name], p))
 	}
-	if err := pg.AppendConf("ssl = on\n" + strings.Join(conf, "\n")); err != nil {
-		t.Fatal(err)
-	}
 	if err := pg.PrependFile("pg_hba.conf", "host all postgres 127.0.0.1/32 trust\nhostssl all all 127.0.0.1/32 scram-sha-256\nhost all all 127.0.0.1/32 reject"); err != nil {
 		t.Fatal(err)
 	}
-	if err := pg.Restart(ctx, "fast"); err != nil {
+	if err := pg.Reconfigure(ctx, "ssl = on\n"+strings.Join(conf, "\n")); err != nil {
 		t.Fatal(err)
 	}
 	return pg, pgCA
