@@ -159,20 +159,28 @@ func appliedDeployment(t *testing.T, cl cluster, image string) *appsv1.Deploymen
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dep *appsv1.Deployment
-	for _, o := range applied {
-		if d, ok := o.(*appsv1.Deployment); ok {
-			dep = d
-		}
-	}
-	if dep == nil {
-		t.Fatal("the applied manifest has no Deployment")
-	}
+	dep := deploymentIn(t, "the applied manifest", applied)
 	spec := dep.Spec.Template.Spec
 	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
 		if c.Image != image {
 			t.Errorf("container %s runs %s, not the operator's IMAGE %s", c.Name, c.Image, image)
 		}
+	}
+	return dep
+}
+
+// deploymentIn is the last Deployment among objs, decoded from what; the
+// test fails if there is none.
+func deploymentIn(t *testing.T, what string, objs []any) *appsv1.Deployment {
+	t.Helper()
+	var dep *appsv1.Deployment
+	for _, o := range objs {
+		if d, ok := o.(*appsv1.Deployment); ok {
+			dep = d
+		}
+	}
+	if dep == nil {
+		t.Fatalf("%s has no Deployment", what)
 	}
 	return dep
 }
@@ -194,23 +202,8 @@ func podBinary(t *testing.T, bin string) string {
 // has it, and its containers' literal variables.
 func rehearsalManifest(t *testing.T) (*appsv1.Deployment, map[string]string) {
 	t.Helper()
-	manifest, err := os.ReadFile("kubernetes/worker.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := decodeK8s("kubernetes/worker.yaml", manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fileDep *appsv1.Deployment
-	for _, o := range objs {
-		if d, ok := o.(*appsv1.Deployment); ok {
-			fileDep = d
-		}
-	}
-	if fileDep == nil {
-		t.Fatal("kubernetes/worker.yaml has no Deployment")
-	}
+	_, objs := readK8s(t, "kubernetes/worker.yaml")
+	fileDep := deploymentIn(t, "kubernetes/worker.yaml", objs)
 	fileEnv := map[string]string{}
 	for _, c := range fileDep.Spec.Template.Spec.Containers {
 		for _, e := range c.Env {
