@@ -213,19 +213,23 @@ func rehearsalManifest(t *testing.T) (*appsv1.Deployment, map[string]string) {
 	return fileDep, fileEnv
 }
 
+// rehearsalCA makes the operator's CA for a service, name, in files, and
+// the service's certificate for 127.0.0.1 from it (name-server).
+func rehearsalCA(t *testing.T, files, name string) (*testcert.CA, testcert.Pair) {
+	t.Helper()
+	ca, err := testcert.NewCA(files, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca, ca.MustServer(t, name+"-server", "127.0.0.1")
+}
+
 // rehearsalPostgres starts a throwaway PostgreSQL that requires TLS with a
 // certificate for 127.0.0.1 from the operator's CA (made in files), and
 // passwords for every role but the test's superuser.
 func rehearsalPostgres(t *testing.T, ctx context.Context, files string) (*pgtest.Cluster, *testcert.CA) {
 	t.Helper()
-	pgCA, err := testcert.NewCA(files, "postgres")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgSrv, err := pgCA.Server("postgres-server", "127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pgCA, pgSrv := rehearsalCA(t, files, "postgres")
 	pg := pgtest.Start(t)
 	var conf []string
 	for _, f := range []struct{ name, src string }{{"server.crt", pgSrv.CertFile}, {"server.key", pgSrv.KeyFile}} {
@@ -253,14 +257,7 @@ func rehearsalPostgres(t *testing.T, ctx context.Context, files string) (*pgtest
 // a partition per replica, and a client on it.
 func rehearsalKafka(t *testing.T, ctx context.Context, files, saslUser, saslPassword, topic string, replicas int32) (*kfake.Cluster, *kgo.Client, *testcert.CA) {
 	t.Helper()
-	kCA, err := testcert.NewCA(files, "kafka")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kSrv, err := kCA.Server("kafka-server", "127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	kCA, kSrv := rehearsalCA(t, files, "kafka")
 	br, err := devbroker.Start(devbroker.Config{Extra: []kfake.Opt{kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", saslUser, saslPassword),
 		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{kSrv.TLS}})}})
 	if err != nil {
