@@ -238,6 +238,21 @@ type serviceMonitor struct {
 	} `json:"spec"`
 }
 
+// readK8s reads the manifest at path and decodes it with decodeK8s; the
+// test fails if it cannot.
+func readK8s(t *testing.T, path string) ([]byte, []any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := decodeK8s(path, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, objs
+}
+
 // decodeK8s decodes every document of a manifest into its k8s.io/api type
 // (a *appsv1.Deployment, a *corev1.Secret, ...; a *serviceMonitor), as
 // strictly as `kubectl apply` validates: an unknown or duplicated field, a
@@ -896,14 +911,7 @@ func (m *manifests) checkRoles(t *testing.T) {
 // once had (no seccomp profile, capabilities kept, a container without a
 // security context, ...), and the decoder refuses a misspelt field.
 func TestManifestChecksCatchFaults(t *testing.T) {
-	b, err := os.ReadFile("kubernetes/worker.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := decodeK8s("kubernetes/worker.yaml", b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, objs := readK8s(t, "kubernetes/worker.yaml")
 	var pod *podTemplate
 	for _, p := range podTemplates(objs) {
 		if strings.HasPrefix(p.where, "Deployment/") {

@@ -159,20 +159,28 @@ func appliedDeployment(t *testing.T, cl cluster, image string) *appsv1.Deploymen
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dep *appsv1.Deployment
-	for _, o := range applied {
-		if d, ok := o.(*appsv1.Deployment); ok {
-			dep = d
-		}
-	}
-	if dep == nil {
-		t.Fatal("the applied manifest has no Deployment")
-	}
+	dep := deploymentIn(t, "the applied manifest", applied)
 	spec := dep.Spec.Template.Spec
 	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
 		if c.Image != image {
 			t.Errorf("container %s runs %s, not the operator's IMAGE %s", c.Name, c.Image, image)
 		}
+	}
+	return dep
+}
+
+// deploymentIn is the last Deployment among objs, decoded from what; the
+// test fails if there is none.
+func deploymentIn(t *testing.T, what string, objs []any) *appsv1.Deployment {
+	t.Helper()
+	var dep *appsv1.Deployment
+	for _, o := range objs {
+		if d, ok := o.(*appsv1.Deployment); ok {
+			dep = d
+		}
+	}
+	if dep == nil {
+		t.Fatalf("%s has no Deployment", what)
 	}
 	return dep
 }
@@ -194,23 +202,8 @@ func podBinary(t *testing.T, bin string) string {
 // has it, and its containers' literal variables.
 func rehearsalManifest(t *testing.T) (*appsv1.Deployment, map[string]string) {
 	t.Helper()
-	manifest, err := os.ReadFile("kubernetes/worker.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := decodeK8s("kubernetes/worker.yaml", manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fileDep *appsv1.Deployment
-	for _, o := range objs {
-		if d, ok := o.(*appsv1.Deployment); ok {
-			fileDep = d
-		}
-	}
-	if fileDep == nil {
-		t.Fatal("kubernetes/worker.yaml has no Deployment")
-	}
+	_, objs := readK8s(t, "kubernetes/worker.yaml")
+	fileDep := deploymentIn(t, "kubernetes/worker.yaml", objs)
 	fileEnv := map[string]string{}
 	for _, c := range fileDep.Spec.Template.Spec.Containers {
 		for _, e := range c.Env {
@@ -220,19 +213,23 @@ func rehearsalManifest(t *testing.T) (*appsv1.Deployment, map[string]string) {
 	return fileDep, fileEnv
 }
 
+// rehearsalCA makes the operator's CA for a service, name, in files, and
+// the service's certificate for 127.0.0.1 from it (name-server).
+func rehearsalCA(t *testing.T, files, name string) (*testcert.CA, testcert.Pair) {
+	t.Helper()
+	ca, err := testcert.NewCA(files, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca, ca.MustServer(t, name+"-server", "127.0.0.1")
+}
+
 // rehearsalPostgres starts a throwaway PostgreSQL that requires TLS with a
 // certificate for 127.0.0.1 from the operator's CA (made in files), and
 // passwords for every role but the test's superuser.
 func rehearsalPostgres(t *testing.T, ctx context.Context, files string) (*pgtest.Cluster, *testcert.CA) {
 	t.Helper()
-	pgCA, err := testcert.NewCA(files, "postgres")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgSrv, err := pgCA.Server("postgres-server", "127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pgCA, pgSrv := rehearsalCA(t, files, "postgres")
 	pg := pgtest.Start(t)
 	var conf []string
 	for _, f := range []struct{ name, src string }{{"server.crt", pgSrv.CertFile}, {"server.key", pgSrv.KeyFile}} {
@@ -246,13 +243,10 @@ func rehearsalPostgres(t *testing.T, ctx context.Context, files string) (*pgtest
 		}
 		conf = append(conf, fmt.Sprintf("ssl_%s_file = '%s'", map[string]string{"server.crt": "cert", "server.key": "key"}[f.name], p))
 	}
-	if err := pg.AppendConf("ssl = on\n" + strings.Join(conf, "\n")); err != nil {
-		t.Fatal(err)
-	}
 	if err := pg.PrependFile("pg_hba.conf", "host all postgres 127.0.0.1/32 trust\nhostssl all all 127.0.0.1/32 scram-sha-256\nhost all all 127.0.0.1/32 reject"); err != nil {
 		t.Fatal(err)
 	}
-	if err := pg.Restart(ctx, "fast"); err != nil {
+	if err := pg.Reconfigure(ctx, "ssl = on\n"+strings.Join(conf, "\n")); err != nil {
 		t.Fatal(err)
 	}
 	return pg, pgCA
@@ -263,14 +257,7 @@ func rehearsalPostgres(t *testing.T, ctx context.Context, files string) (*pgtest
 // a partition per replica, and a client on it.
 func rehearsalKafka(t *testing.T, ctx context.Context, files, saslUser, saslPassword, topic string, replicas int32) (*kfake.Cluster, *kgo.Client, *testcert.CA) {
 	t.Helper()
-	kCA, err := testcert.NewCA(files, "kafka")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kSrv, err := kCA.Server("kafka-server", "127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	kCA, kSrv := rehearsalCA(t, files, "kafka")
 	br, err := devbroker.Start(devbroker.Config{Extra: []kfake.Opt{kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", saslUser, saslPassword),
 		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{kSrv.TLS}})}})
 	if err != nil {

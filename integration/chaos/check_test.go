@@ -529,20 +529,28 @@ func (c *runCheck) rerun(e history.Entry, r batchEvent, at map[int64]time.Time) 
 // id.
 func (w *world) fenceLogTimes(ctx context.Context) map[int64]time.Time {
 	out := map[int64]time.Time{}
-	rows, err := w.pool.Query(ctx, `SELECT id, at FROM `+schemaName+`.fence_log WHERE consumer_group = $1`, groupName)
+	var id int64
+	var t time.Time
+	w.readRows(ctx, "the fence log's times", []any{&id, &t}, func() { out[id] = t },
+		`SELECT id, at FROM `+schemaName+`.fence_log WHERE consumer_group = $1`, groupName)
+	return out
+}
+
+// readRows runs the query sql and calls row for each row it scans into
+// dest; a row that does not scan is passed over. A failed query is an error
+// of the run, reading what.
+func (w *world) readRows(ctx context.Context, what string, dest []any, row func(), sql string, args ...any) {
+	rows, err := w.pool.Query(ctx, sql, args...)
 	if err != nil {
-		w.t.Errorf("reading the fence log's times: %v", err)
-		return out
+		w.t.Errorf("reading %s: %v", what, err)
+		return
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var id int64
-		var t time.Time
-		if rows.Scan(&id, &t) == nil {
-			out[id] = t
+		if rows.Scan(dest...) == nil {
+			row()
 		}
 	}
-	return out
 }
 
 // checkWorkerLogs: what the workers logged agrees with what Postgres
@@ -993,20 +1001,11 @@ type deadLetter struct {
 // deadLetters reads why and when each job was parked.
 func (w *world) deadLetters(ctx context.Context) map[pos]deadLetter {
 	out := map[pos]deadLetter{}
-	rows, err := w.pool.Query(ctx, `SELECT partition, job_offset, error, attempts, owner, dead_at FROM `+schemaName+`.dead_letters WHERE consumer_group = $1`, groupName)
-	if err != nil {
-		w.t.Errorf("reading dead letters: %v", err)
-		return out
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var p int32
-		var off int64
-		var d deadLetter
-		if rows.Scan(&p, &off, &d.err, &d.attempts, &d.owner, &d.at) == nil {
-			out[pos{p, off}] = d
-		}
-	}
+	var p int32
+	var off int64
+	var d deadLetter
+	w.readRows(ctx, "dead letters", []any{&p, &off, &d.err, &d.attempts, &d.owner, &d.at}, func() { out[pos{p, off}] = d },
+		`SELECT partition, job_offset, error, attempts, owner, dead_at FROM `+schemaName+`.dead_letters WHERE consumer_group = $1`, groupName)
 	return out
 }
 
@@ -1014,19 +1013,10 @@ func (w *world) deadLetters(ctx context.Context) map[pos]deadLetter {
 // its job.
 func (w *world) finalExports(ctx context.Context) map[string]pos {
 	out := map[string]pos{}
-	rows, err := w.pool.Query(ctx, `SELECT job_key, partition, job_offset FROM `+schemaName+`.exports WHERE topic = $1`, topicName)
-	if err != nil {
-		w.t.Errorf("reading exports: %v", err)
-		return out
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var k string
-		var e pos
-		if rows.Scan(&k, &e.p, &e.off) == nil {
-			out[k] = e
-		}
-	}
+	var k string
+	var e pos
+	w.readRows(ctx, "exports", []any{&k, &e.p, &e.off}, func() { out[k] = e },
+		`SELECT job_key, partition, job_offset FROM `+schemaName+`.exports WHERE topic = $1`, topicName)
 	return out
 }
 

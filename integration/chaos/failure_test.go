@@ -41,16 +41,18 @@ func (t *failT) Error(args ...any) {
 	t.T.Error(args...)
 }
 
+// Fatalf is Errorf followed by FailNow, as for a *testing.T.
 func (t *failT) Fatalf(format string, args ...any) {
 	t.Helper()
-	t.record(fmt.Sprintf(format, args...))
-	t.T.Fatalf(format, args...)
+	t.Errorf(format, args...)
+	t.FailNow()
 }
 
+// Fatal is Error followed by FailNow, as for a *testing.T.
 func (t *failT) Fatal(args ...any) {
 	t.Helper()
-	t.record(fmt.Sprint(args...))
-	t.T.Fatal(args...)
+	t.Error(args...)
+	t.FailNow()
 }
 
 // reason is the first failure's message, its first line only (a message

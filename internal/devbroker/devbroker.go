@@ -120,63 +120,69 @@ func tooMany(n int32) string {
 // over the limit get INVALID_PARTITIONS, the others INVALID_REQUEST, and
 // nothing is created.
 func refuseAbsurdCounts(c *kfake.Cluster) {
-	c.ControlKey(int16(kmsg.CreateTopics), func(r kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		req := r.(*kmsg.CreateTopicsRequest)
-		over := map[string]int32{}
-		for _, t := range req.Topics {
+	refuseOver(c, kmsg.CreateTopics, func(r kmsg.Request, count func(topic string, n int32)) {
+		for _, t := range r.(*kmsg.CreateTopicsRequest).Topics {
 			n := t.NumPartitions
 			if len(t.ReplicaAssignment) > 0 {
 				n = int32(min(len(t.ReplicaAssignment), 1<<31-1))
 			}
-			if n > partition.MaxCount {
-				over[t.Topic] = n
-			}
+			count(t.Topic, n)
 		}
-		if len(over) == 0 {
-			return nil, nil, false
-		}
+	}, func(r kmsg.Request, over map[string]int32) kmsg.Response {
+		req := r.(*kmsg.CreateTopicsRequest)
 		resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
 		for _, t := range req.Topics {
 			rt := kmsg.NewCreateTopicsResponseTopic()
 			rt.Topic = t.Topic
 			rt.NumPartitions, rt.ReplicationFactor = -1, -1
-			if n, ok := over[t.Topic]; ok {
-				rt.ErrorCode = kerr.InvalidPartitions.Code
-				rt.ErrorMessage = kmsg.StringPtr(tooMany(n))
-			} else {
-				rt.ErrorCode = kerr.InvalidRequest.Code
-				rt.ErrorMessage = kmsg.StringPtr("another topic of this request asks for too many partitions; nothing was created")
-			}
+			rt.ErrorCode, rt.ErrorMessage = refusal(over, t.Topic, "created")
 			resp.Topics = append(resp.Topics, rt)
 		}
-		return resp, nil, true
+		return resp
 	})
-	c.ControlKey(int16(kmsg.CreatePartitions), func(r kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
+	refuseOver(c, kmsg.CreatePartitions, func(r kmsg.Request, count func(topic string, n int32)) {
+		for _, t := range r.(*kmsg.CreatePartitionsRequest).Topics {
+			count(t.Topic, t.Count)
+		}
+	}, func(r kmsg.Request, over map[string]int32) kmsg.Response {
 		req := r.(*kmsg.CreatePartitionsRequest)
-		over := map[string]int32{}
-		for _, t := range req.Topics {
-			if t.Count > partition.MaxCount {
-				over[t.Topic] = t.Count
-			}
-		}
-		if len(over) == 0 {
-			return nil, nil, false
-		}
 		resp := req.ResponseKind().(*kmsg.CreatePartitionsResponse)
 		for _, t := range req.Topics {
 			rt := kmsg.NewCreatePartitionsResponseTopic()
 			rt.Topic = t.Topic
-			if n, ok := over[t.Topic]; ok {
-				rt.ErrorCode = kerr.InvalidPartitions.Code
-				rt.ErrorMessage = kmsg.StringPtr(tooMany(n))
-			} else {
-				rt.ErrorCode = kerr.InvalidRequest.Code
-				rt.ErrorMessage = kmsg.StringPtr("another topic of this request asks for too many partitions; nothing was changed")
-			}
+			rt.ErrorCode, rt.ErrorMessage = refusal(over, t.Topic, "changed")
 			resp.Topics = append(resp.Topics, rt)
 		}
-		return resp, nil, true
+		return resp
 	})
+}
+
+// refuseOver controls requests of key: counts calls count with each topic
+// of a request and the partitions the request asks it to have; when one of
+// them is over partition.MaxCount the request gets refuse's response (over
+// is those topics and their counts), otherwise kfake handles it.
+func refuseOver(c *kfake.Cluster, key kmsg.Key, counts func(r kmsg.Request, count func(topic string, n int32)), refuse func(r kmsg.Request, over map[string]int32) kmsg.Response) {
+	c.ControlKey(int16(key), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		over := map[string]int32{}
+		counts(r, func(topic string, n int32) {
+			if n > partition.MaxCount {
+				over[topic] = n
+			}
+		})
+		if len(over) == 0 {
+			return nil, nil, false
+		}
+		return refuse(r, over), nil, true
+	})
+}
+
+// refusal is the error code and message of topic in a refused request:
+// INVALID_PARTITIONS with the count for a topic over the limit,
+// INVALID_REQUEST for the others, whose request was not done either.
+func refusal(over map[string]int32, topic, notDone string) (int16, *string) {
+	if n, ok := over[topic]; ok {
+		return kerr.InvalidPartitions.Code, kmsg.StringPtr(tooMany(n))
+	}
+	return kerr.InvalidRequest.Code, kmsg.StringPtr("another topic of this request asks for too many partitions; nothing was " + notDone)
 }

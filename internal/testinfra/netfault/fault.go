@@ -25,16 +25,17 @@ const (
 	Answers
 )
 
-func (d Direction) String() string {
-	switch d {
-	case Both:
-		return "both"
-	case Requests:
-		return "requests"
-	case Answers:
-		return "answers"
+var directionNames = map[Direction]string{Both: "both", Requests: "requests", Answers: "answers"}
+
+func (d Direction) String() string { return enumName(d, directionNames, "Direction") }
+
+// enumName is v's name in names, or the type's name and v's number for a
+// value names does not have.
+func enumName[T ~int](v T, names map[T]string, typ string) string {
+	if s, ok := names[v]; ok {
+		return s
 	}
-	return fmt.Sprintf("Direction(%d)", int(d))
+	return fmt.Sprintf("%s(%d)", typ, int(v))
 }
 
 // Fault drops the packets of connections to Ports in direction Drop.
@@ -226,21 +227,15 @@ const (
 // Kinds lists every Kind, for a chaos schedule to draw from.
 func Kinds() []Kind { return []Kind{KafkaCut, PostgresCut, KafkaOneWay, PostgresOneWay, FullCut} }
 
-func (k Kind) String() string {
-	switch k {
-	case KafkaCut:
-		return "kafka-cut"
-	case PostgresCut:
-		return "postgres-cut"
-	case KafkaOneWay:
-		return "kafka-one-way"
-	case PostgresOneWay:
-		return "postgres-one-way"
-	case FullCut:
-		return "full-cut"
-	}
-	return fmt.Sprintf("Kind(%d)", int(k))
+var kindNames = map[Kind]string{
+	KafkaCut:       "kafka-cut",
+	PostgresCut:    "postgres-cut",
+	KafkaOneWay:    "kafka-one-way",
+	PostgresOneWay: "postgres-one-way",
+	FullCut:        "full-cut",
 }
+
+func (k Kind) String() string { return enumName(k, kindNames, "Kind") }
 
 // Services names a worker's service ports: the broker port(s) and the
 // Postgres port(s) (several for a multi-host URL).

@@ -159,6 +159,23 @@ func mustDialIn(t *testing.T, ns *Namespace, port int) net.Conn {
 	return c
 }
 
+// halfOpen dials port from inside ns as dialIn does, checks that msg makes
+// the round trip, and cuts the port: the connection is left half-open. It
+// is closed when the test ends.
+func halfOpen(t *testing.T, ns *Namespace, port int, userTimeout time.Duration, msg string) net.Conn {
+	t.Helper()
+	c, err := dialIn(ns, port, 5*time.Second, userTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	roundTrip(t, c, msg)
+	if err := ns.Inject(Cut(port)); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // readN reads len(want) bytes within d.
 func readN(c net.Conn, n int, d time.Duration) (string, error) {
 	if err := c.SetReadDeadline(time.Now().Add(d)); err != nil {
@@ -335,20 +352,12 @@ func TestUserTimeout(t *testing.T) {
 	t.Parallel()
 	srv := newEchoServer(t)
 	ns := newNS(t, srv.port)
-	c, err := dialIn(ns, srv.port, 5*time.Second, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	roundTrip(t, c, "before")
-	if err := ns.Inject(Cut(srv.port)); err != nil {
-		t.Fatal(err)
-	}
+	c := halfOpen(t, ns, srv.port, time.Second, "before")
 	start := time.Now()
 	if _, err := c.Write([]byte("during")); err != nil {
 		t.Fatalf("first write: %v", err)
 	}
-	_, err = readN(c, 1, 10*time.Second)
+	_, err := readN(c, 1, 10*time.Second)
 	took := time.Since(start)
 	if !errors.Is(err, syscall.ETIMEDOUT) {
 		t.Fatalf("read after %s: %v; want ETIMEDOUT from TCP_USER_TIMEOUT", took.Round(time.Millisecond), err)
@@ -650,15 +659,7 @@ func TestClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := ns.Name()
-	c, err := dialIn(ns, srv.port, 5*time.Second, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	roundTrip(t, c, "x")
-	if err := ns.Inject(Cut(srv.port)); err != nil {
-		t.Fatal(err)
-	}
+	halfOpen(t, ns, srv.port, 0, "x")
 	if n := srv.openConns(); n != 1 {
 		t.Fatalf("server has %d connections, want 1", n)
 	}

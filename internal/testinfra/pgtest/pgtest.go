@@ -139,10 +139,7 @@ func StartPrepared(t testing.TB) *Cluster {
 	c := Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := c.AppendConf("max_prepared_transactions = 20"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Restart(ctx, "fast"); err != nil {
+	if err := c.Reconfigure(ctx, "max_prepared_transactions = 20"); err != nil {
 		t.Fatal(err)
 	}
 	return c
@@ -184,6 +181,15 @@ func (c *Cluster) WriteFile(name string, data []byte) (string, error) {
 // data directory, e.g. pg_hba.conf, with AppendFile); they apply at the next
 // Start or Restart.
 func (c *Cluster) AppendConf(lines string) error { return c.AppendFile("postgresql.conf", lines) }
+
+// Reconfigure appends lines to postgresql.conf and restarts the server
+// (mode "fast") so that they apply.
+func (c *Cluster) Reconfigure(ctx context.Context, lines string) error {
+	if err := c.AppendConf(lines); err != nil {
+		return err
+	}
+	return c.Restart(ctx, "fast")
+}
 
 // AppendFile appends lines to a file of the data directory.
 func (c *Cluster) AppendFile(name, lines string) error {
