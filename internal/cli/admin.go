@@ -181,6 +181,12 @@ func (a *admin) withOutput(f *flagSet, usage string, choices ...string) {
 	f.String(&a.output, "output", choices[0], usage, arg(strings.Join(choices, "|")))
 }
 
+// withTableOutput adds --output for a command that prints a table, or its
+// rows as JSON.
+func (a *admin) withTableOutput(f *flagSet) {
+	a.withOutput(f, "output format: table or json", "table", "json")
+}
+
 // checkShared validates the shared flags: the schema's name and --output.
 func (a *admin) checkShared() error {
 	if a.hasDB {
@@ -360,6 +366,20 @@ func (a *admin) actorFlag(f *flagSet, p *string) {
 func checkActor(actor string) error {
 	if strings.TrimSpace(actor) == "" {
 		return usagef("--actor must not be empty")
+	}
+	return nil
+}
+
+// optionalGroup checks a --group that narrows a listing: empty means every
+// group.
+func optionalGroup(group string) error {
+	return optional(group, func() error { return validGroup("group", group) })
+}
+
+// checkLimit refuses a --limit below 1.
+func checkLimit(limit int) error {
+	if limit < 1 {
+		return usagef("--limit must be at least 1")
 	}
 	return nil
 }

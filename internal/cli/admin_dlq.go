@@ -246,11 +246,11 @@ func (c *dlqList) define(f *flagSet) {
 	f.String(&c.topic, "topic", "", "only this topic's dead letters (default: every topic)", arg("T"))
 	f.String(&c.status, "status", "dead", "dead (waiting for a decision), replayed, discarded, or all", arg("dead|replayed|discarded|all"))
 	f.Int(&c.limit, "limit", 1000, "show at most this many, oldest first")
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *dlqList) check([]string) error {
-	if err := optional(c.group, func() error { return validGroup("group", c.group) }); err != nil {
+	if err := optionalGroup(c.group); err != nil {
 		return err
 	}
 	if err := optional(c.topic, func() error { return validTopic("topic", c.topic) }); err != nil {
@@ -261,10 +261,7 @@ func (c *dlqList) check([]string) error {
 	default:
 		return usagef("--status %q is not dead, replayed, discarded or all", c.status)
 	}
-	if c.limit < 1 {
-		return usagef("--limit must be at least 1")
-	}
-	return nil
+	return checkLimit(c.limit)
 }
 
 func (c *dlqList) run(ctx context.Context) error {
@@ -333,7 +330,7 @@ type dlqShow struct {
 
 func (c *dlqShow) define(f *flagSet) {
 	c.withDB(f)
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *dlqShow) check(args []string) error {

@@ -24,7 +24,7 @@ func (c *assignments) define(f *flagSet) {
 	f.String(&c.group, "group", "", "consumer group to describe", arg("G"), required)
 	c.withDB(f)
 	f.String(&c.topic, "topic", "", "topics, comma separated (default: those the group's members consume plus those in its fencing rows)", arg("T[,T2]"))
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *assignments) check([]string) error {
@@ -169,11 +169,11 @@ type fences struct {
 func (c *fences) define(f *flagSet) {
 	c.withDB(f)
 	f.String(&c.group, "group", "", "only this consumer group's rows (default: every group)", arg("G"))
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *fences) check([]string) error {
-	return optional(c.group, func() error { return validGroup("group", c.group) })
+	return optionalGroup(c.group)
 }
 
 func (c *fences) run(ctx context.Context) error {
@@ -243,7 +243,7 @@ func (c *fencesPrune) define(f *flagSet) {
 }
 
 func (c *fencesPrune) check([]string) error {
-	if err := optional(c.group, func() error { return validGroup("group", c.group) }); err != nil {
+	if err := optionalGroup(c.group); err != nil {
 		return err
 	}
 	if !c.retention().Enabled() {

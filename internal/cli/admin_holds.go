@@ -76,11 +76,11 @@ func (c *holds) define(f *flagSet) {
 	c.withDB(f)
 	f.String(&c.group, "group", "", "only this consumer group's holds (default: every group)", arg("G"))
 	c.withKafka(f, "Kafka seed brokers: with them, the topics whose partition count changed are listed too (kind partitions-changed: Kafka has the current counts)")
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *holds) check([]string) error {
-	return optional(c.group, func() error { return validGroup("group", c.group) })
+	return optionalGroup(c.group)
 }
 
 func (c *holds) run(ctx context.Context) error {

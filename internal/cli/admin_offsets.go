@@ -75,7 +75,7 @@ func (c *offsetsReset) define(f *flagSet) {
 	f.Bool(&c.dryRun, "dry-run", false, "show the plan and change nothing (the default)", noEnv)
 	f.Bool(&c.execute, "execute", false, "move the offsets (recorded in the fence log with --actor)", noEnv)
 	c.actorFlag(f, &c.actor)
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *offsetsReset) check([]string) error {

@@ -116,7 +116,7 @@ type topicDescribe struct {
 func (c *topicDescribe) define(f *flagSet) {
 	c.withKafka(f, brokersUsage, required)
 	f.String(&c.topic, "topic", "", "topic to describe", arg("T"), required)
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *topicDescribe) check([]string) error { return validTopic("topic", c.topic) }
@@ -208,7 +208,7 @@ type groupsList struct{ admin }
 
 func (c *groupsList) define(f *flagSet) {
 	c.withKafka(f, brokersUsage, required)
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *groupsList) check([]string) error { return nil }
@@ -298,7 +298,7 @@ type topicList struct{ admin }
 
 func (c *topicList) define(f *flagSet) {
 	c.withKafka(f, brokersUsage, required)
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *topicList) check([]string) error { return nil }
