@@ -412,12 +412,23 @@ func printDeadLetter(w io.Writer, d sink.DeadLetter, r deadLetterRow) error {
 	return tw.Flush()
 }
 
-// dlqReplay is `tenure admin dlq replay ID [ID...]`.
-type dlqReplay struct {
+// dlqAction is what replay and discard share: the dead letters' IDs (the
+// arguments) and --actor.
+type dlqAction struct {
 	admin
 	actor string
 	ids   []int64
 }
+
+func (c *dlqAction) check(args []string) (err error) {
+	if c.ids, err = parseIDs(args); err != nil {
+		return err
+	}
+	return checkActor(c.actor)
+}
+
+// dlqReplay is `tenure admin dlq replay ID [ID...]`.
+type dlqReplay struct{ dlqAction }
 
 func (c *dlqReplay) define(f *flagSet) {
 	// Loading the dead letters gets adminTimeout, each replay replayTimeout.
@@ -425,13 +436,6 @@ func (c *dlqReplay) define(f *flagSet) {
 	c.withKafka(f, brokersUsage, required)
 	c.withDB(f)
 	c.actorFlag(f, &c.actor)
-}
-
-func (c *dlqReplay) check(args []string) (err error) {
-	if c.ids, err = parseIDs(args); err != nil {
-		return err
-	}
-	return checkActor(c.actor)
 }
 
 func (c *dlqReplay) run(ctx context.Context) error {
@@ -554,22 +558,11 @@ func (a *admin) replayError(ctx context.Context, d sink.DeadLetter, err error) e
 }
 
 // dlqDiscard is `tenure admin dlq discard ID [ID...]`.
-type dlqDiscard struct {
-	admin
-	actor string
-	ids   []int64
-}
+type dlqDiscard struct{ dlqAction }
 
 func (c *dlqDiscard) define(f *flagSet) {
 	c.withDB(f)
 	c.actorFlag(f, &c.actor)
-}
-
-func (c *dlqDiscard) check(args []string) (err error) {
-	if c.ids, err = parseIDs(args); err != nil {
-		return err
-	}
-	return checkActor(c.actor)
 }
 
 func (c *dlqDiscard) run(ctx context.Context) error {
