@@ -51,8 +51,8 @@ func (c *assignments) run(ctx context.Context) error {
 	}
 	// Read the fencing rows once up front, so that a database problem is
 	// reported as one, not as a failed describe.
-	if _, err := store.List(ctx, c.group); err != nil {
-		return c.dbError("reading the fencing rows", err)
+	if _, _, err := c.fencingRows(ctx, c.group); err != nil {
+		return err
 	}
 	rows, err := consumer.Describe(ctx, cl, store, c.group, topics)
 	if err != nil {
@@ -177,13 +177,9 @@ func (c *fences) check([]string) error {
 }
 
 func (c *fences) run(ctx context.Context) error {
-	store, err := c.Store()
+	_, fences, err := c.fencingRows(ctx, c.group)
 	if err != nil {
 		return err
-	}
-	fences, err := store.List(ctx, c.group)
-	if err != nil {
-		return c.dbError("reading the fencing rows", err)
 	}
 	rows := make([]fenceRow, len(fences))
 	for i, fe := range fences {
@@ -221,6 +217,20 @@ func (c *fences) run(ctx context.Context) error {
 		fmt.Fprintf(c.stderr, "no fencing rows in %s\n", where)
 	}
 	return nil
+}
+
+// fencingRows opens the store and reads group's fencing rows (every
+// group's for ""); a failed read is said in one sentence.
+func (a *admin) fencingRows(ctx context.Context, group string) (*sink.Store, []sink.Fence, error) {
+	store, err := a.Store()
+	if err != nil {
+		return nil, nil, err
+	}
+	fences, err := store.List(ctx, group)
+	if err != nil {
+		return nil, nil, a.dbError("reading the fencing rows", err)
+	}
+	return store, fences, nil
 }
 
 // fencesPrune is `tenure admin fences prune`.

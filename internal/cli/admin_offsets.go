@@ -293,13 +293,9 @@ func (c *offsetsReset) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	store, err := c.Store()
+	store, fences, err := c.fencingRows(ctx, c.group)
 	if err != nil {
 		return err
-	}
-	fences, err := store.List(ctx, c.group)
-	if err != nil {
-		return c.dbError("reading the fencing rows", err)
 	}
 	next := map[int32]int64{}
 	for _, f := range fences {
