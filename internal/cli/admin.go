@@ -345,6 +345,16 @@ func writeJSON(w io.Writer, v any) error {
 // table is a writer of aligned columns on stdout; Flush prints it.
 func (a *admin) table() *tabwriter.Writer { return tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0) }
 
+// nothingListed tells stderr that a listing came out empty: "no WHAT in
+// schema S", with note after it when there is one.
+func (a *admin) nothingListed(what, note string) {
+	if note != "" {
+		fmt.Fprintf(a.stderr, "no %s in schema %s; %s\n", what, a.schema, note)
+		return
+	}
+	fmt.Fprintf(a.stderr, "no %s in schema %s\n", what, a.schema)
+}
+
 // actorFlag adds --actor: who is recorded as having replayed, discarded or
 // acknowledged something. Default: $USER@host.
 func (a *admin) actorFlag(f *flagSet, p *string) {

@@ -304,7 +304,7 @@ func (c *dlqList) run(ctx context.Context) error {
 		fmt.Fprintf(c.stderr, "showing the oldest %d; there may be more (--limit)\n", c.limit)
 	}
 	if len(rows) == 0 {
-		fmt.Fprintf(c.stderr, "no %s in schema %s\n", describeFilter(c.status, c.group, c.topic), c.schema)
+		c.nothingListed(describeFilter(c.status, c.group, c.topic), "")
 	}
 	return nil
 }

@@ -124,9 +124,9 @@ func (c *exportsList) run(ctx context.Context) error {
 	table := c.tableNote(ctx)
 	switch {
 	case len(ps) == 0 && table != "":
-		fmt.Fprintf(c.stderr, "no exports in an object store in schema %s; %s\n", c.schema, table)
+		c.nothingListed("exports in an object store", table)
 	case len(ps) == 0:
-		fmt.Fprintf(c.stderr, "no exports in schema %s\n", c.schema)
+		c.nothingListed("exports", "")
 	case table != "":
 		fmt.Fprintf(c.stderr, "besides these exports in an object store, %s\n", table)
 	}

@@ -117,10 +117,8 @@ func (c *holds) run(ctx context.Context) error {
 		note = fmt.Sprintf("topics whose partition count changed (kind %s) are not listed: give --brokers (or set TENURE_BROKERS), Kafka has the current counts", kindPartitionsChanged)
 	}
 	switch {
-	case len(rows) == 0 && note != "":
-		fmt.Fprintf(c.stderr, "no held partitions in schema %s; %s\n", c.schema, note)
 	case len(rows) == 0:
-		fmt.Fprintf(c.stderr, "no held partitions in schema %s\n", c.schema)
+		c.nothingListed("held partitions", note)
 	case note != "":
 		fmt.Fprintln(c.stderr, note)
 	}
