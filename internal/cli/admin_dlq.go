@@ -235,14 +235,14 @@ func (a *admin) alreadyDone(ctx context.Context, d sink.DeadLetter) string {
 
 // dlqList is `tenure admin dlq list`.
 type dlqList struct {
-	admin
-	group, topic, status string
-	limit                int
+	groupFilter
+	topic, status string
+	limit         int
 }
 
 func (c *dlqList) define(f *flagSet) {
 	c.withDB(f)
-	f.String(&c.group, "group", "", "only this consumer group's dead letters (default: every group)", arg("G"))
+	c.groupFlag(f, "dead letters")
 	f.String(&c.topic, "topic", "", "only this topic's dead letters (default: every topic)", arg("T"))
 	f.String(&c.status, "status", "dead", "dead (waiting for a decision), replayed, discarded, or all", arg("dead|replayed|discarded|all"))
 	f.Int(&c.limit, "limit", 1000, "show at most this many, oldest first")

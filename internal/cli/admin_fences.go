@@ -160,20 +160,27 @@ type fenceRow struct {
 	CommittedAt    *time.Time `json:"committed_at"`
 }
 
-// fences is `tenure admin fences`.
-type fences struct {
+// groupFilter is what the commands that read one group or every group
+// share: an optional --group, checked when given.
+type groupFilter struct {
 	admin
 	group string
 }
 
-func (c *fences) define(f *flagSet) {
-	c.withDB(f)
-	f.String(&c.group, "group", "", "only this consumer group's rows (default: every group)", arg("G"))
-	c.withTableOutput(f)
+// groupFlag adds --group, narrowing the command to that group's what.
+func (c *groupFilter) groupFlag(f *flagSet, what string) {
+	f.String(&c.group, "group", "", "only this consumer group's "+what+" (default: every group)", arg("G"))
 }
 
-func (c *fences) check([]string) error {
-	return optionalGroup(c.group)
+func (c *groupFilter) check([]string) error { return optionalGroup(c.group) }
+
+// fences is `tenure admin fences`.
+type fences struct{ groupFilter }
+
+func (c *fences) define(f *flagSet) {
+	c.withDB(f)
+	c.groupFlag(f, "rows")
+	c.withTableOutput(f)
 }
 
 func (c *fences) run(ctx context.Context) error {
@@ -235,8 +242,7 @@ func (a *admin) fencingRows(ctx context.Context, group string) (*sink.Store, []s
 
 // fencesPrune is `tenure admin fences prune`.
 type fencesPrune struct {
-	admin
-	group      string
+	groupFilter
 	maxAge     time.Duration
 	maxEntries int
 }
@@ -247,7 +253,7 @@ func (c *fencesPrune) define(f *flagSet) {
 	// partition in its own transaction).
 	c.ownTimeouts = true
 	c.withDB(f)
-	f.String(&c.group, "group", "", "only this consumer group's partitions (default: every group)", arg("G"))
+	c.groupFlag(f, "partitions")
 	f.Duration(&c.maxAge, "max-age", consumer.DefaultFenceLogMaxAge, "remove entries older than this (0: the default; negative: no age limit)")
 	f.Int(&c.maxEntries, "max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many entries per partition (0: the default; negative: no count limit)")
 }

@@ -67,20 +67,13 @@ func toHoldRow(h sink.Hold) holdRow {
 
 // holds is `tenure admin holds`: the open holds, partitions that workers do
 // not process, and why.
-type holds struct {
-	admin
-	group string
-}
+type holds struct{ groupFilter }
 
 func (c *holds) define(f *flagSet) {
 	c.withDB(f)
-	f.String(&c.group, "group", "", "only this consumer group's holds (default: every group)", arg("G"))
+	c.groupFlag(f, "holds")
 	c.withKafka(f, "Kafka seed brokers: with them, the topics whose partition count changed are listed too (kind partitions-changed: Kafka has the current counts)")
 	c.withTableOutput(f)
-}
-
-func (c *holds) check([]string) error {
-	return optionalGroup(c.group)
 }
 
 func (c *holds) run(ctx context.Context) error {
