@@ -40,10 +40,7 @@ const heldFor = "3s"
 // does not skip.
 func TestAlertPartitionHeldFiresInPrometheus(t *testing.T) {
 	t.Parallel()
-	promBin, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatalf("prometheus is required (Debian's prometheus package: apt-get install prometheus; scripts/test.sh installs it): %v", err)
-	}
+	promBin := prometheusBin(t)
 	e := newEnv(t, 1)
 	if e.real {
 		t.Skip("holds the partition by deleting and re-creating the topic; kept to the development broker")
@@ -115,6 +112,17 @@ type promServer struct {
 	cmd  *exec.Cmd
 	log  *lockedWriter // its stdout and stderr
 	done chan struct{}
+}
+
+// prometheusBin is the prometheus binary; a test that needs it fails
+// without it, it does not skip.
+func prometheusBin(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("prometheus")
+	if err != nil {
+		t.Fatalf("prometheus is required (Debian's prometheus package: apt-get install prometheus; scripts/test.sh installs it): %v", err)
+	}
+	return bin
 }
 
 // lockedWriter is a buffer a process writes to while the test reads it.

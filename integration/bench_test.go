@@ -80,24 +80,25 @@ func TestBenchSmall(t *testing.T) {
 		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE $1`, "bench_"+rep.ID+"_%").Scan(&schemas); err != nil || schemas != 0 {
 			t.Errorf("bench left %d schemas (err %v)", schemas, err)
 		}
+		// leftBehind reports the names (of kind topic or group) that are
+		// the bench's.
+		leftBehind := func(kind string, names []string) {
+			for _, name := range names {
+				if strings.HasPrefix(name, "bench-"+rep.ID) {
+					t.Errorf("bench left %s %s", kind, name)
+				}
+			}
+		}
 		topics, err := kadm.NewClient(e.cl).ListTopics(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, name := range topics.Names() {
-			if strings.HasPrefix(name, "bench-"+rep.ID) {
-				t.Errorf("bench left topic %s", name)
-			}
-		}
+		leftBehind("topic", topics.Names())
 		groups, err := kadm.NewClient(e.cl).ListGroups(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, g := range groups.Groups() {
-			if strings.HasPrefix(g, "bench-"+rep.ID) {
-				t.Errorf("bench left group %s", g)
-			}
-		}
+		leftBehind("group", groups.Groups())
 	})
 }
 

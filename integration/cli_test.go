@@ -150,20 +150,15 @@ func assignmentsJSON(t *testing.T, e *env) []map[string]any {
 // assignments` showing the coordinator and Postgres agreeing on every
 // partition, with the lag Postgres sees going to zero.
 func TestCLIProduceAndAssignments(t *testing.T) {
-	for _, proto := range []string{"classic", "consumer"} {
-		t.Run(proto, func(t *testing.T) {
-			t.Parallel()
-			testCLIProduceAndAssignments(t, proto)
-		})
-	}
+	eachProtocol(t, assignmentsPartitions, testCLIProduceAndAssignments)
 }
 
-func testCLIProduceAndAssignments(t *testing.T, proto string) {
-	const partitions = 3
-	e := newEnv(t, partitions)
-	if proto == "consumer" && e.real {
-		t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
-	}
+// assignmentsPartitions is the topic's partition count in
+// TestCLIProduceAndAssignments.
+const assignmentsPartitions = 3
+
+func testCLIProduceAndAssignments(t *testing.T, e *env, proto string) {
+	const partitions = assignmentsPartitions
 	brokers := strings.Join(e.brokers, ",")
 
 	checkProduceCLI(t, e, partitions)

@@ -83,63 +83,63 @@ func (w *exportWorld) pauseAHolding(aHold string, common []string, bExtra ...str
 // export.Get (pointer, object, size and SHA-256 check) and records what it
 // saw.
 func (w *exportWorld) read(keys []string) {
-	w.wg.Go(func() {
-		deadline := time.Now().Add(5 * time.Minute)
-		for time.Now().Before(deadline) {
-			select {
-			case <-w.stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			for _, k := range keys {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				b, p, err := export.Get(ctx, w.pool, w.schema, w.store, k)
-				cancel()
-				var mm *export.MismatchError
-				w.mu.Lock()
-				w.reads++
-				switch {
-				case errors.Is(err, export.ErrNoExport):
-				case errors.As(err, &mm):
-					w.obs = append(w.obs, history.Observation{Key: k, Version: p.Version, Topic: p.Topic, Partition: p.Partition, Offset: p.Offset, Mismatch: err.Error()})
-				case err != nil:
-					if !strings.Contains(err.Error(), "context") {
-						w.errs = append(w.errs, fmt.Sprintf("reading %q: %v", k, err))
-					}
-				default:
-					_ = b
-					w.obs = append(w.obs, history.Observation{Key: k, Version: p.Version, Topic: p.Topic, Partition: p.Partition, Offset: p.Offset, Object: p.Object})
+	w.every(10*time.Millisecond, nil, func() {
+		for _, k := range keys {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			b, p, err := export.Get(ctx, w.pool, w.schema, w.store, k)
+			cancel()
+			var mm *export.MismatchError
+			w.mu.Lock()
+			w.reads++
+			switch {
+			case errors.Is(err, export.ErrNoExport):
+			case errors.As(err, &mm):
+				w.obs = append(w.obs, history.Observation{Key: k, Version: p.Version, Topic: p.Topic, Partition: p.Partition, Offset: p.Offset, Mismatch: err.Error()})
+			case err != nil:
+				if !strings.Contains(err.Error(), "context") {
+					w.errs = append(w.errs, fmt.Sprintf("reading %q: %v", k, err))
 				}
-				w.mu.Unlock()
+			default:
+				_ = b
+				w.obs = append(w.obs, history.Observation{Key: k, Version: p.Version, Topic: p.Topic, Partition: p.Partition, Offset: p.Offset, Object: p.Object})
 			}
+			w.mu.Unlock()
 		}
 	})
 }
 
 // collect starts a garbage collector loop: GC with keep 0 every 30ms.
 func (w *exportWorld) collect() {
+	w.every(30*time.Millisecond, w.gcStop, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		rep, err := export.GC(ctx, w.pool, w.schema, w.store, export.GCOptions{Keep: 0})
+		cancel()
+		w.mu.Lock()
+		w.gcRuns++
+		if err != nil && !strings.Contains(err.Error(), "context") {
+			w.errs = append(w.errs, "gc: "+err.Error())
+		}
+		for _, d := range rep.Deleted {
+			w.deleted[d.Object] = d.Reason
+		}
+		w.mu.Unlock()
+	})
+}
+
+// every starts a loop that runs f every d, for 5 minutes at the most,
+// until w.stop or also (nil: none) is closed.
+func (w *exportWorld) every(d time.Duration, also <-chan struct{}, f func()) {
 	w.wg.Go(func() {
 		deadline := time.Now().Add(5 * time.Minute)
 		for time.Now().Before(deadline) {
 			select {
 			case <-w.stop:
 				return
-			case <-w.gcStop:
+			case <-also:
 				return
-			case <-time.After(30 * time.Millisecond):
+			case <-time.After(d):
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			rep, err := export.GC(ctx, w.pool, w.schema, w.store, export.GCOptions{Keep: 0})
-			cancel()
-			w.mu.Lock()
-			w.gcRuns++
-			if err != nil && !strings.Contains(err.Error(), "context") {
-				w.errs = append(w.errs, "gc: "+err.Error())
-			}
-			for _, d := range rep.Deleted {
-				w.deleted[d.Object] = d.Reason
-			}
-			w.mu.Unlock()
+			f()
 		}
 	})
 }

@@ -391,15 +391,19 @@ func (e *env) startWorkerCmd(name string, command func(args []string) *exec.Cmd,
 // assignments reads, from every worker's log, when each was given which
 // partition and the claim id its lane claimed with: the coordinator's side
 // of the history (history.CheckOwnership).
-func (e *env) assignments() []history.Assignment {
+func (e *env) assignments() []history.Assignment { return parseLogs(e, history.ParseAssignment) }
+
+// parseLogs reads every worker's log lines with parse, keeping what it
+// recognises as one of e's group's.
+func parseLogs[T any](e *env, parse func(group string, line map[string]any) (T, bool)) []T {
 	e.mu.Lock()
 	ws := append([]*worker(nil), e.workers...)
 	e.mu.Unlock()
-	var out []history.Assignment
+	var out []T
 	for _, w := range ws {
 		for _, m := range w.logs() {
-			if a, ok := history.ParseAssignment(e.group, m); ok {
-				out = append(out, a)
+			if v, ok := parse(e.group, m); ok {
+				out = append(out, v)
 			}
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -28,10 +27,7 @@ const stuckSession = 120 * time.Second
 // TenurePartitionStuck. Without /usr/bin/prometheus the test fails.
 func TestAlertPartitionStuckAfterSIGKILL(t *testing.T) {
 	t.Parallel()
-	promBin, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatalf("prometheus is required (Debian's prometheus package: apt-get install prometheus; scripts/test.sh installs it): %v", err)
-	}
+	promBin := prometheusBin(t)
 	e := newEnv(t, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

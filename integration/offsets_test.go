@@ -178,19 +178,10 @@ func logEpoch(t *testing.T, e *env, p int32) int64 {
 // Then a shift back (40 -> 35) under another held batch: jobs 35-39 run
 // again.
 func TestOffsetsResetRejectsTheBatchInFlight(t *testing.T) {
-	for _, proto := range []string{"classic", "consumer"} {
-		t.Run(proto, func(t *testing.T) {
-			t.Parallel()
-			testOffsetsResetRejectsTheBatchInFlight(t, proto)
-		})
-	}
+	eachProtocol(t, 1, testOffsetsResetRejectsTheBatchInFlight)
 }
 
-func testOffsetsResetRejectsTheBatchInFlight(t *testing.T, proto string) {
-	e := newEnv(t, 1)
-	if proto == "consumer" && e.real {
-		t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
-	}
+func testOffsetsResetRejectsTheBatchInFlight(t *testing.T, e *env, proto string) {
 	ledger := []string{"--handler", "ledger", "--protocol", proto, "--fence-log-max-age", "-1s", "--fence-log-max-entries", "-1"}
 	e.produce(jobsFor(keys, 0, 20)...)
 	w1 := e.startWorker("W1", ledger...)

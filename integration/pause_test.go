@@ -21,12 +21,7 @@ var keys = []string{"acme", "globex", "initech", "umbrella", "hooli"}
 // commit its old batch: Postgres rejects it, and no key's export moves
 // backwards.
 func TestPausedWorkerIsFenced(t *testing.T) {
-	for _, proto := range []string{"classic", "consumer"} {
-		t.Run(proto, func(t *testing.T) {
-			t.Parallel()
-			testPausedWorkerIsFenced(t, proto)
-		})
-	}
+	eachProtocol(t, 1, testPausedWorkerIsFenced)
 }
 
 // pauseAWithABatch produces 20 jobs; worker A takes a batch and holds
@@ -53,11 +48,7 @@ func (e *env) pauseAWithABatch(proto, bHold string) (a, b *worker, held map[stri
 	return a, b, held
 }
 
-func testPausedWorkerIsFenced(t *testing.T, proto string) {
-	e := newEnv(t, 1)
-	if proto == "consumer" && e.real {
-		t.Skip("KIP-848 session timeouts are broker settings; this test needs kfake's short ones")
-	}
+func testPausedWorkerIsFenced(t *testing.T, e *env, proto string) {
 	a, b, held := e.pauseAWithABatch(proto, "")
 	t.Logf("A frozen holding jobs [%v,%v) with token %v", held["from"], held["to"], held["token"])
 

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -10,7 +9,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -37,21 +35,7 @@ type pgBouncer struct {
 	args   []string
 	cmd    *exec.Cmd
 	exited chan struct{}
-	mu     sync.Mutex
-	out    bytes.Buffer
-}
-
-// Write collects pgbouncer's log (for the test's failure message).
-func (b *pgBouncer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.out.Write(p)
-}
-
-func (b *pgBouncer) log() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.out.String()
+	out    lockedWriter // pgbouncer's log (for the test's failure message)
 }
 
 // url is a database URL through the pooler; query is appended as is.
@@ -136,7 +120,7 @@ func (b *pgBouncer) start() {
 	t := b.t
 	t.Helper()
 	b.cmd = exec.Command(b.bin, b.args...)
-	b.cmd.Stdout, b.cmd.Stderr = b, b
+	b.cmd.Stdout, b.cmd.Stderr = &b.out, &b.out
 	if err := b.cmd.Start(); err != nil {
 		t.Fatalf("starting pgbouncer: %v", err)
 	}
@@ -152,11 +136,11 @@ func (b *pgBouncer) start() {
 		}
 		select {
 		case <-exited:
-			t.Fatalf("pgbouncer exited at start: %s", b.log())
+			t.Fatalf("pgbouncer exited at start: %s", b.out.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pgbouncer does not listen on %d after 15s: %s", b.port, b.log())
+			t.Fatalf("pgbouncer does not listen on %d after 15s: %s", b.port, b.out.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -326,8 +310,8 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 	if retried == 0 {
 		t.Errorf("no batch failed on the database: the outages did not hit a batch in flight")
 	}
-	if strings.Contains(pgb.log(), "prepared statement") {
-		t.Errorf("pgbouncer logged prepared statement errors:\n%s", pgb.log())
+	if strings.Contains(pgb.out.String(), "prepared statement") {
+		t.Errorf("pgbouncer logged prepared statement errors:\n%s", pgb.out.String())
 	}
 }
 

@@ -64,20 +64,7 @@ func strictArgs(extra ...string) []string {
 }
 
 // strictEvents reads every worker's strict lines.
-func (e *env) strictEvents() []history.StrictEvent {
-	e.mu.Lock()
-	ws := append([]*worker(nil), e.workers...)
-	e.mu.Unlock()
-	var out []history.StrictEvent
-	for _, w := range ws {
-		for _, m := range w.logs() {
-			if ev, ok := history.ParseStrictEvent(e.group, m); ok {
-				out = append(out, ev)
-			}
-		}
-	}
-	return out
-}
+func (e *env) strictEvents() []history.StrictEvent { return parseLogs(e, history.ParseStrictEvent) }
 
 // checkStrict runs checkRun (G1-G3, the coordinator's side, every job
 // exactly once) and the strict check (history.CheckStrict), and returns

@@ -67,17 +67,12 @@ run() {
 	else
 		got="inconclusive(errors=${errors:-?},complete=$complete)"
 	fi
-	local verdict=ok
-	if [[ $got != "$expect" ]]; then
-		verdict=UNEXPECTED
-		failed=1
-	fi
+	local verdict
+	judge "$got" "$expect"
 	[[ $got == fail:* ]] && failing+=("$name")
 	printf '  %-32s %-8s %-8s %10s %6.1fs  %-10s %s\n' "$name" "$expect" "$got" "$states" \
 		"$(awk -v s="$start" -v e="$end" 'BEGIN { print e - s }')" "$verdict" "$*"
-	if [[ $verdict != ok ]]; then
-		sed 's/^/    | /' "$out" | tail -n 30
-	fi
+	show_unexpected "$out"
 }
 
 # counterexample NAME: the trail of the failed run NAME, replayed.

@@ -51,15 +51,10 @@ run() {
 	else
 		got="inconclusive (errors ${errors:-?}, search complete: $complete)"
 	fi
-	local verdict=ok
-	if [[ $got != "$expect" ]]; then
-		verdict=UNEXPECTED
-		failed=1
-	fi
+	local verdict
+	judge "$got" "$expect"
 	printf '  %-34s expected %-4s got %-4s %10s states %4ss  %-10s %s\n' "$name" "$expect" "$got" "$states" "$(cat "$dir/secs")" "$verdict" "$*"
-	if [[ $verdict != ok ]]; then
-		sed 's/^/    | /' "$out" | tail -n 30
-	fi
+	show_unexpected "$out"
 }
 
 # counterexample NAME TITLE [bfs]: the shortest counterexample of the failed

@@ -1,8 +1,9 @@
 # shellcheck shell=bash
 # Sourced by scripts/model-check.sh and scripts/model-check-strict.sh: what
-# both do before their runs, and how both prepare a run and read pan's
-# output. Each script keeps its own run(): what counts as the expected end
-# differs (the strict model tells its properties apart).
+# both do before their runs, and how both prepare a run, read pan's output
+# and judge a run's end against the expected one. Each script keeps its own
+# run(): what counts as which end differs (the strict model tells its
+# properties apart).
 
 # model_setup NAME: checks that spin and a C compiler are installed (NAME is
 # the script's name in the message), makes the work directory $work
@@ -37,5 +38,23 @@ pan_read() {
 	complete=yes
 	if grep -q "Search not completed" "$1"; then
 		complete=no
+	fi
+}
+
+# judge GOT EXPECT: sets verdict (the caller's) to ok, or to UNEXPECTED and
+# failed=1 when the run ended as GOT, not as EXPECT.
+judge() {
+	verdict=ok
+	if [[ $1 != "$2" ]]; then
+		verdict=UNEXPECTED
+		failed=1
+	fi
+}
+
+# show_unexpected OUT: after a run's line, the end of its pan output OUT
+# when judge found it UNEXPECTED.
+show_unexpected() {
+	if [[ $verdict != ok ]]; then
+		sed 's/^/    | /' "$1" | tail -n 30
 	fi
 }

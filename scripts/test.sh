@@ -28,6 +28,21 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 command -v go >/dev/null || export PATH="$PATH:/usr/local/go/bin"
 go version
 
+# apt_install WHAT PRONOUN PACKAGE...: installs the packages with apt-get
+# when run as root; otherwise says they are needed (WHAT: what for, in the
+# message) and exits.
+apt_install() {
+	local what=$1 pronoun=$2
+	shift 2
+	if [[ $EUID -ne 0 ]]; then
+		echo "test: needs $* ($what); install $pronoun with apt-get or run as root" >&2
+		exit 1
+	fi
+	echo "test: installing $*"
+	timeout 600 apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
 missing=()
 command -v gcc >/dev/null || missing+=(gcc libc6-dev)
 command -v spin >/dev/null || missing+=(spin)
@@ -46,13 +61,8 @@ command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)
 # tests start their own in front of a throwaway PostgreSQL.
 command -v pgbouncer >/dev/null || [[ -x /usr/sbin/pgbouncer ]] || missing+=(pgbouncer)
 if ((${#missing[@]})); then
-	if [[ $EUID -ne 0 ]]; then
-		echo "test: needs ${missing[*]} (gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test, iproute2 and nftables for the network faults, prometheus for the alerting rules, chromium for the ownership page's browser test, pgbouncer for the pooler tests); install them with apt-get or run as root" >&2
-		exit 1
-	fi
-	echo "test: installing ${missing[*]}"
-	timeout 600 apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	apt_install "gcc for go test -race and the model check, spin for the model check, kcat for the interoperability test, iproute2 and nftables for the network faults, prometheus for the alerting rules, chromium for the ownership page's browser test, pgbouncer for the pooler tests" \
+		them "${missing[@]}"
 fi
 
 bash scripts/ensure-postgres.sh
@@ -66,13 +76,7 @@ if [[ -z $pg_major ]]; then
 	exit 1
 fi
 if ! command -v pg_autoctl >/dev/null || [[ ! -e /usr/lib/postgresql/$pg_major/lib/pgautofailover.so ]]; then
-	if [[ $EUID -ne 0 ]]; then
-		echo "test: needs postgresql-$pg_major-auto-failover (pg_auto_failover, for the failover tests); install it with apt-get or run as root" >&2
-		exit 1
-	fi
-	echo "test: installing postgresql-$pg_major-auto-failover"
-	timeout 600 apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends "postgresql-$pg_major-auto-failover" >/dev/null
+	apt_install "pg_auto_failover, for the failover tests" it "postgresql-$pg_major-auto-failover"
 fi
 # Installed: the failover tests must run, not skip.
 export TENURE_TEST_REQUIRE_PGHA=1

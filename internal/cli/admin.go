@@ -181,6 +181,12 @@ func (a *admin) withOutput(f *flagSet, usage string, choices ...string) {
 	f.String(&a.output, "output", choices[0], usage, arg(strings.Join(choices, "|")))
 }
 
+// withTableOutput adds --output for a command that prints a table, or its
+// rows as JSON.
+func (a *admin) withTableOutput(f *flagSet) {
+	a.withOutput(f, "output format: table or json", "table", "json")
+}
+
 // checkShared validates the shared flags: the schema's name and --output.
 func (a *admin) checkShared() error {
 	if a.hasDB {
@@ -339,6 +345,16 @@ func writeJSON(w io.Writer, v any) error {
 // table is a writer of aligned columns on stdout; Flush prints it.
 func (a *admin) table() *tabwriter.Writer { return tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0) }
 
+// nothingListed tells stderr that a listing came out empty: "no WHAT in
+// schema S", with note after it when there is one.
+func (a *admin) nothingListed(what, note string) {
+	if note != "" {
+		fmt.Fprintf(a.stderr, "no %s in schema %s; %s\n", what, a.schema, note)
+		return
+	}
+	fmt.Fprintf(a.stderr, "no %s in schema %s\n", what, a.schema)
+}
+
 // actorFlag adds --actor: who is recorded as having replayed, discarded or
 // acknowledged something. Default: $USER@host.
 func (a *admin) actorFlag(f *flagSet, p *string) {
@@ -360,6 +376,20 @@ func (a *admin) actorFlag(f *flagSet, p *string) {
 func checkActor(actor string) error {
 	if strings.TrimSpace(actor) == "" {
 		return usagef("--actor must not be empty")
+	}
+	return nil
+}
+
+// optionalGroup checks a --group that narrows a listing: empty means every
+// group.
+func optionalGroup(group string) error {
+	return optional(group, func() error { return validGroup("group", group) })
+}
+
+// checkLimit refuses a --limit below 1.
+func checkLimit(limit int) error {
+	if limit < 1 {
+		return usagef("--limit must be at least 1")
 	}
 	return nil
 }

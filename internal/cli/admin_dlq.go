@@ -235,22 +235,22 @@ func (a *admin) alreadyDone(ctx context.Context, d sink.DeadLetter) string {
 
 // dlqList is `tenure admin dlq list`.
 type dlqList struct {
-	admin
-	group, topic, status string
-	limit                int
+	groupFilter
+	topic, status string
+	limit         int
 }
 
 func (c *dlqList) define(f *flagSet) {
 	c.withDB(f)
-	f.String(&c.group, "group", "", "only this consumer group's dead letters (default: every group)", arg("G"))
+	c.groupFlag(f, "dead letters")
 	f.String(&c.topic, "topic", "", "only this topic's dead letters (default: every topic)", arg("T"))
 	f.String(&c.status, "status", "dead", "dead (waiting for a decision), replayed, discarded, or all", arg("dead|replayed|discarded|all"))
 	f.Int(&c.limit, "limit", 1000, "show at most this many, oldest first")
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *dlqList) check([]string) error {
-	if err := optional(c.group, func() error { return validGroup("group", c.group) }); err != nil {
+	if err := optionalGroup(c.group); err != nil {
 		return err
 	}
 	if err := optional(c.topic, func() error { return validTopic("topic", c.topic) }); err != nil {
@@ -261,10 +261,7 @@ func (c *dlqList) check([]string) error {
 	default:
 		return usagef("--status %q is not dead, replayed, discarded or all", c.status)
 	}
-	if c.limit < 1 {
-		return usagef("--limit must be at least 1")
-	}
-	return nil
+	return checkLimit(c.limit)
 }
 
 func (c *dlqList) run(ctx context.Context) error {
@@ -307,7 +304,7 @@ func (c *dlqList) run(ctx context.Context) error {
 		fmt.Fprintf(c.stderr, "showing the oldest %d; there may be more (--limit)\n", c.limit)
 	}
 	if len(rows) == 0 {
-		fmt.Fprintf(c.stderr, "no %s in schema %s\n", describeFilter(c.status, c.group, c.topic), c.schema)
+		c.nothingListed(describeFilter(c.status, c.group, c.topic), "")
 	}
 	return nil
 }
@@ -333,7 +330,7 @@ type dlqShow struct {
 
 func (c *dlqShow) define(f *flagSet) {
 	c.withDB(f)
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *dlqShow) check(args []string) error {
@@ -415,12 +412,23 @@ func printDeadLetter(w io.Writer, d sink.DeadLetter, r deadLetterRow) error {
 	return tw.Flush()
 }
 
-// dlqReplay is `tenure admin dlq replay ID [ID...]`.
-type dlqReplay struct {
+// dlqAction is what replay and discard share: the dead letters' IDs (the
+// arguments) and --actor.
+type dlqAction struct {
 	admin
 	actor string
 	ids   []int64
 }
+
+func (c *dlqAction) check(args []string) (err error) {
+	if c.ids, err = parseIDs(args); err != nil {
+		return err
+	}
+	return checkActor(c.actor)
+}
+
+// dlqReplay is `tenure admin dlq replay ID [ID...]`.
+type dlqReplay struct{ dlqAction }
 
 func (c *dlqReplay) define(f *flagSet) {
 	// Loading the dead letters gets adminTimeout, each replay replayTimeout.
@@ -428,13 +436,6 @@ func (c *dlqReplay) define(f *flagSet) {
 	c.withKafka(f, brokersUsage, required)
 	c.withDB(f)
 	c.actorFlag(f, &c.actor)
-}
-
-func (c *dlqReplay) check(args []string) (err error) {
-	if c.ids, err = parseIDs(args); err != nil {
-		return err
-	}
-	return checkActor(c.actor)
 }
 
 func (c *dlqReplay) run(ctx context.Context) error {
@@ -557,22 +558,11 @@ func (a *admin) replayError(ctx context.Context, d sink.DeadLetter, err error) e
 }
 
 // dlqDiscard is `tenure admin dlq discard ID [ID...]`.
-type dlqDiscard struct {
-	admin
-	actor string
-	ids   []int64
-}
+type dlqDiscard struct{ dlqAction }
 
 func (c *dlqDiscard) define(f *flagSet) {
 	c.withDB(f)
 	c.actorFlag(f, &c.actor)
-}
-
-func (c *dlqDiscard) check(args []string) (err error) {
-	if c.ids, err = parseIDs(args); err != nil {
-		return err
-	}
-	return checkActor(c.actor)
 }
 
 func (c *dlqDiscard) run(ctx context.Context) error {

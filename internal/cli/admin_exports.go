@@ -86,15 +86,10 @@ func (c *exportsList) define(f *flagSet) {
 	f.String(&c.group, "group", "", "only the exports published by this consumer group", arg("G"))
 	f.String(&c.prefix, "prefix", "", "only keys starting with this", arg("P"))
 	f.Int(&c.limit, "limit", 1000, "show at most this many keys")
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
-func (c *exportsList) check([]string) error {
-	if c.limit < 1 {
-		return usagef("--limit must be at least 1")
-	}
-	return nil
-}
+func (c *exportsList) check([]string) error { return checkLimit(c.limit) }
 
 func (c *exportsList) run(ctx context.Context) error {
 	pool, err := c.Pool()
@@ -129,9 +124,9 @@ func (c *exportsList) run(ctx context.Context) error {
 	table := c.tableNote(ctx)
 	switch {
 	case len(ps) == 0 && table != "":
-		fmt.Fprintf(c.stderr, "no exports in an object store in schema %s; %s\n", c.schema, table)
+		c.nothingListed("exports in an object store", table)
 	case len(ps) == 0:
-		fmt.Fprintf(c.stderr, "no exports in schema %s\n", c.schema)
+		c.nothingListed("exports", "")
 	case table != "":
 		fmt.Fprintf(c.stderr, "besides these exports in an object store, %s\n", table)
 	}
@@ -237,7 +232,7 @@ func (c *exportsGC) define(f *flagSet) {
 	f.String(&c.storeURL, "export-store", "", exportStoreUsage, arg("URL"), required)
 	f.Int(&c.keep, "keep", 1, "superseded versions to keep per key besides the visible one (readers that read the pointer just before it moved can still fetch them)")
 	f.Bool(&c.dryRun, "dry-run", false, "say what would be deleted, delete nothing")
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *exportsGC) check([]string) error {

@@ -24,7 +24,7 @@ func (c *assignments) define(f *flagSet) {
 	f.String(&c.group, "group", "", "consumer group to describe", arg("G"), required)
 	c.withDB(f)
 	f.String(&c.topic, "topic", "", "topics, comma separated (default: those the group's members consume plus those in its fencing rows)", arg("T[,T2]"))
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *assignments) check([]string) error {
@@ -51,8 +51,8 @@ func (c *assignments) run(ctx context.Context) error {
 	}
 	// Read the fencing rows once up front, so that a database problem is
 	// reported as one, not as a failed describe.
-	if _, err := store.List(ctx, c.group); err != nil {
-		return c.dbError("reading the fencing rows", err)
+	if _, _, err := c.fencingRows(ctx, c.group); err != nil {
+		return err
 	}
 	rows, err := consumer.Describe(ctx, cl, store, c.group, topics)
 	if err != nil {
@@ -160,30 +160,33 @@ type fenceRow struct {
 	CommittedAt    *time.Time `json:"committed_at"`
 }
 
-// fences is `tenure admin fences`.
-type fences struct {
+// groupFilter is what the commands that read one group or every group
+// share: an optional --group, checked when given.
+type groupFilter struct {
 	admin
 	group string
 }
 
-func (c *fences) define(f *flagSet) {
-	c.withDB(f)
-	f.String(&c.group, "group", "", "only this consumer group's rows (default: every group)", arg("G"))
-	c.withOutput(f, "output format: table or json", "table", "json")
+// groupFlag adds --group, narrowing the command to that group's what.
+func (c *groupFilter) groupFlag(f *flagSet, what string) {
+	f.String(&c.group, "group", "", "only this consumer group's "+what+" (default: every group)", arg("G"))
 }
 
-func (c *fences) check([]string) error {
-	return optional(c.group, func() error { return validGroup("group", c.group) })
+func (c *groupFilter) check([]string) error { return optionalGroup(c.group) }
+
+// fences is `tenure admin fences`.
+type fences struct{ groupFilter }
+
+func (c *fences) define(f *flagSet) {
+	c.withDB(f)
+	c.groupFlag(f, "rows")
+	c.withTableOutput(f)
 }
 
 func (c *fences) run(ctx context.Context) error {
-	store, err := c.Store()
+	_, fences, err := c.fencingRows(ctx, c.group)
 	if err != nil {
 		return err
-	}
-	fences, err := store.List(ctx, c.group)
-	if err != nil {
-		return c.dbError("reading the fencing rows", err)
 	}
 	rows := make([]fenceRow, len(fences))
 	for i, fe := range fences {
@@ -223,10 +226,23 @@ func (c *fences) run(ctx context.Context) error {
 	return nil
 }
 
+// fencingRows opens the store and reads group's fencing rows (every
+// group's for ""); a failed read is said in one sentence.
+func (a *admin) fencingRows(ctx context.Context, group string) (*sink.Store, []sink.Fence, error) {
+	store, err := a.Store()
+	if err != nil {
+		return nil, nil, err
+	}
+	fences, err := store.List(ctx, group)
+	if err != nil {
+		return nil, nil, a.dbError("reading the fencing rows", err)
+	}
+	return store, fences, nil
+}
+
 // fencesPrune is `tenure admin fences prune`.
 type fencesPrune struct {
-	admin
-	group      string
+	groupFilter
 	maxAge     time.Duration
 	maxEntries int
 }
@@ -237,13 +253,13 @@ func (c *fencesPrune) define(f *flagSet) {
 	// partition in its own transaction).
 	c.ownTimeouts = true
 	c.withDB(f)
-	f.String(&c.group, "group", "", "only this consumer group's partitions (default: every group)", arg("G"))
+	c.groupFlag(f, "partitions")
 	f.Duration(&c.maxAge, "max-age", consumer.DefaultFenceLogMaxAge, "remove entries older than this (0: the default; negative: no age limit)")
 	f.Int(&c.maxEntries, "max-entries", consumer.DefaultFenceLogMaxEntries, "keep at most this many entries per partition (0: the default; negative: no count limit)")
 }
 
 func (c *fencesPrune) check([]string) error {
-	if err := optional(c.group, func() error { return validGroup("group", c.group) }); err != nil {
+	if err := optionalGroup(c.group); err != nil {
 		return err
 	}
 	if !c.retention().Enabled() {

@@ -67,20 +67,13 @@ func toHoldRow(h sink.Hold) holdRow {
 
 // holds is `tenure admin holds`: the open holds, partitions that workers do
 // not process, and why.
-type holds struct {
-	admin
-	group string
-}
+type holds struct{ groupFilter }
 
 func (c *holds) define(f *flagSet) {
 	c.withDB(f)
-	f.String(&c.group, "group", "", "only this consumer group's holds (default: every group)", arg("G"))
+	c.groupFlag(f, "holds")
 	c.withKafka(f, "Kafka seed brokers: with them, the topics whose partition count changed are listed too (kind partitions-changed: Kafka has the current counts)")
-	c.withOutput(f, "output format: table or json", "table", "json")
-}
-
-func (c *holds) check([]string) error {
-	return optional(c.group, func() error { return validGroup("group", c.group) })
+	c.withTableOutput(f)
 }
 
 func (c *holds) run(ctx context.Context) error {
@@ -117,10 +110,8 @@ func (c *holds) run(ctx context.Context) error {
 		note = fmt.Sprintf("topics whose partition count changed (kind %s) are not listed: give --brokers (or set TENURE_BROKERS), Kafka has the current counts", kindPartitionsChanged)
 	}
 	switch {
-	case len(rows) == 0 && note != "":
-		fmt.Fprintf(c.stderr, "no held partitions in schema %s; %s\n", c.schema, note)
 	case len(rows) == 0:
-		fmt.Fprintf(c.stderr, "no held partitions in schema %s\n", c.schema)
+		c.nothingListed("held partitions", note)
 	case note != "":
 		fmt.Fprintln(c.stderr, note)
 	}

@@ -33,7 +33,7 @@ func (c *jobLookup) define(f *flagSet) {
 	c.withDB(f)
 	f.String(&c.group, "group", "", "the consumer group (offsets, and so what became of a job, are per group)", arg("G"), required)
 	c.withKafka(f, brokersUsage+": needed for a job the group has not reached (pending, deleted from the log, or beyond its end)")
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 // parseJobID reads a job's id as handlers get it and workers log it

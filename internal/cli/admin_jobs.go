@@ -49,7 +49,7 @@ func (c *jobsRead) define(f *flagSet) {
 	} else {
 		f.String(&c.offset, "offset", "", "start at offset N of each partition read (default: the log's start)", arg("N"))
 		f.Int(&c.count, "count", peekDefaultCount, "read at most K jobs from each partition", arg("K"))
-		c.withOutput(f, "output format: table or json", "table", "json")
+		c.withTableOutput(f)
 	}
 }
 

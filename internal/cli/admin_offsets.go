@@ -75,7 +75,7 @@ func (c *offsetsReset) define(f *flagSet) {
 	f.Bool(&c.dryRun, "dry-run", false, "show the plan and change nothing (the default)", noEnv)
 	f.Bool(&c.execute, "execute", false, "move the offsets (recorded in the fence log with --actor)", noEnv)
 	c.actorFlag(f, &c.actor)
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *offsetsReset) check([]string) error {
@@ -293,13 +293,9 @@ func (c *offsetsReset) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	store, err := c.Store()
+	store, fences, err := c.fencingRows(ctx, c.group)
 	if err != nil {
 		return err
-	}
-	fences, err := store.List(ctx, c.group)
-	if err != nil {
-		return c.dbError("reading the fencing rows", err)
 	}
 	next := map[int32]int64{}
 	for _, f := range fences {

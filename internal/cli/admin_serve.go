@@ -46,7 +46,7 @@ func (c *serveCmd) define(f *flagSet) {
 }
 
 func (c *serveCmd) check([]string) error {
-	if err := optional(c.group, func() error { return validGroup("group", c.group) }); err != nil {
+	if err := optionalGroup(c.group); err != nil {
 		return err
 	}
 	if err := checkServeAddr(c.addr, c.listenAny); err != nil {

@@ -116,7 +116,7 @@ type topicDescribe struct {
 func (c *topicDescribe) define(f *flagSet) {
 	c.withKafka(f, brokersUsage, required)
 	f.String(&c.topic, "topic", "", "topic to describe", arg("T"), required)
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
 func (c *topicDescribe) check([]string) error { return validTopic("topic", c.topic) }
@@ -203,15 +203,19 @@ type groupRow struct {
 	Members      int    `json:"members"`
 }
 
-// groupsList is `tenure admin groups`.
-type groupsList struct{ admin }
+// brokerListing is what the listings that read the brokers alone share:
+// --brokers and --output, and no checks of their own.
+type brokerListing struct{ admin }
 
-func (c *groupsList) define(f *flagSet) {
+func (c *brokerListing) define(f *flagSet) {
 	c.withKafka(f, brokersUsage, required)
-	c.withOutput(f, "output format: table or json", "table", "json")
+	c.withTableOutput(f)
 }
 
-func (c *groupsList) check([]string) error { return nil }
+func (c *brokerListing) check([]string) error { return nil }
+
+// groupsList is `tenure admin groups`.
+type groupsList struct{ brokerListing }
 
 func (c *groupsList) run(ctx context.Context) error {
 	cl, err := c.client()
@@ -294,14 +298,7 @@ type topicRow struct {
 
 // topicList is `tenure admin topic list`: the topics on the brokers, like
 // the topic part of `kcat -L`.
-type topicList struct{ admin }
-
-func (c *topicList) define(f *flagSet) {
-	c.withKafka(f, brokersUsage, required)
-	c.withOutput(f, "output format: table or json", "table", "json")
-}
-
-func (c *topicList) check([]string) error { return nil }
+type topicList struct{ brokerListing }
 
 func (c *topicList) run(ctx context.Context) error {
 	cl, err := c.client()

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"regexp"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/tenure-dev/tenure/consumer"
 	"github.com/tenure-dev/tenure/internal/devbroker"
@@ -31,6 +33,33 @@ func runInEnv(t *testing.T, vars map[string]string, args ...string) (int, string
 	defer cancel()
 	code := run(ctx, e, args)
 	return code, out.String(), errb.String()
+}
+
+// startBroker starts a development broker, closed when the test ends.
+func startBroker(t *testing.T, cfg devbroker.Config) *kfake.Cluster {
+	t.Helper()
+	c, err := devbroker.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// wantAndNot reports each of want that has does not find, and each of not
+// it finds; what names the output, shown is it as the messages print it.
+func wantAndNot(t *testing.T, what, shown string, has func(string) bool, want, not []string) {
+	t.Helper()
+	for _, w := range want {
+		if !has(w) {
+			t.Errorf("%s lacks %q: %s", what, w, shown)
+		}
+	}
+	for _, n := range not {
+		if has(n) {
+			t.Errorf("%s has %q: %s", what, n, shown)
+		}
+	}
 }
 
 // every command line that has flags: the commands and the admin
@@ -136,11 +165,7 @@ func TestHelpForGroupsOfCommands(t *testing.T) {
 		if code != 0 || stderr != "" {
 			t.Errorf("%v: exit %d, stderr %q", c.args, code, stderr)
 		}
-		for _, w := range c.want {
-			if !strings.Contains(stdout, w) {
-				t.Errorf("%v: stdout lacks %q:\n%s", c.args, w, stdout)
-			}
-		}
+		wantAndNot(t, fmt.Sprintf("%v: stdout", c.args), "\n"+stdout, func(s string) bool { return strings.Contains(stdout, s) }, c.want, nil)
 		if len(c.args) == 3 && c.args[1] == "topic" && strings.Contains(stdout, "dlq") {
 			t.Errorf("admin topic --help lists the dlq subcommands:\n%s", stdout)
 		}
@@ -352,11 +377,7 @@ func TestWhyMoved(t *testing.T) {
 // A KIP-848 group's session timeout is a broker setting: the waiting log
 // reads it from the broker's configuration.
 func TestBrokerSessionTimeout(t *testing.T) {
-	c, err := devbroker.Start(devbroker.Config{ConsumerSessionTimeout: 7 * time.Second, ConsumerHeartbeat: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := startBroker(t, devbroker.Config{ConsumerSessionTimeout: 7 * time.Second, ConsumerHeartbeat: time.Second})
 	cl, err := kafkaClient(c.ListenAddrs())
 	if err != nil {
 		t.Fatal(err)

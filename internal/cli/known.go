@@ -69,44 +69,33 @@ func (a *admin) checkNames(ctx context.Context, refs nameRefs) error {
 		return err
 	}
 	withBrokers := a.kafka != nil && a.kafka.brokers != ""
-	refuse := func(kind, name, group string, known []string) error {
-		msg := unknownName(kind, name, group, a.schema, withBrokers, known)
+	// check refuses name (of kind group or topic; a topic of group) when
+	// neither the schema (read) nor the brokers know it.
+	check := func(kind, name, group string, read func() ([]string, error)) error {
+		if name == "" {
+			return nil
+		}
+		names, err := read()
+		if err != nil {
+			return a.dbError("reading the "+kind+"s the schema knows", err)
+		}
+		if slices.Contains(names, name) {
+			return nil
+		}
+		known, err := a.brokersKnow(ctx, kind, name)
+		if err != nil || known {
+			return err
+		}
+		msg := unknownName(kind, name, group, a.schema, withBrokers, names)
 		if kind == "group" && refs.groupNote != "" {
 			msg += "; " + refs.groupNote
 		}
 		return unknownNameError{msg}
 	}
-	if refs.group != "" {
-		groups, err := store.KnownGroups(ctx)
-		if err != nil {
-			return a.dbError("reading the groups the schema knows", err)
-		}
-		if !slices.Contains(groups, refs.group) {
-			known, err := a.brokersKnow(ctx, "group", refs.group)
-			if err != nil {
-				return err
-			}
-			if !known {
-				return refuse("group", refs.group, "", groups)
-			}
-		}
+	if err := check("group", refs.group, "", func() ([]string, error) { return store.KnownGroups(ctx) }); err != nil {
+		return err
 	}
-	if refs.topic != "" {
-		topics, err := store.KnownTopics(ctx, refs.group)
-		if err != nil {
-			return a.dbError("reading the topics the schema knows", err)
-		}
-		if !slices.Contains(topics, refs.topic) {
-			known, err := a.brokersKnow(ctx, "topic", refs.topic)
-			if err != nil {
-				return err
-			}
-			if !known {
-				return refuse("topic", refs.topic, refs.group, topics)
-			}
-		}
-	}
-	return nil
+	return check("topic", refs.topic, refs.group, func() ([]string, error) { return store.KnownTopics(ctx, refs.group) })
 }
 
 // brokersKnow reports whether the brokers have the group or topic: false

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -35,11 +36,7 @@ func newNamesFixture(t *testing.T) namesFixture {
 		VALUES ('readme-workers', 'readme-jobs', 0, 0, 1, 'm', 0, 1), ('billing', 'invoices', 0, 0, 1, 'm', 0, 1)`); err != nil {
 		t.Fatal(err)
 	}
-	br, err := devbroker.Start(devbroker.Config{Partitions: 1, Topics: []string{"readme-jobs", "invoices"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(br.Close)
+	br := startBroker(t, devbroker.Config{Partitions: 1, Topics: []string{"readme-jobs", "invoices"}})
 	cl, err := kgo.NewClient(kgo.SeedBrokers(br.ListenAddrs()...))
 	if err != nil {
 		t.Fatal(err)
@@ -244,16 +241,7 @@ func TestNameCompletion(t *testing.T) {
 			t.Errorf("__complete %q: exit %d after %s, stdout %q, stderr %q", c.args, code, time.Since(start), stdout, stderr)
 			continue
 		}
-		for _, w := range c.want {
-			if !slices.Contains(lines, w) {
-				t.Errorf("__complete %q lacks %q: %q", c.args, w, lines)
-			}
-		}
-		for _, n := range c.not {
-			if slices.Contains(lines, n) {
-				t.Errorf("__complete %q offers %q: %q", c.args, n, lines)
-			}
-		}
+		wantAndNot(t, fmt.Sprintf("__complete %q", c.args), fmt.Sprintf("%q", lines), func(s string) bool { return slices.Contains(lines, s) }, c.want, c.not)
 	}
 }
 

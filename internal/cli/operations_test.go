@@ -108,11 +108,7 @@ func TestWorkerCreateSchemaWithNoMigrate(t *testing.T) {
 func TestWorkerDoesNotCreateASchemaUnlessTold(t *testing.T) {
 	pool := testdb.Pool(t)
 	existing := testdb.Schema(t, pool)
-	br, err := devbroker.Start(devbroker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer br.Close()
+	br := startBroker(t, devbroker.Config{})
 	missing := testdb.NewSchemaName("tenure_typo")
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+missing+`" CASCADE`) })
 	worker := func(extra ...string) (int, string) {
@@ -263,11 +259,7 @@ func TestAdminMissingSchemaAndExports(t *testing.T) {
 func TestHoldsListPartitionsChanged(t *testing.T) {
 	pool := testdb.Pool(t)
 	schema := testdb.Schema(t, pool)
-	br, err := devbroker.Start(devbroker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer br.Close()
+	br := startBroker(t, devbroker.Config{})
 	brokers := strings.Join(br.ListenAddrs(), ",")
 	cl, err := kgo.NewClient(kgo.SeedBrokers(br.ListenAddrs()...))
 	if err != nil {

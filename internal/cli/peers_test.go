@@ -85,11 +85,7 @@ func postgresAddr(t *testing.T) string {
 // the bound in the message is the one in force.
 func TestDatabaseThatIsNotPostgres(t *testing.T) {
 	httpAddr, silent, closing, tlsOnly := fakePeer(t, peerHTTP), fakePeer(t, peerSilent), fakePeer(t, peerClose), fakePeer(t, peerTLS)
-	broker, err := devbroker.Start(devbroker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer broker.Close()
+	broker := startBroker(t, devbroker.Config{})
 	kafka := broker.ListenAddrs()[0]
 	for _, c := range []struct {
 		name, url string
@@ -128,7 +124,7 @@ func TestDatabaseThatIsNotPostgres(t *testing.T) {
 	// The command's own deadline, when it comes before the URL's bound.
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
-	_, err = openDB(ctx, "postgres://u@"+silent+"/db?connect_timeout=10")
+	_, err := openDB(ctx, "postgres://u@"+silent+"/db?connect_timeout=10")
 	if err == nil || !strings.Contains(err.Error(), "sent no answer within 1.5s") {
 		t.Errorf("deadline 1.5s, connect_timeout 10s: %v", err)
 	}
@@ -194,11 +190,7 @@ func TestBrokersThatAreNotKafka(t *testing.T) {
 	}
 	// A bad seed among good ones: whether kgo goes on with the good one
 	// depends on which it asks first; if it fails, the bad one is named.
-	broker, err := devbroker.Start(devbroker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer broker.Close()
+	broker := startBroker(t, devbroker.Config{})
 	for _, seeds := range []string{httpAddr + "," + broker.ListenAddrs()[0], broker.ListenAddrs()[0] + "," + httpAddr} {
 		code, _, stderr := runIn(t, "admin", "groups", "--brokers", seeds)
 		if code != 0 {

@@ -39,11 +39,7 @@ func TestProbe(t *testing.T) {
 // topic create --if-not-exists succeeds on a topic that exists with the
 // count asked for, and fails on another count.
 func TestTopicCreateIfNotExists(t *testing.T) {
-	c, err := devbroker.Start(devbroker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := startBroker(t, devbroker.Config{})
 	args := []string{"admin", "topic", "create", "--brokers", c.ListenAddrs()[0], "--topic", "t", "--partitions", "3", "--if-not-exists"}
 	for i, want := range []string{"created topic t with 3 partitions", "topic t exists already with 3 partitions"} {
 		if code, out, errs := runIn(t, args...); code != 0 || !strings.Contains(out, want) {

@@ -94,11 +94,7 @@ func secureBroker(t *testing.T, tlsCfg *tls.Config) string {
 	if tlsCfg != nil {
 		opts = append(opts, kfake.TLS(tlsCfg))
 	}
-	c, err := devbroker.Start(devbroker.Config{Extra: opts})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := startBroker(t, devbroker.Config{Extra: opts})
 	return c.ListenAddrs()[0]
 }
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"os"
 	"regexp"
 	"runtime/debug"
@@ -34,16 +35,7 @@ func TestVersion(t *testing.T) {
 		{&debug.BuildInfo{Main: debug.Module{Version: "v1.4.0"}}, []string{"tenure v1.4.0\n"}, []string{"revision", "modified"}},
 	} {
 		got := formatVersion(c.bi) + "\n"
-		for _, w := range c.want {
-			if !strings.Contains(got, w) {
-				t.Errorf("formatVersion: %q lacks %q", got, w)
-			}
-		}
-		for _, n := range c.not {
-			if strings.Contains(got, n) {
-				t.Errorf("formatVersion: %q has %q", got, n)
-			}
-		}
+		wantAndNot(t, "formatVersion", fmt.Sprintf("%q", got), func(s string) bool { return strings.Contains(got, s) }, c.want, c.not)
 	}
 }
 
@@ -73,16 +65,7 @@ func TestCompletion(t *testing.T) {
 		if code != 0 {
 			t.Errorf("__complete %q: exit %d, %q", c.args, code, errs)
 		}
-		for _, w := range c.want {
-			if !strings.Contains(out, w) {
-				t.Errorf("__complete %q lacks %q:\n%s", c.args, w, out)
-			}
-		}
-		for _, n := range c.not {
-			if strings.Contains(out, n) {
-				t.Errorf("__complete %q offers %q:\n%s", c.args, n, out)
-			}
-		}
+		wantAndNot(t, fmt.Sprintf("__complete %q", c.args), "\n"+out, func(s string) bool { return strings.Contains(out, s) }, c.want, c.not)
 	}
 }
 

@@ -96,6 +96,10 @@ func holdHooks(point string) (func(*zap.Logger) consumer.Hooks, error) {
 			return []zap.Field{zap.String("topic", b.Topic), zap.Int32("partition", b.Partition),
 				zap.Stringer("token", b.Token), zap.Int64("from", b.From), zap.Int64("to", b.To)}
 		}
+		holdBatch := func(ctx context.Context, b *consumer.Batch) { hold(ctx, batchFields(b)...) }
+		holdGID := func(ctx context.Context, b *consumer.Batch, gid string) {
+			hold(ctx, append(batchFields(b), zap.String("gid", gid))...)
+		}
 		var h consumer.Hooks
 		switch point {
 		case "before-claim":
@@ -106,25 +110,19 @@ func holdHooks(point string) (func(*zap.Logger) consumer.Hooks, error) {
 				hold(ctx, zap.String("topic", p.Topic), zap.Int32("partition", p.Partition), zap.Stringer("token", t))
 			}
 		case "before-batch":
-			h.BeforeBatch = func(ctx context.Context, b *consumer.Batch) { hold(ctx, batchFields(b)...) }
+			h.BeforeBatch = holdBatch
 		case "before-commit":
-			h.BeforeCommit = func(ctx context.Context, b *consumer.Batch) { hold(ctx, batchFields(b)...) }
+			h.BeforeCommit = holdBatch
 		case "strict-before-offset-commit":
-			h.BeforeOffsetCommit = func(ctx context.Context, b *consumer.Batch, gid string) {
-				hold(ctx, append(batchFields(b), zap.String("gid", gid))...)
-			}
+			h.BeforeOffsetCommit = holdGID
 		case "strict-before-offset-commit-every":
 			h.BeforeOffsetCommit = func(ctx context.Context, b *consumer.Batch, gid string) {
 				holdEvery(ctx, append(batchFields(b), zap.String("gid", gid))...)
 			}
 		case "strict-mid-offset-commit":
-			h.OffsetCommitInFlight = func(ctx context.Context, b *consumer.Batch, gid string) {
-				hold(ctx, append(batchFields(b), zap.String("gid", gid))...)
-			}
+			h.OffsetCommitInFlight = holdGID
 		case "strict-before-commit-prepared":
-			h.BeforeCommitPrepared = func(ctx context.Context, b *consumer.Batch, gid string) {
-				hold(ctx, append(batchFields(b), zap.String("gid", gid))...)
-			}
+			h.BeforeCommitPrepared = holdGID
 		case "strict-before-resolve":
 			h.BeforeResolve = func(ctx context.Context, p sink.Partition, gid string) {
 				hold(ctx, zap.String("topic", p.Topic), zap.Int32("partition", p.Partition), zap.String("gid", gid))
