@@ -31,7 +31,7 @@ const jointSavepoint = "tenure_batch"
 
 // jointCommitter runs the worker's joint transactions. A lane whose batch
 // is ready queues it (commit) and waits for its outcome. Runners, at most
-// jointTxs at once, each take a transaction slot (laneConns, shared with
+// Config.CommitTransactions at once, each take a transaction slot (laneConns, shared with
 // the claims) and then their share of what is queued (take), up to span
 // batches, and go again until they find the queue empty. Nothing waits
 // for more batches to come: the batches that become ready while the
@@ -45,22 +45,12 @@ type jointCommitter struct {
 
 	mu    sync.Mutex
 	queue []*jointEntry
-	// runners is how many runners are under way (at most jointTxs). A
+	// runners is how many runners are under way (at most parallel). A
 	// runner leaves only under mu when it finds the queue empty, and
 	// commit starts one under mu after queueing when fewer are under way:
 	// a queued batch always has a runner to take it.
 	runners int
 }
-
-// jointTxs is how many joint transactions a worker runs at once. Bounded
-// by the transaction slots alone (laneConns, 28 of a 32-connection pool),
-// a transaction almost always found a slot free and took the one batch
-// queued: at 1,000 partitions over 3 workers, --commit-span 16 ran at the
-// rate of --commit-span 1 (22,253 and 23,392 jobs/s, one run each, quiet
-// machine). With 4 at once, the batches that become ready meanwhile wait
-// for the next transaction and share it: 34,715 jobs/s and 0.59x the CPU
-// per job (workers and Postgres) of --commit-span 1, with --commit-span 64.
-const jointTxs = 4
 
 // jointEntry is one lane's batch in the joint committer: the work commitTx
 // would run in a transaction of its own, and where its outcome goes.
@@ -178,10 +168,11 @@ func (j *jointCommitter) take() []*jointEntry {
 	return entries
 }
 
-// parallel is how many joint transactions can run at once: jointTxs, or
-// fewer when the pool has fewer transaction slots (laneConns).
+// parallel is how many joint transactions can run at once:
+// Config.CommitTransactions, or fewer when the pool has fewer transaction
+// slots (laneConns).
 func (j *jointCommitter) parallel() int {
-	return max(1, min(jointTxs, cap(j.c.txSlots())))
+	return max(1, min(j.c.cfg.CommitTransactions, cap(j.c.txSlots())))
 }
 
 // txResult is what became of one batch's savepoint in a joint transaction.

@@ -114,10 +114,12 @@ go test -count=1 -short ./integration/chaos
 # Six short chaos runs, each with a seed from the clock, so that every CI
 # run tries another fault schedule: one per group protocol (classic, and
 # KIP-848's consumer protocol), both with the workers' default
-# --commit-span (commits that span partitions), one whose workers commit
-# each batch in a transaction of its own (--commit-span 1, KIP-848), one
-# on a pg_auto_failover formation
-# (installed above) whose primary is killed and its synchronous standby
+# --commit-span 64 (commits that span partitions; over two partitions a
+# worker shares a transaction only when more batches wait than it runs
+# transactions at once, so the KIP-848 run runs one at a time,
+# --commit-transactions 1, and its batches share), one whose workers
+# commit each batch in a transaction of its own (--commit-span 1,
+# KIP-848), one on a pg_auto_failover formation (installed above) whose primary is killed and its synchronous standby
 # promoted among the other faults (pg-failover; about 1m40s for 60s of
 # faults, two failovers), one with --strict workers, checked for
 # G3-strict (classic: kfake's KIP-848 offset commit rule cannot carry it),
@@ -151,7 +153,7 @@ chaos_run() {
 	fi
 }
 chaos_run "classic protocol" -chaos.protocol classic
-chaos_run "consumer protocol (KIP-848)" -chaos.protocol consumer
+chaos_run "consumer protocol (KIP-848), shared commits" -chaos.protocol consumer -chaos.commit-transactions 1
 chaos_run "on a pg_auto_failover formation" -chaos.postgres formation
 chaos_run "strict hand-off (classic)" -chaos.protocol classic -chaos.strict
 chaos_run "a transaction per batch (KIP-848, --commit-span 1)" -chaos.protocol consumer -chaos.commit-span 1

@@ -433,6 +433,9 @@ func (w *world) workerArgs(s *slot, name string, extra ...string) []string {
 		args = append(args, "--strict")
 	} else {
 		args = append(args, "--commit-span", strconv.Itoa(w.cfg.span))
+		if w.cfg.spanTxs > 0 {
+			args = append(args, "--commit-transactions", strconv.Itoa(w.cfg.spanTxs))
+		}
 	}
 	return append(args, extra...)
 }
@@ -1238,6 +1241,9 @@ func (w *world) replay() string {
 	}
 	if !w.cfg.strict {
 		s += " -chaos.commit-span " + strconv.Itoa(w.cfg.span)
+	}
+	if w.cfg.spanTxs > 0 {
+		s += " -chaos.commit-transactions " + strconv.Itoa(w.cfg.spanTxs)
 	}
 	if len(w.cfg.kinds) > 0 {
 		s += " -chaos.kinds " + strings.Join(w.cfg.kinds, ",")

@@ -655,6 +655,9 @@ func (c *runCheck) summary() string {
 	}
 	if w.cfg.span > 1 {
 		mode = fmt.Sprintf(" (commits spanning up to %d partitions)", w.cfg.span)
+		if w.cfg.spanTxs > 0 {
+			mode = fmt.Sprintf(" (commits spanning up to %d partitions, %d transactions at once)", w.cfg.span, w.cfg.spanTxs)
+		}
 	}
 	fmt.Fprintf(&s, "==== chaos summary: seed %d, %d workers, %s protocol%s, %s of faults, %d jobs/s, %d partitions, run took %s\n",
 		w.cfg.seed, w.cfg.workers, w.cfg.protocol, mode, w.cfg.duration, w.cfg.rate, c.np, time.Since(w.start).Round(time.Second))

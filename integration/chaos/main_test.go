@@ -25,6 +25,7 @@ var (
 	strictFlag   = flag.Bool("chaos.strict", false, "workers run with --strict (strict hand-off), and the run checks G3-strict: no batch became visible after its assignment was superseded (classic protocol, single server) [TENURE_CHAOS_STRICT]")
 	postgresFlag = flag.String("chaos.postgres", "", "the run's PostgreSQL: single (one throwaway server, pg-restart faults) or formation (pg_auto_failover, pg-failover faults) (default single) [TENURE_CHAOS_POSTGRES]")
 	spanFlag     = flag.Int("chaos.commit-span", 0, "workers run with --commit-span N (commits that span partitions; plain workers only, so not with -chaos.strict) (default: the worker's, consumer.DefaultCommitSpan, or 1 with -chaos.strict; 1: each batch in its own transaction) [TENURE_CHAOS_COMMIT_SPAN]")
+	spanTxsFlag  = flag.Int("chaos.commit-transactions", 0, "plain workers run with --commit-transactions N (the joint transactions at once; 1 makes every waiting batch share the next, so that a run over a few partitions shares) (default: the worker's) [TENURE_CHAOS_COMMIT_TRANSACTIONS]")
 	kindsFlag    = flag.String("chaos.kinds", "", "deal only these fault kinds, comma separated (default: every kind) [TENURE_CHAOS_KINDS]")
 )
 
@@ -46,6 +47,7 @@ type config struct {
 	postgres string // postgresSingle or postgresFormation
 	strict   bool
 	span     int      // --commit-span of the plain workers (1: each batch its own)
+	spanTxs  int      // --commit-transactions of the plain workers (0: the worker's default)
 	kinds    []string // the kinds the deck deals (nil: all)
 }
 
@@ -62,7 +64,7 @@ func loadConfig() (config, error) {
 		return v, v != ""
 	}
 	c := config{duration: *durationFlag, workers: *workersFlag, seed: *seedFlag, soak: *soakFlag,
-		rate: *rateFlag, protocol: *protocolFlag, keep: *keepFlag, postgres: *postgresFlag, strict: *strictFlag, span: *spanFlag}
+		rate: *rateFlag, protocol: *protocolFlag, keep: *keepFlag, postgres: *postgresFlag, strict: *strictFlag, span: *spanFlag, spanTxs: *spanTxsFlag}
 	if err := c.fromEnv(env); err != nil {
 		return c, err
 	}
@@ -91,6 +93,7 @@ func (c *config) fromEnv(env func(flagName, envName string) (string, bool)) erro
 		{"chaos.workers", "TENURE_CHAOS_WORKERS", func(v string) (err error) { c.workers, err = strconv.Atoi(v); return err }},
 		{"chaos.seed", "TENURE_CHAOS_SEED", func(v string) (err error) { c.seed, err = strconv.ParseInt(v, 10, 64); return err }},
 		{"chaos.commit-span", "TENURE_CHAOS_COMMIT_SPAN", func(v string) (err error) { c.span, err = strconv.Atoi(v); return err }},
+		{"chaos.commit-transactions", "TENURE_CHAOS_COMMIT_TRANSACTIONS", func(v string) (err error) { c.spanTxs, err = strconv.Atoi(v); return err }},
 		{"chaos.rate", "TENURE_CHAOS_RATE", func(v string) (err error) { c.rate, err = strconv.Atoi(v); return err }},
 		{"chaos.protocol", "TENURE_CHAOS_PROTOCOL", func(v string) error { c.protocol = v; return nil }},
 		{"chaos.postgres", "TENURE_CHAOS_POSTGRES", func(v string) error { c.postgres = v; return nil }},
@@ -173,6 +176,10 @@ func (c config) check() error {
 		return fmt.Errorf("-chaos.strict runs on the classic protocol: kfake's KIP-848 offset commit rule cannot carry strict hand-off")
 	case c.span < 1:
 		return fmt.Errorf("-chaos.commit-span %d: want 1 (each batch in its own transaction) or more", c.span)
+	case c.spanTxs < 0:
+		return fmt.Errorf("-chaos.commit-transactions %d: want 1 or more", c.spanTxs)
+	case c.spanTxs > 0 && (c.strict || c.span == 1):
+		return fmt.Errorf("-chaos.commit-transactions %d is for workers whose commits span partitions (not -chaos.strict, not -chaos.commit-span 1)", c.spanTxs)
 	case c.span > 1 && c.strict:
 		return fmt.Errorf("-chaos.commit-span %d: strict workers commit each batch in its own transaction (the worker refuses --commit-span with --strict)", c.span)
 	case c.strict && c.postgres != postgresSingle:

@@ -45,6 +45,7 @@ type workerCmd struct {
 	session, rebalance, batchLinger, idleTx, handlerTimeout time.Duration
 	dbTimeout, shutdown, logAge                             time.Duration
 	batchMax, maxAttempts, logEntries, dbMaxConns, span     int
+	spanTxs                                                 int
 	batchMaxBytes, partitionBuffer, workerBuffer            int64
 
 	injectFaults, noMigrate, createSchema, unsafeNoFence, requireSync bool
@@ -74,6 +75,7 @@ func (w *workerCmd) define(f *flagSet) {
 	f.Int(&w.batchMax, "batch-max", consumer.DefaultBatchMax, "most jobs per transaction; a lane takes what it has buffered, up to this, so batches grow with the backlog")
 	f.Bytes(&w.batchMaxBytes, "batch-max-bytes", consumer.DefaultBatchMaxBytes, "most bytes (keys, values, headers) per transaction; a larger job makes a batch of its own")
 	f.Int(&w.span, "commit-span", consumer.DefaultCommitSpan, "the most partitions whose ready batches share one Postgres transaction and one fence statement (1: each batch its own; more shares a COMMIT and a fence round trip among partitions that carry few jobs each, and a failed transaction costs each batch in it a retry; a few waiting batches still go side by side; 1 with --strict, which takes no other)", arg("N"))
+	f.Int(&w.spanTxs, "commit-transactions", consumer.DefaultCommitTransactions, "with --commit-span above 1, how many transactions the worker runs at once; each takes its share of the waiting batches, so fewer share more (1: every waiting batch goes into the next)", arg("N"))
 	f.Duration(&w.batchLinger, "batch-linger", 0, "how long a lane with less than a full batch waits for more (0: at once; a few ms makes fewer, larger batches at moderate load, at that much latency)")
 	f.Bytes(&w.partitionBuffer, "partition-buffer-bytes", consumer.DefaultPartitionBufferBytes, "the records one partition holds ahead of its handler: fetching it pauses there")
 	f.Bytes(&w.workerBuffer, "worker-buffer-bytes", consumer.DefaultWorkerBufferBytes, "the records all partitions together hold, buffered and in the batches being handled: past it, every partition's fetching pauses; it bounds the worker's memory whatever the backlog and the partition count, and sizes the fetches (a thirty-second of it per response; docs/operations.md, \"Memory\")")
@@ -175,6 +177,8 @@ func (w *workerCmd) check([]string) error {
 		return usagef("--strict and --unsafe-no-fence exclude each other")
 	case w.span < 1 || w.span > 1000:
 		return usagef("--commit-span %d is not between 1 and 1000", w.span)
+	case w.spanTxs < 1 || w.spanTxs > 64:
+		return usagef("--commit-transactions %d is not between 1 and 64", w.spanTxs)
 	case w.span > 1 && w.strict:
 		return usagef("--commit-span %d is not for --strict: a strict batch is prepared and its offset committed in a transaction of its own", w.span)
 	case w.span > 1 && w.unsafeNoFence:
@@ -395,6 +399,7 @@ func (w *workerCmd) configure(ctx context.Context, log *zap.Logger) (consumer.Co
 		BatchMaxBytes:        w.batchMaxBytes,
 		BatchLinger:          w.batchLinger,
 		CommitSpan:           w.span,
+		CommitTransactions:   w.spanTxs,
 		PartitionBufferBytes: w.partitionBuffer,
 		WorkerBufferBytes:    w.workerBuffer,
 		MaxAttempts:          w.maxAttempts,

@@ -109,6 +109,24 @@ func TestWorkerFlagsAndConfig(t *testing.T) {
 		if _, err := workerConfig(t, "--commit-span", "16", "--strict"); !errors.As(err, &u) || !strings.Contains(err.Error(), "--commit-span 16 is not for --strict") {
 			t.Errorf("--commit-span 16 --strict: %v, want a usage error saying it is not for --strict", err)
 		}
+		// The default is the consumer's; strict and unfenced workers,
+		// whose commit paths take one batch a transaction, get 1 unasked.
+		if cfg, err := workerConfig(t); err != nil || cfg.CommitSpan != consumer.DefaultCommitSpan || cfg.CommitTransactions != consumer.DefaultCommitTransactions {
+			t.Errorf("no flag: CommitSpan %d, CommitTransactions %d, %v; want the defaults", cfg.CommitSpan, cfg.CommitTransactions, err)
+		}
+		for _, mode := range []string{"--strict", "--unsafe-no-fence"} {
+			if cfg, err := workerConfig(t, mode); err != nil || cfg.CommitSpan != 1 {
+				t.Errorf("%s: CommitSpan %d, %v; want 1", mode, cfg.CommitSpan, err)
+			}
+		}
+		if cfg, err := workerConfig(t, "--commit-transactions", "1"); err != nil || cfg.CommitTransactions != 1 {
+			t.Errorf("--commit-transactions 1: CommitTransactions %d, %v; want 1", cfg.CommitTransactions, err)
+		}
+		for _, n := range []string{"0", "65"} {
+			if _, err := workerConfig(t, "--commit-transactions", n); !errors.As(err, &u) {
+				t.Errorf("--commit-transactions %s: %v, want a usage error", n, err)
+			}
+		}
 	})
 
 	t.Run("NegativeIsNoLimit", func(t *testing.T) {
