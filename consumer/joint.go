@@ -213,7 +213,17 @@ func (j *jointCommitter) runTx(entries []*jointEntry) (again []*jointEntry) {
 		}
 		return nil
 	}
-	bctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
+	// Up to the fence, the transaction's statements run while any of its
+	// lanes still waits for it, as a batch's own would (a worker that
+	// steps down or stops does not wait out CommitTimeout on a database
+	// that does not answer); with a pgx tracer they are the first batch's
+	// children, and a lone batch's tree is the one commitTx makes.
+	tctx, tcancel := wanted(entries)
+	defer tcancel()
+	if sp := trace.SpanFromContext(entries[0].ctx); sp.SpanContext().IsValid() {
+		tctx = trace.ContextWithSpan(tctx, sp)
+	}
+	bctx, cancel := context.WithTimeout(tctx, c.cfg.CommitTimeout)
 	conn, err := c.store.Pool().Acquire(bctx)
 	if err != nil {
 		cancel()
@@ -253,7 +263,7 @@ func (j *jointCommitter) runTx(entries []*jointEntry) (again []*jointEntry) {
 		}
 	}
 	if together > 0 {
-		switch res, err := j.runBatches(conn, tx, entries[:together], &sess, &xid); res {
+		switch res, err := j.runBatches(tctx, conn, tx, entries[:together], &sess, &xid); res {
 		case resRan:
 			for i := range together {
 				results[i] = resRan
@@ -276,7 +286,7 @@ func (j *jointCommitter) runTx(entries []*jointEntry) (again []*jointEntry) {
 		if i < together {
 			continue
 		}
-		res, err := j.runEntry(conn, tx, e, i == 0 && xid == "", len(entries) == 1, &sess, &xid)
+		res, err := j.runEntry(tctx, conn, tx, e, i == 0 && xid == "", len(entries) == 1, &sess, &xid)
 		results[i] = res
 		switch res {
 		case resRan:
@@ -336,9 +346,9 @@ func (j *jointCommitter) runTx(entries []*jointEntry) (again []*jointEntry) {
 // batch, which needs no savepoint (its failure rolls back the whole
 // transaction, which holds nothing else) and no id (no batch ran before
 // it): it costs what a transaction of its own costs.
-func (j *jointCommitter) runEntry(conn *pgxpool.Conn, tx pgx.Tx, e *jointEntry, first, alone bool, sess *fence.Session, xid *string) (txResult, error) {
+func (j *jointCommitter) runEntry(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, e *jointEntry, first, alone bool, sess *fence.Session, xid *string) (txResult, error) {
 	c := j.c
-	sctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
+	sctx, cancel := context.WithTimeout(ctx, c.cfg.CommitTimeout)
 	defer cancel()
 	switch {
 	case alone:
@@ -457,32 +467,29 @@ func (j *jointCommitter) batchesFirst(entries []*jointEntry) []*jointEntry {
 // resLost: the call failed and took the transaction with it (its
 // connection closed, or the savepoint could not be rolled back); each
 // batch is marked to run alone, in a new transaction.
-func (j *jointCommitter) runBatches(conn *pgxpool.Conn, tx pgx.Tx, entries []*jointEntry, sess *fence.Session, xid *string) (txResult, error) {
+func (j *jointCommitter) runBatches(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, entries []*jointEntry, sess *fence.Session, xid *string) (txResult, error) {
 	c := j.c
-	sctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
+	sctx, cancel := context.WithTimeout(ctx, c.cfg.CommitTimeout)
 	defer cancel()
 	if err := j.firstSavepoint(sctx, tx, sess, xid); err != nil {
 		return resFailed, err
 	}
 	// The call runs while any of its lanes still wants it: a lane that
 	// stops (revoked, the worker stopping) leaves its batch to the fence.
-	hctx, hcancel := context.WithCancel(context.Background())
+	hctx, hcancel := wanted(entries)
 	defer hcancel()
-	var waiting atomic.Int32
-	waiting.Store(int32(len(entries)))
 	batches := make([]*Batch, len(entries))
 	spans := make([]trace.Span, len(entries))
 	for i, e := range entries {
 		batches[i] = e.b
 		_, spans[i] = c.trace.child(e.ctx, SpanHandler)
-		stop := context.AfterFunc(e.ctx, func() {
-			if waiting.Add(-1) == 0 {
-				hcancel()
-			}
-		})
-		defer stop()
 		stopWatch := e.l.watchLocks(sess.PID)
 		defer stopWatch()
+	}
+	if spans[0] != nil {
+		// The call's statements, with a pgx tracer, are children of the
+		// first batch's handler span: one call, one parent.
+		hctx = trace.ContextWithSpan(hctx, spans[0])
 	}
 	if c.cfg.HandlerTimeout > 0 {
 		var tcancel context.CancelFunc
@@ -532,6 +539,28 @@ func (j *jointCommitter) runBatches(conn *pgxpool.Conn, tx pgx.Tx, entries []*jo
 	markAlone(entries)
 	c.log.Debug("a call with several batches failed: each runs alone", zap.Int("batches", len(entries)), zap.Error(werr))
 	return resFailed, nil
+}
+
+// wanted is a context that is cancelled once every entry's lane has
+// stopped waiting for it (each entry's ctx is done), and its cancel.
+func wanted(entries []*jointEntry) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var waiting atomic.Int32
+	waiting.Store(int32(len(entries)))
+	stops := make([]func() bool, len(entries))
+	for i, e := range entries {
+		stops[i] = context.AfterFunc(e.ctx, func() {
+			if waiting.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
 }
 
 // markAlone marks the batches of a failed BatchesHandler call to run alone
@@ -624,19 +653,41 @@ func (e *jointEntry) sharedBug(other *jointEntry) error {
 // the partitions that were refused.
 func (j *jointCommitter) fence(conn *pgxpool.Conn, tx pgx.Tx, ran []*jointEntry, marker string, sess fence.Session) (again []*jointEntry) {
 	c := j.c
+	// Not cancelled by the lanes: a commit in flight is settled by the
+	// fence, as commitTx's is.
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
 	defer cancel()
 	reqs := make([]sink.CommitRequest, len(ran))
+	// A fence_commit span for each batch, as commitTx makes, ended with
+	// its batch's outcome; the statement is the first one's child.
+	spans := make([]trace.Span, len(ran))
 	for i, e := range ran {
 		reqs[i] = e.req
+		_, spans[i] = c.trace.child(e.ctx, SpanFenceCommit)
+	}
+	if spans[0] != nil {
+		ctx = trace.ContextWithSpan(ctx, spans[0])
+	}
+	settled := make([]bool, len(ran))
+	defer func() {
+		for i, sp := range spans {
+			if !settled[i] {
+				endSpan(sp, nil) // goes again in a new transaction: no outcome here
+			}
+		}
+	}()
+	answer := func(i int, err error) {
+		endSpan(spans[i], err)
+		settled[i] = true
+		ran[i].done <- err
 	}
 	err := c.store.CommitJoint(ctx, tx, reqs, marker)
 	var jf *fence.JointFencedError
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
-		for _, e := range ran {
-			e.done <- nil
+		for i := range ran {
+			answer(i, nil)
 		}
 		return nil
 	case errors.As(err, &jf):
@@ -648,7 +699,7 @@ func (j *jointCommitter) fence(conn *pgxpool.Conn, tx pgx.Tx, ran []*jointEntry,
 		cancel()
 		for i, e := range ran {
 			if ferr, ok := jf.Fenced[i]; ok {
-				e.done <- fmt.Errorf("%w (refused in a transaction shared with %d other batches, which go again without it)", ferr, len(ran)-1)
+				answer(i, fmt.Errorf("%w (refused in a transaction shared with %d other batches, which go again without it)", ferr, len(ran)-1))
 			} else {
 				again = append(again, e)
 			}
@@ -658,12 +709,12 @@ func (j *jointCommitter) fence(conn *pgxpool.Conn, tx pgx.Tx, ran []*jointEntry,
 		// The marker is gone, yet every savepoint was released: a handler
 		// ended the transaction and began another. Which one cannot be
 		// told; every batch in it halts, as its own would.
-		for _, e := range ran {
-			e.done <- e.ownBug()
+		for i, e := range ran {
+			answer(i, e.ownBug())
 		}
 	case errors.As(err, &pgErr):
-		for _, e := range ran {
-			e.done <- infraError{err} // the server refused: nothing committed
+		for i := range ran {
+			answer(i, infraError{err}) // the server refused: nothing committed
 		}
 	default:
 		// The answer was lost (the connection broke, or none came within
@@ -673,8 +724,9 @@ func (j *jointCommitter) fence(conn *pgxpool.Conn, tx pgx.Tx, ran []*jointEntry,
 		// transaction is atomic, so the answers agree: all committed, or
 		// none (NotCommitted or Fenced).
 		_ = conn.Conn().Close(context.Background())
-		for _, e := range ran {
-			e.done <- e.l.resolve(e.req, sess, err)
+		for i, e := range ran {
+			unknownOutcome(spans[i], err)
+			answer(i, e.l.resolve(e.req, sess, err))
 		}
 	}
 	rctx, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
