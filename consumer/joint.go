@@ -699,7 +699,11 @@ func (j *jointCommitter) fence(conn *pgxpool.Conn, tx pgx.Tx, ran []*jointEntry,
 		cancel()
 		for i, e := range ran {
 			if ferr, ok := jf.Fenced[i]; ok {
-				answer(i, fmt.Errorf("%w (refused in a transaction shared with %d other batches, which go again without it)", ferr, len(ran)-1))
+				err := ferr
+				if len(ran) > 1 {
+					err = fmt.Errorf("%w (refused in a transaction shared with %d other batches, which go again without it)", ferr, len(ran)-1)
+				}
+				answer(i, err) // alone, it reads as commitTx's refusal
 			} else {
 				again = append(again, e)
 			}
