@@ -31,9 +31,10 @@ const jointSavepoint = "tenure_batch"
 
 // jointCommitter runs the worker's joint transactions. A lane whose batch
 // is ready queues it (commit) and waits for its outcome. Runners, at most
-// Config.CommitTransactions at once, each take a transaction slot (laneConns, shared with
-// the claims) and then their share of what is queued (take), up to span
-// batches, and go again until they find the queue empty. Nothing waits
+// Config.CommitTransactions at once, each take a transaction slot
+// (laneConns, shared with the claims) and then their share of what is
+// queued (take), up to span batches, and go again until they find the
+// queue empty. Nothing waits
 // for more batches to come: the batches that become ready while the
 // runners are busy wait for the next transactions and share them.
 type jointCommitter struct {
