@@ -649,6 +649,10 @@ func (e *jointEntry) sharedBug(other *jointEntry) error {
 	return err
 }
 
+// errGoesAgain ends the fence_commit span of a batch whose transaction was
+// rolled back because another partition in it was refused.
+var errGoesAgain = errors.New("not committed: another partition in the transaction was refused; the batch goes again without it")
+
 // fence ends tx with one fence statement over ran's partitions and COMMIT,
 // and sends each its outcome; it returns the batches to run again without
 // the partitions that were refused.
@@ -673,7 +677,9 @@ func (j *jointCommitter) fence(conn *pgxpool.Conn, tx pgx.Tx, ran []*jointEntry,
 	defer func() {
 		for i, sp := range spans {
 			if !settled[i] {
-				endSpan(sp, nil) // goes again in a new transaction: no outcome here
+				// Nothing committed; the batch goes again in a new
+				// transaction, whose own span will say how it ended.
+				endSpan(sp, errGoesAgain)
 			}
 		}
 	}()
