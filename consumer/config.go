@@ -79,11 +79,11 @@ type Config struct {
 	// with one fence statement over all their partitions and COMMIT. The
 	// guarantee holds per partition unchanged: if any partition is refused
 	// nothing of the transaction commits, and the others go again without
-	// it. What it
-	// trades: with many partitions each carrying few jobs, one COMMIT and
-	// one fence round trip are shared by several lanes, at the price of a
-	// SAVEPOINT and a RELEASE per batch (a transaction that takes a single
-	// batch skips them); in exchange a batch waits for the handlers of the
+	// it. What it trades: with many partitions each carrying few jobs, one
+	// COMMIT and one fence round trip are shared by several lanes, at the
+	// price of a SAVEPOINT and a RELEASE per batch (per call for a
+	// BatchesHandler; a transaction that takes a single batch skips them);
+	// in exchange a batch waits for the handlers of the
 	// batches ahead of it in the same transaction (never for more to
 	// arrive: nothing lingers past BatchLinger), and a failure of the
 	// transaction itself (a lost connection, a handler timeout that closes
