@@ -52,6 +52,21 @@ type Result struct {
 	// machine (omitted otherwise). Other use of the server counts too.
 	DBCPUPerMJobs *float64 `json:"postgres_cpu_seconds_per_million_jobs,omitempty"`
 	PeakRSSMB     float64  `json:"peak_rss_mb"`
+	// Pace is, for the partition dimension's runs (whose backlog is
+	// produced while the program drains it), the producer's side at the
+	// mark a third of the way: nil elsewhere.
+	Pace *Pace `json:"producer_pace,omitempty"`
+}
+
+// Pace is how far the producer had got when a partition-dimension run
+// reached its mark: the rate at which the broker acknowledged jobs since
+// production began, and how many of them were not yet committed. A program
+// that leaves few waiting drained as fast as they came: its rate there is
+// the producer's (which slows as the program takes the cores), not a
+// ceiling of its own.
+type Pace struct {
+	JobsPerSec float64 `json:"jobs_per_sec"`
+	Waiting    int64   `json:"waiting"`
 }
 
 // Row is one program over the repeats: each run, and the median and spread
@@ -149,12 +164,13 @@ type PartitionRun struct {
 	HandOffSeconds      float64 `json:"hand_off_seconds_max"`
 	HandOffClaimSeconds float64 `json:"hand_off_claimed_seconds_max"`
 	Note                string  `json:"note,omitempty"`
+	Pace                *Pace   `json:"producer_pace,omitempty"`
 }
 
 // result is the run up to the kill as a Result, for a Row.
 func (p PartitionRun) result() Result {
 	return Result{Name: fmt.Sprintf("tenure, %d partitions", p.Partitions), Jobs: p.JobsToKill, JobsPerSec: p.JobsPerSec,
-		CPUPerMJobs: p.CPUPerMJobs, DBCPUPerMJobs: p.DBCPUPerMJobs, PeakRSSMB: p.PeakRSSMB}
+		CPUPerMJobs: p.CPUPerMJobs, DBCPUPerMJobs: p.DBCPUPerMJobs, PeakRSSMB: p.PeakRSSMB, Pace: p.Pace}
 }
 
 // PartitionCount is one partition count of the dimension over its rounds:
@@ -727,7 +743,7 @@ func (b *bench) topicWithJobs(ctx context.Context, name string, partitions, n in
 	if err != nil {
 		return "", err
 	}
-	return topic, b.produce(ctx, topic, n)
+	return topic, b.produce(ctx, topic, n, nil)
 }
 
 // topic creates the run's topic of that name.
@@ -742,8 +758,9 @@ func (b *bench) topic(ctx context.Context, name string, partitions int) (string,
 	return topic, nil
 }
 
-// produce produces n jobs to topic, keyed over b.keys keys.
-func (b *bench) produce(ctx context.Context, topic string, n int) error {
+// produce produces n jobs to topic, keyed over b.keys keys, counting in
+// acked (if not nil) those the broker has acknowledged.
+func (b *bench) produce(ctx context.Context, topic string, n int, acked *atomic.Int64) error {
 	pad := strings.Repeat("x", max(0, b.valueBytes-24))
 	var failed atomic.Pointer[error]
 	var wg sync.WaitGroup
@@ -756,6 +773,8 @@ func (b *bench) produce(ctx context.Context, topic string, n int) error {
 			func(_ *kgo.Record, err error) {
 				if err != nil {
 					failed.CompareAndSwap(nil, &err)
+				} else if acked != nil {
+					acked.Add(1)
 				}
 				wg.Done()
 			})

@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/pprof/profile"
 
@@ -282,5 +283,41 @@ func TestBenchDimensionTargets(t *testing.T) {
 	}
 	if all := strings.Join(names, "; "); len(names) != 3 || strings.Contains(all, "/ tenure at") || strings.Contains(all, "CPU per job") {
 		t.Errorf("one count's targets: %q, want tenure / at-least-once, RSS and hand-off", names)
+	}
+}
+
+// The producer's pace at a run's mark: its rate since it began and what it
+// had produced that was not yet committed, per round into the report; a
+// report whose runs have none (an older JSON) says nothing of it.
+func TestBenchProducerPace(t *testing.T) {
+	p := &production{start: time.Now().Add(-2 * time.Second)}
+	p.acked.Store(10000)
+	pace := p.mark()
+	p.acked.Store(50000) // after the mark: not counted
+	got := pace(9000)
+	if got.Waiting != 1000 || got.JobsPerSec > 5000 || got.JobsPerSec < 4500 {
+		t.Errorf("pace at the mark: %+v, want about 5000 jobs/s (10000 in 2 s), 1000 waiting", got)
+	}
+	if w := pace(12000).Waiting; w != 0 {
+		t.Errorf("more committed than acknowledged by the mark: %d waiting, want 0", w)
+	}
+
+	var c PartitionCount
+	c.Partitions = 1000
+	for i, r := range []struct{ tenure, alo Pace }{{Pace{60000, 9000}, Pace{90000, 800}}, {Pace{70000, 7000}, Pace{94000, 1200}}} {
+		c.addTenure(PartitionRun{Partitions: 1000, Round: i, JobsPerSec: 1, Pace: &r.tenure})
+		c.addAtLeastOnce(Result{JobsPerSec: 1, Pace: &r.alo})
+	}
+	var sb strings.Builder
+	writePace(&sb, []PartitionCount{c})
+	want := "1000 partitions: beside tenure 65000 (60000–70000) jobs/s, 8000 (7000–9000) jobs waiting; beside the at-least-once program 92000 (90000–94000) jobs/s, 1000 (800–1200) waiting"
+	if !strings.Contains(sb.String(), want) {
+		t.Errorf("the report's pace lines:\n%s\nwant %q", sb.String(), want)
+	}
+	c.Tenure.Runs[0].Pace, c.Tenure.Runs[1].Pace = nil, nil
+	sb.Reset()
+	writePace(&sb, []PartitionCount{c})
+	if sb.Len() != 0 {
+		t.Errorf("runs without a pace: %q, want nothing", sb.String())
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -89,22 +90,25 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers, round int) (Pa
 	}
 	defer func() {
 		if produced != nil {
-			<-produced
+			<-produced.done
 		}
 	}()
 	base := b.cpuBase(ctx, procs)
 	// A third of the way, by the fencing rows' next offsets: exact and
 	// cheap (a row per partition), where the table's statistics lag by a
 	// second, a sixth of the backlog at these rates.
+	var atMark int64 // committed at the mark: the last count the wait read
 	if err := b.wait(ctx, s, "ledger", int64(b.jobs/3), procs, func(ctx context.Context) (n int64, err error) {
 		fences, err := fencesOf(ctx)
 		for _, f := range fences {
 			n += f.NextOffset
 		}
+		atMark = n
 		return n, err
 	}); err != nil {
 		return out, err
 	}
+	out.Pace = produced.mark()(atMark)
 	// Up to the kill: CPU since the group settled, peak RSS, rows.
 	cpu, db, peak := base.since(ctx, b, procs)
 	out.PeakRSSMB = max(out.PeakRSSMB, peak)
@@ -135,7 +139,7 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers, round int) (Pa
 		v := *db / float64(n) * 1e6
 		out.DBCPUPerMJobs = &v
 	}
-	err, produced = <-produced, nil
+	err, produced = <-produced.done, nil
 	if err != nil {
 		return out, err
 	}
@@ -241,7 +245,7 @@ func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) 
 	}
 	defer func() {
 		if produced != nil {
-			<-produced
+			<-produced.done
 		}
 	}()
 	base := b.cpuBase(ctx, procs)
@@ -259,6 +263,9 @@ func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) 
 	}); err != nil {
 		return Result{}, err
 	}
+	// The committed offsets lag the rows by up to the autocommit interval:
+	// the producer's side is set against the rows at the mark, below.
+	pace := produced.mark()
 	var r Result
 	cpu, db, peak := base.since(ctx, b, procs)
 	r.PeakRSSMB = max(r.PeakRSSMB, peak)
@@ -274,6 +281,7 @@ func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) 
 	if r.Jobs == 0 {
 		return r, fmt.Errorf("%d partitions: no row was written by the time a third of the jobs was committed", parts)
 	}
+	r.Pace = pace(r.Jobs)
 	if span := last.Sub(first).Seconds(); span > 0 {
 		r.JobsPerSec, r.DrainSeconds = float64(r.Jobs)/span, span
 	}
@@ -285,7 +293,7 @@ func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) 
 	for _, p := range procs {
 		p.stop()
 	}
-	err, produced = <-produced, nil
+	err, produced = <-produced.done, nil
 	if err != nil {
 		return r, err
 	}
@@ -480,7 +488,7 @@ func (m cpuMark) since(ctx context.Context, b *bench, procs []*proc) (cpu float6
 	return c - m.procs, db, peak
 }
 
-func (b *bench) settleThenProduce(ctx context.Context, procs []*proc, topic string, settled func() (bool, string, error)) (chan error, error) {
+func (b *bench) settleThenProduce(ctx context.Context, procs []*proc, topic string, settled func() (bool, string, error)) (*production, error) {
 	for start := time.Now(); ; {
 		ok, state, err := settled()
 		if err != nil {
@@ -499,7 +507,23 @@ func (b *bench) settleThenProduce(ctx context.Context, procs []*proc, topic stri
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	produced := make(chan error, 1)
-	go func() { produced <- b.produce(ctx, topic, b.jobs) }()
-	return produced, nil
+	prod := &production{done: make(chan error, 1), start: time.Now()}
+	go func() { prod.done <- b.produce(ctx, topic, b.jobs, &prod.acked) }()
+	return prod, nil
+}
+
+// production is a backlog being produced while a program drains it.
+type production struct {
+	done  chan error // the producer's end
+	acked atomic.Int64
+	start time.Time
+}
+
+// mark reads the producer's side now; given the jobs committed by then,
+// the Pace: its rate so far and the jobs acknowledged but not committed.
+func (p *production) mark() func(committed int64) *Pace {
+	acked, took := p.acked.Load(), time.Since(p.start).Seconds()
+	return func(committed int64) *Pace {
+		return &Pace{JobsPerSec: float64(acked) / took, Waiting: max(0, acked-committed)}
+	}
 }

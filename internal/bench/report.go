@@ -452,4 +452,39 @@ func printDimension(w io.Writer, rep *Report) {
 			cpu(t).cell(2), cpu(a).cell(2), ratio(cpu(t), cpu(a)), t.PeakRSSMB.cell(0), a.PeakRSSMB.cell(0), c.HandOffSeconds.cell(1))
 	}
 	_ = tw.Flush()
+	writePace(w, rep.PartitionCounts)
+}
+
+// writePace says how far the producer had got at each run's mark: the
+// backlog is produced while the programs drain it, by the bench's process
+// on the same cores, so a program that leaves little waiting measured the
+// producer's pace, which the other program's CPU slows or speeds.
+func writePace(w io.Writer, counts []PartitionCount) {
+	pace := func(r Row) (rate, waiting Stat, ok bool) {
+		var rs, ws []float64
+		for _, x := range r.Runs {
+			if x.Pace != nil {
+				rs, ws = append(rs, x.Pace.JobsPerSec), append(ws, float64(x.Pace.Waiting))
+			}
+		}
+		return summarize(rs), summarize(ws), len(rs) > 0
+	}
+	var lines []string
+	for _, c := range counts {
+		tr, tw, tok := pace(c.Tenure)
+		ar, aw, aok := pace(c.AtLeastOnce)
+		if !tok || !aok {
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("  %d partitions: beside tenure %s jobs/s, %s jobs waiting; beside the at-least-once program %s jobs/s, %s waiting",
+			c.Partitions, tr.cell(0), tw.cell(0), ar.cell(0), aw.cell(0)))
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nthe producer at each run's mark (the bench's process produces the backlog on the same cores while the program drains it): its rate since it began,\n"+
+		"  and the jobs it had produced that were not yet committed; a program that leaves few waiting drained as fast as jobs came, so its rate there is the producer's, not its own ceiling:")
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
 }
