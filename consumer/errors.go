@@ -15,23 +15,10 @@ import (
 // dead-lettered at once instead of after MaxAttempts. Permanent wins over
 // every other reading of the error: Permanent(io.ErrUnexpectedEOF) or a
 // Permanent SQL error is dead-lettered like any other.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return permanentError{err}
-}
-
-type permanentError struct{ err error }
-
-func (e permanentError) Error() string { return e.err.Error() }
-func (e permanentError) Unwrap() error { return e.err }
+func Permanent(err error) error { return mark[permanentMark](err) }
 
 // IsPermanent reports whether err was marked with Permanent.
-func IsPermanent(err error) bool {
-	var p permanentError
-	return errors.As(err, &p)
-}
+func IsPermanent(err error) bool { return isMarked[permanentMark](err) }
 
 // Transient marks a handler error as a failure of something outside the job
 // (the destination of an HTTP call is down, a queue is full): the batch is
@@ -39,36 +26,46 @@ func IsPermanent(err error) bool {
 // the job is never dead-lettered; nothing counts against MaxAttempts. It is
 // logged and counted (Stats.HandlerTransient). Permanent wins over
 // Transient if an error is marked both ways.
-func Transient(err error) error {
-	if err == nil {
-		return nil
-	}
-	return transientError{err}
-}
-
-type transientError struct{ err error }
-
-func (e transientError) Error() string { return e.err.Error() }
-func (e transientError) Unwrap() error { return e.err }
+func Transient(err error) error { return mark[transientMark](err) }
 
 // IsTransient reports whether err was marked with Transient.
-func IsTransient(err error) bool {
-	var t transientError
-	return errors.As(err, &t)
-}
+func IsTransient(err error) bool { return isMarked[transientMark](err) }
 
 // infraError marks a failure of tenure's own database work around the
 // handler (BEGIN, the transaction check, the fence, COMMIT, or the batch's
 // connection breaking): it says nothing about the job, so it is retried for
 // as long as it takes and never dead-letters anything.
-type infraError struct{ err error }
+type infraError = marked[infraMark]
 
-func (e infraError) Error() string { return e.err.Error() }
-func (e infraError) Unwrap() error { return e.err }
+func isInfra(err error) bool { return isMarked[infraMark](err) }
 
-func isInfra(err error) bool {
-	var ie infraError
-	return errors.As(err, &ie)
+// The marks an error can carry: each is a type of its own, so that
+// errors.As tells them apart.
+type (
+	permanentMark struct{}
+	transientMark struct{}
+	infraMark     struct{}
+)
+
+// marked is err marked with M: the same message, and err for errors.Is and
+// errors.As; one type for every mark, as each works the same way.
+type marked[M any] struct{ err error }
+
+func (e marked[M]) Error() string { return e.err.Error() }
+func (e marked[M]) Unwrap() error { return e.err }
+
+// mark marks err with M; nil stays nil.
+func mark[M any](err error) error {
+	if err == nil {
+		return nil
+	}
+	return marked[M]{err}
+}
+
+// isMarked reports whether err, or an error it wraps, carries mark M.
+func isMarked[M any](err error) bool {
+	var m marked[M]
+	return errors.As(err, &m)
 }
 
 // failure is how the lane treats a failed attempt.

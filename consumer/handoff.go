@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/tick"
 	"github.com/tenure-dev/tenure/sink"
 	"go.uber.org/zap"
 )
@@ -46,14 +47,7 @@ func (l *lane) watchLocks(pid uint32) (stop func()) {
 	}
 	done := make(chan struct{})
 	go func() {
-		t := time.NewTimer(lockWatchAfter)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
+		tick.Repeat(done, lockWatchAfter, lockWatchEvery, func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			ended, err := l.c.store.EndStaleBlockers(ctx, l.key, l.claimID, pid)
 			cancel()
@@ -67,10 +61,10 @@ func (l *lane) watchLocks(pid uint32) (stop func()) {
 					l.log.Warn("cannot end an older owner's session that holds locks this batch waits for: the database role needs to be the same as the other worker's, or a member of pg_signal_backend; waiting for idle_in_transaction_session_timeout instead",
 						zap.Error(err))
 				}
-				return
+				return false
 			}
-			t.Reset(lockWatchEvery)
-		}
+			return true
+		})
 	}()
 	return func() { close(done) }
 }

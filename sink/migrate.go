@@ -287,11 +287,8 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, schema string) ([]
 	if err != nil {
 		return nil, err
 	}
-	applied, err := appliedVersions(ctx, pool, schema)
+	applied, err := appliedVersions(ctx, pool, schema, all)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkNotNewer(schema, applied, all); err != nil {
 		return nil, err
 	}
 	out := make([]MigrationState, len(all))
@@ -359,11 +356,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, fn migrateF
 		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return nil, err
 	}
-	applied, err := appliedVersions(ctx, conn, schema)
+	applied, err := appliedVersions(ctx, conn, schema, all)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkNotNewer(schema, applied, all); err != nil {
 		return nil, err
 	}
 	return fn(conn, applied, all)
@@ -383,7 +377,10 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func appliedVersions(ctx context.Context, q querier, schema string) (map[int]time.Time, error) {
+// appliedVersions reads the migrations schema has, and when each was
+// applied. It refuses a schema that a newer tenure migrated (a version
+// beyond all, checkNotNewer): no reader of the versions can go on then.
+func appliedVersions(ctx context.Context, q querier, schema string, all []Migration) (map[int]time.Time, error) {
 	rows, err := q.Query(ctx, `SELECT version, applied_at FROM `+quote(schema)+`.schema_migrations`)
 	if err != nil {
 		if isUndefinedTable(err) {
@@ -394,8 +391,10 @@ func appliedVersions(ctx context.Context, q querier, schema string) (map[int]tim
 	out := map[int]time.Time{}
 	var v int
 	var at time.Time
-	_, err = pgx.ForEachRow(rows, []any{&v, &at}, func() error { out[v] = at; return nil })
-	return out, err
+	if _, err := pgx.ForEachRow(rows, []any{&v, &at}, func() error { out[v] = at; return nil }); err != nil {
+		return nil, err
+	}
+	return out, checkNotNewer(schema, out, all)
 }
 
 func isUndefinedTable(err error) bool { return IsMissingTables(err) }

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/internal/otelsetup"
+	"github.com/tenure-dev/tenure/internal/tick"
 	"github.com/tenure-dev/tenure/partition"
 )
 
@@ -489,18 +490,11 @@ func startProgress(w io.Writer, line func(elapsed time.Duration) string) (stop f
 				fmt.Fprint(w, "\r\x1b[K")
 			}
 		}()
-		t := time.NewTimer(progressDelay)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-			}
+		tick.Repeat(quit, progressDelay, progressEvery, func() bool {
 			fmt.Fprintf(w, "\r%s\x1b[K", line(time.Since(start)))
 			wrote = true
-			t.Reset(progressEvery)
-		}
+			return true
+		})
 	}()
 	var once sync.Once
 	return func() {

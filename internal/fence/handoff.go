@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tenure-dev/tenure/internal/tick"
 )
 
 // ApplicationName is the application_name a batch transaction of claim
@@ -70,23 +72,15 @@ func (s *Store) watchClaim(req ClaimRequest, pid uint32) (stop func() int) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		timer := time.NewTimer(claimWatchAfter)
-		defer timer.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-timer.C:
-			}
+		tick.Repeat(done, claimWatchAfter, claimWatchAfter, func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			n, err := s.endOlderClaimants(ctx, req, pid)
 			cancel()
 			ended.Add(int64(len(n)))
-			if err != nil && isPrivilege(err) {
-				return // idle_in_transaction_session_timeout will do it
-			}
-			timer.Reset(claimWatchAfter)
-		}
+			// On a privilege error, idle_in_transaction_session_timeout
+			// will do it.
+			return err == nil || !isPrivilege(err)
+		})
 	}()
 	return func() int {
 		close(done)

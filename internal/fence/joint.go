@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // JointApplicationName is the application_name of a transaction that
@@ -94,25 +93,11 @@ func (s *Store) CommitJoint(ctx context.Context, tx pgx.Tx, reqs []CommitRequest
 	b := &pgx.Batch{}
 	b.Queue(s.jointSQL(), group, topics, parts, incs, epochs, owners, froms, tos, claims, logEpochs, marker, int64(len(reqs)))
 	b.Queue("COMMIT")
-	br := tx.SendBatch(ctx, b)
-	var n int64
-	ferr := br.QueryRow().Scan(&n)
-	_, cerr := br.Exec()
-	closeErr := br.Close()
-	var pgErr *pgconn.PgError
-	switch {
-	case ferr == nil && cerr == nil && closeErr == nil:
-		return nil
-	case errors.As(ferr, &pgErr) && pgErr.Code == CodeTxEnded:
-		return ErrTxEnded
-	case errors.As(ferr, &pgErr) && (pgErr.Code == CodeFenced || pgErr.Code == CodeSerializationFailure):
-		return s.whichFenced(context.WithoutCancel(ctx), reqs)
-	case ferr != nil:
-		return fmt.Errorf("joint commit of %d partitions: %w", len(reqs), ferr)
-	case cerr != nil:
-		return fmt.Errorf("joint commit of %d partitions: %w", len(reqs), cerr)
-	}
-	return fmt.Errorf("joint commit of %d partitions: %w", len(reqs), closeErr)
+	return sendFence(ctx, tx, b, 1, func(ctx context.Context) error {
+		return s.whichFenced(ctx, reqs)
+	}, func(err error) error {
+		return fmt.Errorf("joint commit of %d partitions: %w", len(reqs), err)
+	})
 }
 
 // jointSQL is the fence statement of CommitJoint: today's pipelined fence

@@ -48,9 +48,7 @@ func (s *Store) CommitBatch(ctx context.Context, tx pgx.Tx, req CommitRequest, m
 // fenceAndEnd sends the fence statement (fenceSQL with args) and the
 // statements that end the transaction (COMMIT, or a strict lane's SET LOCAL
 // ROLE and PREPARE TRANSACTION) in one round trip, and sorts the outcome as
-// CommitBatch's comment says; verb names the step in errors. One body for
-// both, so that the two paths cannot come to read the same outcome
-// differently.
+// CommitBatch's comment says (sendFence); verb names the step in errors.
 func (s *Store) fenceAndEnd(ctx context.Context, tx pgx.Tx, req CommitRequest, verb string, endSQL []string, fenceSQL string, args ...any) error {
 	p := req.Partition
 	if req.To <= req.From {
@@ -61,11 +59,26 @@ func (s *Store) fenceAndEnd(ctx context.Context, tx pgx.Tx, req CommitRequest, v
 	for _, q := range endSQL {
 		b.Queue(q)
 	}
+	return sendFence(ctx, tx, b, len(endSQL), func(ctx context.Context) error {
+		// Report what won, read on another connection (bounded by fenced).
+		return withClaim(s.fenced(ctx, "commit", p, req.Token, req.Owner, req.From), req)
+	}, func(err error) error {
+		return fmt.Errorf("%s of %s: %w", verb, p, err)
+	})
+}
+
+// sendFence sends b, a fence statement and then nEnd statements that end
+// the transaction, and sorts the outcome as CommitBatch's comment says:
+// refused reads why the fence refused (on another connection, past ctx's
+// cancellation), and failed wraps any other error. One body for every
+// commit path (CommitBatch, a strict lane's prepare, CommitJoint), so that
+// none of them can come to read the same outcome differently.
+func sendFence(ctx context.Context, tx pgx.Tx, b *pgx.Batch, nEnd int, refused func(context.Context) error, failed func(error) error) error {
 	br := tx.SendBatch(ctx, b)
 	var n int64
 	ferr := br.QueryRow().Scan(&n)
 	var eerr error
-	for range endSQL {
+	for range nEnd {
 		if _, err := br.Exec(); err != nil && eerr == nil {
 			eerr = err
 		}
@@ -78,14 +91,13 @@ func (s *Store) fenceAndEnd(ctx context.Context, tx pgx.Tx, req CommitRequest, v
 	case errors.As(ferr, &pgErr) && pgErr.Code == CodeTxEnded:
 		return ErrTxEnded
 	case errors.As(ferr, &pgErr) && (pgErr.Code == CodeFenced || pgErr.Code == CodeSerializationFailure):
-		// Report what won, read on another connection (bounded by fenced).
-		return withClaim(s.fenced(context.WithoutCancel(ctx), "commit", p, req.Token, req.Owner, req.From), req)
+		return refused(context.WithoutCancel(ctx))
 	case ferr != nil:
-		return fmt.Errorf("%s of %s: %w", verb, p, ferr)
+		return failed(ferr)
 	case eerr != nil:
-		return fmt.Errorf("%s of %s: %w", verb, p, eerr)
+		return failed(eerr)
 	}
-	return fmt.Errorf("%s of %s: %w", verb, p, closeErr)
+	return failed(closeErr)
 }
 
 // ResolveSession finds out exactly whether a commit whose answer was lost (the

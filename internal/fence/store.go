@@ -107,36 +107,12 @@ SELECT next_offset, partition_count, topic_id, log_epoch, created FROM c`,
 		// this caller does not know about, or an operator's acknowledgement
 		// that started a new log epoch, leaves zero rows and the caller
 		// rolls back.
-		commitSQL: `WITH u AS (
-	UPDATE ` + q + `.fences
-	SET next_offset = $8, committed_at = now()
-	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
-	  AND incarnation = $4 AND epoch = $5 AND owner = $6 AND claim_id = $9 AND next_offset = $7
-	  AND log_epoch = $10
-	RETURNING 1
-), l AS (
-	INSERT INTO ` + q + `.fence_log
-		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset, claim_id)
-	SELECT 'commit', $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM u
-)
-SELECT count(*), pg_current_xact_id()::text::bigint FROM u`,
+		commitSQL: commitFenceSQL(q, `$10`, ``) + `SELECT count(*), pg_current_xact_id()::text::bigint FROM u`,
 		// The same fence for CommitBatch: it fails instead of updating
 		// nothing (fence_check), and checks the batch's marker in the same
 		// statement, so that it can travel with COMMIT.
-		pipelinedSQL: `WITH u AS (
-	UPDATE ` + q + `.fences
-	SET next_offset = $8, committed_at = now()
-	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
-	  AND incarnation = $4 AND epoch = $5 AND owner = $6 AND claim_id = $9 AND next_offset = $7
-	  AND log_epoch = $11
-	  AND coalesce(current_setting('tenure.tx', true), '') = $10
-	RETURNING 1
-), l AS (
-	INSERT INTO ` + q + `.fence_log
-		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset, claim_id)
-	SELECT 'commit', $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM u
-)
-SELECT ` + q + `.fence_check(count(*), coalesce(current_setting('tenure.tx', true), '') = $10) FROM u`,
+		pipelinedSQL: commitFenceSQL(q, `$11`, "\n\t  AND coalesce(current_setting('tenure.tx', true), '') = $10") +
+			`SELECT ` + q + `.fence_check(count(*), coalesce(current_setting('tenure.tx', true), '') = $10) FROM u`,
 		getSQL: `SELECT consumer_group, topic, partition, incarnation, epoch, owner, next_offset,
 	partition_count, created_at, claimed_at, committed_at, claim_id, log_epoch
 FROM ` + q + `.fences WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
@@ -145,6 +121,27 @@ FROM ` + q + `.fences WHERE consumer_group = $1 AND topic = $2 AND partition = $
 FROM ` + q + `.fences WHERE ($1 = '' OR consumer_group = $1)
 ORDER BY consumer_group, topic, partition`,
 	}, nil
+}
+
+// commitFenceSQL is the part commitSQL and pipelinedSQL share, up to their
+// closing SELECT over u: the fencing row moves from $7 to $8 only while
+// token, owner, claimant and log epoch ($-parameter logEpoch) still match,
+// and the conditions of more (each on a line of its own) hold; the fence
+// log records the commit. One text, so that the two fences cannot drift.
+func commitFenceSQL(q, logEpoch, more string) string {
+	return `WITH u AS (
+	UPDATE ` + q + `.fences
+	SET next_offset = $8, committed_at = now()
+	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
+	  AND incarnation = $4 AND epoch = $5 AND owner = $6 AND claim_id = $9 AND next_offset = $7
+	  AND log_epoch = ` + logEpoch + more + `
+	RETURNING 1
+), l AS (
+	INSERT INTO ` + q + `.fence_log
+		(kind, consumer_group, topic, partition, incarnation, epoch, owner, from_offset, to_offset, claim_id)
+	SELECT 'commit', $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM u
+)
+`
 }
 
 // Schema is the schema the store works in.

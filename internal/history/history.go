@@ -61,16 +61,27 @@ func ParseAssignment(group string, line map[string]any) (a Assignment, ok bool) 
 	if line["msg"] != AssignmentLogMsg {
 		return a, false
 	}
-	topic, _ := line["topic"].(string)
+	p, id, at, ok := parseClaimLine(group, line)
+	if !ok {
+		return a, false
+	}
 	member, _ := line["member"].(string)
+	return Assignment{ClaimID: id, Member: member, Partition: p, At: at}, true
+}
+
+// parseClaimLine reads what every line of a worker's log about one claim
+// carries: the partition (of group), the claim id and when it was logged;
+// ok is false when any of them is missing.
+func parseClaimLine(group string, line map[string]any) (p sink.Partition, claimID int64, at time.Time, ok bool) {
+	topic, _ := line["topic"].(string)
 	part, ok1 := line["partition"].(float64)
 	id, ok2 := line["claim_id"].(float64)
 	ts, _ := line["ts"].(string)
 	at, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts)
 	if topic == "" || !ok1 || !ok2 || err != nil {
-		return a, false
+		return sink.Partition{}, 0, time.Time{}, false
 	}
-	return Assignment{ClaimID: int64(id), Member: member, Partition: sink.Partition{Group: group, Topic: topic, Partition: int32(part)}, At: at}, true
+	return sink.Partition{Group: group, Topic: topic, Partition: int32(part)}, int64(id), at, true
 }
 
 // Write is one job's visible effect: an export version or a ledger row.

@@ -41,16 +41,9 @@ func ParseStrictEvent(group string, line map[string]any) (ev StrictEvent, ok boo
 	default:
 		return ev, false
 	}
-	topic, _ := line["topic"].(string)
-	part, ok1 := line["partition"].(float64)
-	id, ok2 := line["claim_id"].(float64)
-	ts, _ := line["ts"].(string)
-	at, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts)
-	if topic == "" || !ok1 || !ok2 || err != nil {
+	if ev.Partition, ev.ClaimID, ev.At, ok = parseClaimLine(group, line); !ok {
 		return ev, false
 	}
-	ev.Partition = sink.Partition{Group: group, Topic: topic, Partition: int32(part)}
-	ev.ClaimID, ev.At = int64(id), at
 	ev.GID, _ = line["gid"].(string)
 	ev.Why, _ = line["why"].(string)
 	ev.Accepted, _ = line["accepted"].(bool)

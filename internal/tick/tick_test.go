@@ -46,3 +46,25 @@ func TestEveryNoCallAfterTheEnd(t *testing.T) {
 		}
 	}
 }
+
+func TestRepeatEndsWhenFSaysSo(t *testing.T) {
+	calls := 0
+	Repeat(make(chan struct{}), time.Microsecond, time.Microsecond, func() bool {
+		calls++
+		return calls < 3
+	})
+	if calls != 3 {
+		t.Fatalf("f ran %d times, want 3 (it says stop on the third)", calls)
+	}
+}
+
+// Closing quit ends the wait for the first call: f never runs.
+func TestRepeatQuitBeforeTheFirstCall(t *testing.T) {
+	quit := make(chan struct{})
+	close(quit)
+	ran := false
+	Repeat(quit, time.Hour, time.Hour, func() bool { ran = true; return true })
+	if ran {
+		t.Fatal("f ran after quit was closed")
+	}
+}
