@@ -37,8 +37,6 @@ func IsTransient(err error) bool { return isMarked[transientMark](err) }
 // as long as it takes and never dead-letters anything.
 type infraError = marked[infraMark]
 
-func isInfra(err error) bool { return isMarked[infraMark](err) }
-
 // The marks an error can carry: each is a type of its own, so that
 // errors.As tells them apart.
 type (

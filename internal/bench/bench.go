@@ -837,6 +837,13 @@ func (b *bench) runWorkers(ctx context.Context, name, topic string, jobs, worker
 	defer b.dropSchema(s)
 	group := b.group(name)
 	var procs []*proc
+	// Before the first start: a worker that fails to start must not leave
+	// the ones started before it running.
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
 	start, db0 := time.Now(), b.postgresCPU(ctx)
 	for i := range workers {
 		args := append([]string{"worker", "--brokers", strings.Join(b.brokers, ","), "--group", group, "--topic", topic,
@@ -848,11 +855,6 @@ func (b *bench) runWorkers(ctx context.Context, name, topic string, jobs, worker
 		}
 		procs = append(procs, p)
 	}
-	defer func() {
-		for _, p := range procs {
-			p.stop()
-		}
-	}()
 	if err := b.waitRows(ctx, s, "ledger", int64(jobs), procs); err != nil {
 		return Result{}, err
 	}
