@@ -221,14 +221,7 @@ func TestMigrateConcurrent(t *testing.T) {
 	if want := allVersions(); !slices.Equal(applied, want) {
 		t.Errorf("versions applied across %d concurrent runs = %v, want each of %v once", n, applied, want)
 	}
-	rows, err := pool.Query(ctx, `SELECT version FROM `+pgx.Identifier{schema}.Sanitize()+`.schema_migrations ORDER BY version`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := testdb.QueryRows(t, ctx, pool, pgx.RowTo[int], `SELECT version FROM `+pgx.Identifier{schema}.Sanitize()+`.schema_migrations ORDER BY version`)
 	if want := allVersions(); !slices.Equal(got, want) {
 		t.Errorf("schema_migrations = %v, want %v", got, want)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tenure-dev/tenure/sink"
@@ -82,6 +83,27 @@ func Schema(t testing.TB, pool *pgxpool.Pool) string {
 		}
 	})
 	return name
+}
+
+// Querier is what QueryRows reads through: a pool, a connection or a
+// transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// QueryRows runs sql on q and makes one T of each row with scan
+// (pgx.RowTo[T] for a single column); any error fails the test.
+func QueryRows[T any](t testing.TB, ctx context.Context, q Querier, scan pgx.RowToFunc[T], sql string, args ...any) []T {
+	t.Helper()
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, scan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func redact(u string) string {
