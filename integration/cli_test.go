@@ -657,22 +657,13 @@ func TestCLISuggestedCommandsWork(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	brokers := strings.Join(e.brokers, ",")
-	freshSchema := func() string {
-		s := testdb.NewSchemaName("tenure_cli_fresh")
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_, _ = e.pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+s+`" CASCADE`)
-		})
-		return s
-	}
 	vars := map[string]string{"TENURE_DATABASE_URL": e.dbURL, "TENURE_BROKERS": brokers}
 
 	// A schema without tables: fences and dlq say to migrate it; a worker
 	// with --no-migrate says so too.
 	for _, args := range [][]string{{"admin", "fences"}, {"admin", "dlq", "list"},
 		{"worker", "--brokers", brokers, "--group", e.group, "--topic", e.topic, "--handler", "noop", "--no-migrate"}} {
-		fresh := freshSchema()
+		fresh := testdb.FreshSchema(t, e.pool, "tenure_cli_fresh")
 		r := runCLI(t, 30*time.Second, "", append(args, "--database-url", e.dbURL, "--schema", fresh)...)
 		wantFailure(t, r, 1, "`tenure migrate up --schema "+fresh+"`")
 		runSuggested(t, r.stderr, vars, nil)

@@ -21,14 +21,7 @@ import (
 func TestDemo(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
-	schema := testdb.NewSchemaName("tenure_demo_test")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`); err != nil {
-			t.Logf("dropping schema %s: %v", schema, err)
-		}
-	})
+	schema := testdb.FreshSchema(t, pool, "tenure_demo_test")
 
 	stdout := runDemoStory(t, testdb.URL(), []string{
 		"SIGSTOP worker A — frozen inside the check-then-act window",

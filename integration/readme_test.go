@@ -109,14 +109,7 @@ func TestREADMETour(t *testing.T) {
 	pool := testdb.Pool(t)
 	// A schema that does not exist yet: the tour migrates it, as a first
 	// run on a new database does (a worker does not create it).
-	schema := testdb.NewSchemaName("tenure_readme")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`); err != nil {
-			t.Logf("dropping schema %s: %v", schema, err)
-		}
-	})
+	schema := testdb.FreshSchema(t, pool, "tenure_readme")
 	dir := t.TempDir()
 	addr := closedPort(t)
 	subst := strings.NewReplacer("127.0.0.1:9092", addr,

@@ -61,16 +61,26 @@ func NewSchemaName(prefix string) string {
 	return prefix + "_" + hex.EncodeToString(b[:])
 }
 
-// Schema creates and migrates a fresh schema, dropped when the test ends
-// (kept if the test failed and TENURE_TEST_KEEP is set, for inspection).
+// Schema creates and migrates a fresh schema (FreshSchema), dropped when
+// the test ends.
 func Schema(t testing.TB, pool *pgxpool.Pool) string {
 	t.Helper()
-	name := NewSchemaName("tenure_test")
+	name := FreshSchema(t, pool, "tenure_test")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := sink.Migrate(ctx, pool, name); err != nil {
 		t.Fatalf("migrating schema %s: %v", name, err)
 	}
+	return name
+}
+
+// FreshSchema returns a schema name no other test uses (NewSchemaName) for
+// the test or the code under test to create: the schema does not exist
+// yet. It is dropped when the test ends (kept if the test failed and
+// TENURE_TEST_KEEP is set, for inspection).
+func FreshSchema(t testing.TB, pool *pgxpool.Pool, prefix string) string {
+	t.Helper()
+	name := NewSchemaName(prefix)
 	t.Cleanup(func() {
 		if t.Failed() && os.Getenv("TENURE_TEST_KEEP") != "" {
 			t.Logf("keeping schema %s", name)
