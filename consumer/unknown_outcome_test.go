@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -222,15 +221,7 @@ func proxiedStore(t *testing.T, b *bundle) (*pgproxy.Proxy, *sink.Store) {
 // in turn, each for up to its connect_timeout (2s).
 func proxiedStoreAfter(t *testing.T, b *bundle, before ...string) (*pgproxy.Proxy, *sink.Store) {
 	t.Helper()
-	u, err := url.Parse(testdb.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := pgproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy, u := pgproxy.InFront(t, testdb.URL())
 	u.Host = strings.Join(append(before, proxy.Addr()), ",")
 	pcfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
