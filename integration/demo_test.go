@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
@@ -82,7 +83,7 @@ func TestDemo(t *testing.T) {
 // Without a database the demo says what to do in one sentence, exit 1.
 func TestDemoWithoutDatabase(t *testing.T) {
 	t.Parallel()
-	addr := closedPort(t)
+	addr := freeport.Closed(t)
 	url := "postgres://postgres@" + addr + "/postgres?sslmode=disable&connect_timeout=5"
 
 	stdout, stderr, code := runDemoBin(t, 30*time.Second, url, "--schema", testdb.NewSchemaName("tenure_demo_test"))

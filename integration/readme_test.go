@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 	"github.com/tenure-dev/tenure/internal/testinfra/mdtest"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
@@ -111,7 +112,7 @@ func TestREADMETour(t *testing.T) {
 	// run on a new database does (a worker does not create it).
 	schema := testdb.FreshSchema(t, pool, "tenure_readme")
 	dir := t.TempDir()
-	addr := closedPort(t)
+	addr := freeport.Closed(t)
 	subst := strings.NewReplacer("127.0.0.1:9092", addr,
 		"postgres://postgres@127.0.0.1:5432/postgres", testdb.URL())
 
