@@ -281,20 +281,15 @@ func jobsFailingAt(n, i int) [][2]string {
 	return jobs
 }
 
-// highWatermark is the partition's end offset.
+// highWatermark is the partition's end offset, read with the others
+// (highWatermarks).
 func (e *env) highWatermark(p int32) int64 {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	offs, err := kadm.NewClient(e.cl).ListEndOffsets(ctx, e.topic)
-	if err != nil {
-		e.t.Fatal(err)
+	o, ok := e.highWatermarks()[p]
+	if !ok {
+		e.t.Fatalf("no end offset of %s/%d", e.topic, p)
 	}
-	o, ok := offs.Lookup(e.topic, p)
-	if !ok || o.Err != nil {
-		e.t.Fatalf("end offset of %s/%d: %v", e.topic, p, o.Err)
-	}
-	return o.Offset
+	return o
 }
 
 // worker is a running `tenure worker` process and the lines it logged
