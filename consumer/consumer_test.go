@@ -202,17 +202,7 @@ func (b *bundle) check() *history.History {
 // configuration tune adjusts before the pool opens.
 func (b *bundle) poolStore(tune func(cfg *pgxpool.Config)) *sink.Store {
 	b.t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.URL())
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	tune(cfg)
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	b.t.Cleanup(pool.Close)
+	pool := testdb.PoolOn(b.t, context.Background(), testdb.URL(), tune)
 	s, err := sink.NewStore(pool, b.schema)
 	if err != nil {
 		b.t.Fatal(err)

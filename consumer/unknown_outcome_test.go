@@ -224,19 +224,9 @@ func proxiedStoreAfter(t *testing.T, b *bundle, before ...string) (*pgproxy.Prox
 	t.Helper()
 	proxy, u := pgproxy.InFront(t, testdb.URL())
 	u.Host = strings.Join(append(before, proxy.Addr()), ",")
-	pcfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testdb.PoolOn(t, ctx, u.String(), func(cfg *pgxpool.Config) { cfg.ConnConfig.ConnectTimeout = 2 * time.Second })
 	store, err := sink.NewStore(pool, b.schema)
 	if err != nil {
 		t.Fatal(err)

@@ -213,19 +213,10 @@ func (e *env) createTopic(partitions int32, opts ...kgo.Opt) {
 // earlier (the database's own) run.
 func testPool(t *testing.T, ctx context.Context, url string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.ConnConfig.RuntimeParams["application_name"] = "tenure-test"
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return testdb.PoolOn(t, ctx, url, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "tenure-test"
+		cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	})
 }
 
 // terminateSessions ends, for d, over and over, every session on e's

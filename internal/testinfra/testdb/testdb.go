@@ -35,20 +35,32 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(URL())
+	pool := PoolOn(t, ctx, URL(), nil)
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("test database %s is not reachable (run scripts/ensure-postgres.sh): %v", redact(URL()), err)
+	}
+	return pool
+}
+
+// PoolOn opens a pool on dbURL (the test database's, through a proxy, or
+// a server the test started) with no search_path, once tune (if not nil)
+// has adjusted its configuration. It is closed when the test ends; any
+// error fails the test. Unlike Pool it does not wait for a connection.
+func PoolOn(t testing.TB, ctx context.Context, dbURL string, tune func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
-		t.Fatalf("TENURE_TEST_DATABASE_URL: %v", err)
+		t.Fatalf("database URL %s: %v", redact(dbURL), err)
 	}
 	// A statement that forgets its schema must fail, not find a table in
 	// public by luck.
 	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	if tune != nil {
+		tune(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		t.Fatalf("connecting to test database: %v", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		t.Fatalf("test database %s is not reachable (run scripts/ensure-postgres.sh): %v", redact(URL()), err)
+		t.Fatalf("connecting to %s: %v", redact(dbURL), err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
