@@ -24,6 +24,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/childproc"
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
+	"github.com/tenure-dev/tenure/internal/testinfra/kafkatest"
 	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 	"github.com/tenure-dev/tenure/internal/testinfra/tenurebin"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
@@ -200,11 +201,7 @@ func (e *env) createTopic(partitions int32, opts ...kgo.Opt) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.cl.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := kadm.NewClient(e.cl).CreateTopic(ctx, partitions, 1, nil, e.topic); err != nil {
-		t.Fatalf("creating topic: %v", err)
-	}
+	kafkatest.CreateTopic(t, e.cl, e.topic, partitions)
 }
 
 // testPool is the test's own pool on a database the test starts (not the
