@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -24,6 +23,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
 	"github.com/tenure-dev/tenure/internal/jobs"
+	"github.com/tenure-dev/tenure/internal/testinfra/kafkatest"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
@@ -62,11 +62,7 @@ func setup(t testing.TB, partitions int32) *bundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.cl.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := kadm.NewClient(b.cl).CreateTopic(ctx, partitions, 1, nil, b.topic); err != nil {
-		t.Fatal(err)
-	}
+	kafkatest.CreateTopic(t, b.cl, b.topic, partitions)
 	return b
 }
 
@@ -119,15 +115,7 @@ func (b *bundle) runUntilDone(cfg consumer.Config, timeout time.Duration) {
 
 func (b *bundle) endOffsets() map[int32]int64 {
 	b.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	offs, err := kadm.NewClient(b.cl).ListEndOffsets(ctx, b.topic)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	out := map[int32]int64{}
-	offs.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
-	return out
+	return kafkatest.EndOffsets(b.t, b.cl, b.topic)
 }
 
 // waitProcessed waits until the partitions which selects have all stored
@@ -202,17 +190,7 @@ func (b *bundle) check() *history.History {
 // configuration tune adjusts before the pool opens.
 func (b *bundle) poolStore(tune func(cfg *pgxpool.Config)) *sink.Store {
 	b.t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.URL())
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	tune(cfg)
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	b.t.Cleanup(pool.Close)
+	pool := testdb.PoolOn(b.t, context.Background(), testdb.URL(), tune)
 	s, err := sink.NewStore(pool, b.schema)
 	if err != nil {
 		b.t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -47,10 +46,7 @@ func TestUnknownCommitOutcomeIsResolvedFromTheFence(t *testing.T) {
 
 func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want fence.Outcome) {
 	const jobs = 300
-	b := setup(t, 3)
-	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%41) })
-
-	proxy, store := proxiedStore(t, b)
+	b, proxy, store := proxiedSetup(t, 3, jobs, 41)
 
 	// The handler arms the proxy on the connection of one batch in the
 	// middle of a partition (not its first): that batch's COMMIT is cut.
@@ -114,9 +110,7 @@ func testUnknownCommitOutcome(t *testing.T, cut pgproxy.Cut, want fence.Outcome)
 func TestCommitOutcomeUnknownForLongStillEndsInProgress(t *testing.T) {
 	t.Parallel()
 	const jobs = 200
-	b := setup(t, 2)
-	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%29) })
-	proxy, store := proxiedStore(t, b)
+	b, proxy, store := proxiedSetup(t, 2, jobs, 29)
 
 	h, victim := cutVictim(t, b, proxy.CutCommitAndGoDown, pgproxy.AfterCommit)
 	log, logs := observedLogger(t, zap.ErrorLevel)
@@ -209,42 +203,30 @@ func (v *picked) waitArmed(t *testing.T) {
 	}
 }
 
-// proxiedStore starts a proxy in front of the test database and returns it
-// with a store on b's schema whose pool (claims, batches, Resolve) goes
-// through it.
-func proxiedStore(t *testing.T, b *bundle) (*pgproxy.Proxy, *sink.Store) {
+// proxiedSetup is a bundle of partitions with jobs produced, their keys
+// cycling through keys names (k0, k1, ...), a proxy in front of the test
+// database, and a store on the bundle's schema whose pool (claims,
+// batches, Resolve) goes through that proxy.
+func proxiedSetup(t *testing.T, partitions int32, jobs, keys int) (*bundle, *pgproxy.Proxy, *sink.Store) {
 	t.Helper()
-	return proxiedStoreAfter(t, b)
+	b := setup(t, partitions)
+	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%keys) })
+	proxy, store := proxiedStoreAfter(t, b)
+	return b, proxy, store
 }
 
-// proxiedStoreAfter is proxiedStore whose URL lists the hosts before first,
-// the proxy last: a multi-host URL (postgres://h1,h2/...) that tries them
-// in turn, each for up to its connect_timeout (2s).
+// proxiedStoreAfter starts a proxy in front of the test database and
+// returns it with a store on b's schema whose pool goes through it, and
+// whose URL lists the hosts before first, the proxy last: a multi-host URL
+// (postgres://h1,h2/...) that tries them in turn, each for up to its
+// connect_timeout (2s).
 func proxiedStoreAfter(t *testing.T, b *bundle, before ...string) (*pgproxy.Proxy, *sink.Store) {
 	t.Helper()
-	u, err := url.Parse(testdb.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := pgproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy, u := pgproxy.InFront(t, testdb.URL())
 	u.Host = strings.Join(append(before, proxy.Addr()), ",")
-	pcfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testdb.PoolOn(t, ctx, u.String(), func(cfg *pgxpool.Config) { cfg.ConnConfig.ConnectTimeout = 2 * time.Second })
 	store, err := sink.NewStore(pool, b.schema)
 	if err != nil {
 		t.Fatal(err)
@@ -299,9 +281,7 @@ func waitDoneUnfenced(t *testing.T, b *bundle, logs *observer.ObservedLogs, time
 func TestCommitSlowerThanTheTimeoutIsWaitedFor(t *testing.T) {
 	t.Parallel()
 	const jobs = 60
-	b := setup(t, 1)
-	b.produce(jobs, func(i int) string { return fmt.Sprintf("k%d", i%7) })
-	proxy, store := proxiedStore(t, b)
+	b, proxy, store := proxiedSetup(t, 1, jobs, 7)
 	proxy.DropCancelRequests(true)
 	slow := `"` + b.schema + `".slow_once`
 	if _, err := b.pool.Exec(context.Background(), `CREATE TABLE `+slow+` (x int);

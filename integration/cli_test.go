@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/partition"
 )
@@ -450,18 +451,6 @@ func TestCLIUsageErrors(t *testing.T) {
 	}
 }
 
-// closedPort returns a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 // silentBroker returns a loopback address that accepts connections (the
 // kernel completes the handshake) and never answers.
 func silentBroker(t *testing.T) string {
@@ -477,8 +466,8 @@ func silentBroker(t *testing.T) string {
 // Unreachable servers and bad URLs: exit 1, one sentence, within a bound.
 func TestCLIUnreachable(t *testing.T) {
 	t.Parallel()
-	closed, silent := closedPort(t), silentBroker(t)
-	closedDB := "postgres://postgres@" + closedPort(t) + "/postgres?sslmode=disable&connect_timeout=5"
+	closed, silent := freeport.Closed(t), silentBroker(t)
+	closedDB := "postgres://postgres@" + freeport.Closed(t) + "/postgres?sslmode=disable&connect_timeout=5"
 	goodDB, schema := testdb.URL(), testdb.Schema(t, testdb.Pool(t))
 	const bound = 30 * time.Second // the commands give up after 15s
 	for _, c := range []struct {
@@ -657,22 +646,13 @@ func TestCLISuggestedCommandsWork(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	brokers := strings.Join(e.brokers, ",")
-	freshSchema := func() string {
-		s := testdb.NewSchemaName("tenure_cli_fresh")
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_, _ = e.pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+s+`" CASCADE`)
-		})
-		return s
-	}
 	vars := map[string]string{"TENURE_DATABASE_URL": e.dbURL, "TENURE_BROKERS": brokers}
 
 	// A schema without tables: fences and dlq say to migrate it; a worker
 	// with --no-migrate says so too.
 	for _, args := range [][]string{{"admin", "fences"}, {"admin", "dlq", "list"},
 		{"worker", "--brokers", brokers, "--group", e.group, "--topic", e.topic, "--handler", "noop", "--no-migrate"}} {
-		fresh := freshSchema()
+		fresh := testdb.FreshSchema(t, e.pool, "tenure_cli_fresh")
 		r := runCLI(t, 30*time.Second, "", append(args, "--database-url", e.dbURL, "--schema", fresh)...)
 		wantFailure(t, r, 1, "`tenure migrate up --schema "+fresh+"`")
 		runSuggested(t, r.stderr, vars, nil)
@@ -739,7 +719,7 @@ func TestCLIPartitionCountsRefused(t *testing.T) {
 // keeps serving; it used to grow to gigabytes and stop answering.
 func TestCLIBrokerRefusesAbsurdRequests(t *testing.T) {
 	t.Parallel()
-	addr := closedPort(t)
+	addr := freeport.Closed(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := exec.CommandContext(ctx, tenureBin, "broker", "--listen", addr)

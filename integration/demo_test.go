@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
@@ -21,14 +22,7 @@ import (
 func TestDemo(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
-	schema := testdb.NewSchemaName("tenure_demo_test")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`); err != nil {
-			t.Logf("dropping schema %s: %v", schema, err)
-		}
-	})
+	schema := testdb.FreshSchema(t, pool, "tenure_demo_test")
 
 	stdout := runDemoStory(t, testdb.URL(), []string{
 		"SIGSTOP worker A — frozen inside the check-then-act window",
@@ -89,7 +83,7 @@ func TestDemo(t *testing.T) {
 // Without a database the demo says what to do in one sentence, exit 1.
 func TestDemoWithoutDatabase(t *testing.T) {
 	t.Parallel()
-	addr := closedPort(t)
+	addr := freeport.Closed(t)
 	url := "postgres://postgres@" + addr + "/postgres?sslmode=disable&connect_timeout=5"
 
 	stdout, stderr, code := runDemoBin(t, 30*time.Second, url, "--schema", testdb.NewSchemaName("tenure_demo_test"))

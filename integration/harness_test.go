@@ -24,6 +24,7 @@ import (
 	"github.com/tenure-dev/tenure/internal/childproc"
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
+	"github.com/tenure-dev/tenure/internal/testinfra/kafkatest"
 	"github.com/tenure-dev/tenure/internal/testinfra/netfault"
 	"github.com/tenure-dev/tenure/internal/testinfra/tenurebin"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
@@ -200,11 +201,7 @@ func (e *env) createTopic(partitions int32, opts ...kgo.Opt) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.cl.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := kadm.NewClient(e.cl).CreateTopic(ctx, partitions, 1, nil, e.topic); err != nil {
-		t.Fatalf("creating topic: %v", err)
-	}
+	kafkatest.CreateTopic(t, e.cl, e.topic, partitions)
 }
 
 // testPool is the test's own pool on a database the test starts (not the
@@ -213,19 +210,10 @@ func (e *env) createTopic(partitions int32, opts ...kgo.Opt) {
 // earlier (the database's own) run.
 func testPool(t *testing.T, ctx context.Context, url string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.ConnConfig.RuntimeParams["application_name"] = "tenure-test"
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return testdb.PoolOn(t, ctx, url, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "tenure-test"
+		cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	})
 }
 
 // terminateSessions ends, for d, over and over, every session on e's
@@ -281,20 +269,15 @@ func jobsFailingAt(n, i int) [][2]string {
 	return jobs
 }
 
-// highWatermark is the partition's end offset.
+// highWatermark is the partition's end offset, read with the others
+// (highWatermarks).
 func (e *env) highWatermark(p int32) int64 {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	offs, err := kadm.NewClient(e.cl).ListEndOffsets(ctx, e.topic)
-	if err != nil {
-		e.t.Fatal(err)
+	o, ok := e.highWatermarks()[p]
+	if !ok {
+		e.t.Fatalf("no end offset of %s/%d", e.topic, p)
 	}
-	o, ok := offs.Lookup(e.topic, p)
-	if !ok || o.Err != nil {
-		e.t.Fatalf("end offset of %s/%d: %v", e.topic, p, o.Err)
-	}
-	return o.Offset
+	return o
 }
 
 // worker is a running `tenure worker` process and the lines it logged

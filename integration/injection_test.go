@@ -21,18 +21,13 @@ type canary struct {
 
 func newCanary(t *testing.T, e *env) *canary {
 	t.Helper()
-	c := &canary{t: t, e: e, schema: testdb.NewSchemaName("tenure_canary")}
+	c := &canary{t: t, e: e, schema: testdb.FreshSchema(t, e.pool, "tenure_canary")}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := e.pool.Exec(ctx, `CREATE SCHEMA "`+c.schema+`"; CREATE TABLE "`+c.schema+`".canary (id int PRIMARY KEY);
 		INSERT INTO "`+c.schema+`".canary SELECT generate_series(1, 3)`); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, _ = e.pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+c.schema+`" CASCADE`)
-	})
 	return c
 }
 

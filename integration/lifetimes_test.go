@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -134,16 +133,7 @@ func TestZombieClaimDelayedInTheNetwork(t *testing.T) {
 	e.produce(jobsFor(keys, 0, 10)...)
 	raiseEpochs(t, e, "classic", 2)
 
-	u, err := url.Parse(e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := pgproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	u.Host = proxy.Addr()
+	proxy, u := pgproxy.InFront(t, e.dbURL)
 	q := u.Query()
 	q.Set("default_query_exec_mode", "simple_protocol") // the claim's SQL in one message
 	u.RawQuery = q.Encode()

@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
 	"github.com/tenure-dev/tenure/internal/history"
+	"github.com/tenure-dev/tenure/internal/testinfra/kafkatest"
 	"github.com/tenure-dev/tenure/internal/testinfra/pgtest"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
@@ -103,20 +103,7 @@ func (p *roundProducer) stop() int64 {
 // highWatermarks is every partition's high watermark.
 func (e *env) highWatermarks() map[int32]int64 {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	offs, err := kadm.NewClient(e.cl).ListEndOffsets(ctx, e.topic)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	out := map[int32]int64{}
-	offs.Each(func(o kadm.ListedOffset) {
-		if o.Err != nil {
-			e.t.Fatalf("end offset of %s/%d: %v", o.Topic, o.Partition, o.Err)
-		}
-		out[o.Partition] = o.Offset
-	})
-	return out
+	return kafkatest.EndOffsets(e.t, e.cl, e.topic)
 }
 
 // storedOffsets reads the stored next offset of each of the group's

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 	"github.com/tenure-dev/tenure/internal/testinfra/mdtest"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
@@ -109,16 +110,9 @@ func TestREADMETour(t *testing.T) {
 	pool := testdb.Pool(t)
 	// A schema that does not exist yet: the tour migrates it, as a first
 	// run on a new database does (a worker does not create it).
-	schema := testdb.NewSchemaName("tenure_readme")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`); err != nil {
-			t.Logf("dropping schema %s: %v", schema, err)
-		}
-	})
+	schema := testdb.FreshSchema(t, pool, "tenure_readme")
 	dir := t.TempDir()
-	addr := closedPort(t)
+	addr := freeport.Closed(t)
 	subst := strings.NewReplacer("127.0.0.1:9092", addr,
 		"postgres://postgres@127.0.0.1:5432/postgres", testdb.URL())
 

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
 // queryTimeout bounds the tests' reads of their database.
@@ -17,15 +19,7 @@ func queryRows[T any](t *testing.T, e *env, scan pgx.RowToFunc[T], q string, arg
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
 	defer cancel()
-	rows, err := e.pool.Query(ctx, q, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, scan)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testdb.QueryRows(t, ctx, e.pool, scan, q, args...)
 }
 
 // queryMap runs q, whose rows are (key, value) pairs, on the test's

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -74,16 +75,8 @@ func deadLetter(group, topic string, partition int32, offset int64) sink.DeadLet
 
 func (e *env) actions(t testing.TB, id int64) []string {
 	t.Helper()
-	rows, err := e.pool.Query(e.ctx, `SELECT action || ' ' || coalesce(topic, '-') || '/' || coalesce(partition::text, '-') || '@' ||
+	return testdb.QueryRows(t, e.ctx, e.pool, pgx.RowTo[string], `SELECT action || ' ' || coalesce(topic, '-') || '/' || coalesce(partition::text, '-') || '@' ||
 		coalesce(job_offset::text, '-') || ' by ' || actor FROM `+e.q()+`.dead_letter_actions WHERE dead_letter_id = $1 ORDER BY id`, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 func (e *env) status(t testing.TB, id int64) string {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 	"github.com/tenure-dev/tenure/sink"
 )
 
@@ -46,16 +47,8 @@ func exportRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema, t
 	if grouped {
 		group = "consumer_group"
 	}
-	rows, err := pool.Query(ctx, `SELECT `+group+`, topic, job_key, version FROM `+pgx.Identifier{schema, table}.Sanitize()+
+	return testdb.QueryRows(t, ctx, pool, pgx.RowToStructByPos[exportRow], `SELECT `+group+`, topic, job_key, version FROM `+pgx.Identifier{schema, table}.Sanitize()+
 		` ORDER BY 1, 2, 3, 4`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[exportRow])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // Migration 017 keys the export handler's table by group, topic and key:

@@ -66,20 +66,9 @@ func setupPool(t testing.TB, pool *pgxpool.Pool) *env {
 // sizedPool is testdb.Pool with maxConns connections at most.
 func sizedPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.MaxConns = maxConns
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return testdb.PoolOn(t, ctx, testdb.URL(), func(cfg *pgxpool.Config) { cfg.MaxConns = maxConns })
 }
 
 // q is the quoted schema.

@@ -41,21 +41,6 @@ func TestMigrationsEmbedded(t *testing.T) {
 	}
 }
 
-// freshSchema is a schema name nobody uses, dropped when the test ends; the
-// schema itself does not exist yet.
-func freshSchema(t *testing.T, pool *pgxpool.Pool) string {
-	t.Helper()
-	name := testdb.NewSchemaName("tenure_mig")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
-			t.Logf("dropping schema %s: %v", name, err)
-		}
-	})
-	return name
-}
-
 func testCtx(t *testing.T) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -63,12 +48,12 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// freshDB is testCtx, the test database's pool and a freshSchema on it.
+// freshDB is testCtx, the test database's pool and a FreshSchema on it.
 func freshDB(t *testing.T) (context.Context, *pgxpool.Pool, string) {
 	t.Helper()
 	ctx := testCtx(t)
 	pool := testdb.Pool(t)
-	return ctx, pool, freshSchema(t, pool)
+	return ctx, pool, testdb.FreshSchema(t, pool, "tenure_mig")
 }
 
 func TestMigrateIdempotent(t *testing.T) {
@@ -193,7 +178,7 @@ func TestMigrateConcurrent(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	pool := sizedPool(t, 8)
-	schema := freshSchema(t, pool)
+	schema := testdb.FreshSchema(t, pool, "tenure_mig")
 	const n = 5
 	var (
 		wg      sync.WaitGroup
@@ -221,14 +206,7 @@ func TestMigrateConcurrent(t *testing.T) {
 	if want := allVersions(); !slices.Equal(applied, want) {
 		t.Errorf("versions applied across %d concurrent runs = %v, want each of %v once", n, applied, want)
 	}
-	rows, err := pool.Query(ctx, `SELECT version FROM `+pgx.Identifier{schema}.Sanitize()+`.schema_migrations ORDER BY version`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := testdb.QueryRows(t, ctx, pool, pgx.RowTo[int], `SELECT version FROM `+pgx.Identifier{schema}.Sanitize()+`.schema_migrations ORDER BY version`)
 	if want := allVersions(); !slices.Equal(got, want) {
 		t.Errorf("schema_migrations = %v, want %v", got, want)
 	}
@@ -243,12 +221,12 @@ func TestCheckSchemaUnmigrated(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	pool := testdb.Pool(t)
-	missing := freshSchema(t, pool)
-	empty := freshSchema(t, pool)
+	missing := testdb.FreshSchema(t, pool, "tenure_mig")
+	empty := testdb.FreshSchema(t, pool, "tenure_mig")
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{empty}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	emptyTable := freshSchema(t, pool)
+	emptyTable := testdb.FreshSchema(t, pool, "tenure_mig")
 	if _, err := sink.Migrate(ctx, pool, emptyTable); err != nil {
 		t.Fatal(err)
 	}

@@ -34,8 +34,7 @@ func TestOrdersExample(t *testing.T) {
 	}
 	defer br.Close()
 	pool := testdb.Pool(t)
-	schema := testdb.NewSchemaName("orders_example")
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`) })
+	schema := testdb.FreshSchema(t, pool, "orders_example")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -109,8 +109,7 @@ func TestWorkerDoesNotCreateASchemaUnlessTold(t *testing.T) {
 	pool := testdb.Pool(t)
 	existing := testdb.Schema(t, pool)
 	br := startBroker(t, devbroker.Config{})
-	missing := testdb.NewSchemaName("tenure_typo")
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+missing+`" CASCADE`) })
+	missing := testdb.FreshSchema(t, pool, "tenure_typo")
 	worker := func(extra ...string) (int, string) {
 		args := append([]string{"worker", "--brokers", strings.Join(br.ListenAddrs(), ","), "--group", "g", "--topic", "absent-topic",
 			"--handler", "noop", "--database-url", testdb.URL(), "--log-level", "error"}, extra...)
@@ -155,8 +154,7 @@ func TestWorkerDoesNotCreateASchemaUnlessTold(t *testing.T) {
 
 	// An existing schema without its migrations (one an administrator
 	// created for the workers, say) is migrated at start, as before.
-	empty := testdb.NewSchemaName("tenure_empty")
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+empty+`" CASCADE`) })
+	empty := testdb.FreshSchema(t, pool, "tenure_empty")
 	if _, err := pool.Exec(context.Background(), `CREATE SCHEMA "`+empty+`"`); err != nil {
 		t.Fatal(err)
 	}
@@ -180,8 +178,7 @@ func TestAdminMissingSchemaAndExports(t *testing.T) {
 		!strings.Contains(stderr, a) || !strings.Contains(stderr, "give the right --schema") {
 		t.Errorf("exports get in a missing schema: exit %d, %q", code, stderr)
 	}
-	plain := testdb.NewSchemaName("tenure_plain")
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+plain+`" CASCADE`) })
+	plain := testdb.FreshSchema(t, pool, "tenure_plain")
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA "`+plain+`"; CREATE TABLE "`+plain+`".other (x int)`); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tenure-dev/tenure/internal/devbroker"
+	"github.com/tenure-dev/tenure/internal/testinfra/freeport"
 	"github.com/tenure-dev/tenure/internal/testinfra/testdb"
 )
 
@@ -129,24 +130,12 @@ func TestDatabaseThatIsNotPostgres(t *testing.T) {
 		t.Errorf("deadline 1.5s, connect_timeout 10s: %v", err)
 	}
 	// Nothing listening: the dialer's own words, as before.
-	code, _, stderr := runIn(t, "admin", "fences", "--database-url", "postgres://u@"+closedAddr(t)+"/db")
+	code, _, stderr := runIn(t, "admin", "fences", "--database-url", "postgres://u@"+freeport.Closed(t)+"/db")
 	wantSentence(t, "closed port", code, 1, stderr, "cannot reach the database at 127.0.0.1:", "connection refused")
 	// The real one still connects.
 	if code, _, stderr := runIn(t, "admin", "fences", "--database-url", testdb.URL(), "--schema", testdb.Schema(t, testdb.Pool(t))); code != 0 {
 		t.Errorf("the test database: exit %d, %s", code, stderr)
 	}
-}
-
-// closedAddr is a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 // --brokers that reach something else say what answered there, at once,

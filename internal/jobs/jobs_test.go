@@ -280,17 +280,9 @@ func TestLedgerEncodingsWriteTheSameRows(t *testing.T) {
 				t.Fatalf("%s: %v", name, err)
 			}
 		}
-		rows, err := pool.Query(ctx, `SELECT format('%s|%s|%s|%s|%s|%s|%s|%s|%s', topic, partition, job_offset, job_key,
+		return testdb.QueryRows(t, ctx, pool, pgx.RowTo[string], `SELECT format('%s|%s|%s|%s|%s|%s|%s|%s|%s', topic, partition, job_offset, job_key,
 			encode(job_key_bytes, 'hex'), job_key_bytes IS NULL, incarnation, epoch, worker)
 			FROM `+pgx.Identifier{schema, "ledger"}.Sanitize()+` ORDER BY job_offset, job_key`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
 	}
 	viaPgx := read("pgx's CopyFrom", func(tx pgx.Tx) consumer.Tx { return txOf{tx} })
 	own := read("binary COPY", func(tx pgx.Tx) consumer.Tx { return copyTx{txOf{tx}} })

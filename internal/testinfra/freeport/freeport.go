@@ -8,6 +8,7 @@
 // makes can take it, and the server fails with "address already in use"
 // (a SeaweedFS start failed so in CI). Ports below that range are never
 // given out that way, so Block picks there and checks that each is free.
+// Closed is the other need: an address nothing listens on.
 package freeport
 
 import (
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 )
 
 const floor = 10000 // below: well-known and registered services' habits
@@ -82,6 +84,20 @@ func free(base, n int) bool {
 		ls = append(ls, l)
 	}
 	return true
+}
+
+// Closed returns a loopback address nothing listens on: a port the kernel
+// gave and took back at once, for tests of what a client says when it is
+// refused. Any error fails the test.
+func Closed(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
 }
 
 // EphemeralLow is the first port of the kernel's ephemeral range (32768,

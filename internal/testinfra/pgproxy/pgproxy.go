@@ -29,9 +29,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 )
 
 // Cut says where a connection is broken around its COMMIT.
@@ -181,6 +183,25 @@ func Start(target string) (*Proxy, error) {
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
+}
+
+// InFront starts a proxy in front of the server that the PostgreSQL URL
+// dbURL names, closed when the test ends, and returns it with dbURL
+// pointed at it (its host replaced by the proxy's address). Any error
+// fails the test.
+func InFront(t testing.TB, dbURL string) (*Proxy, *url.URL) {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u.Host = p.Addr()
+	return p, u
 }
 
 // Addr is the proxy's address (host:port): point the client there.

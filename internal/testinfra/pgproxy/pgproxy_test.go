@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -31,16 +30,7 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	direct := testdb.Pool(t)
 	schema := testdb.Schema(t, direct)
-	u, err := url.Parse(testdb.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := pgproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	u.Host = p.Addr()
+	p, u := pgproxy.InFront(t, testdb.URL())
 	w := &world{proxy: p, direct: direct, url: u.String(), table: pgx.Identifier{schema, "t"}.Sanitize()}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tenure-dev/tenure/sink"
@@ -34,20 +35,32 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(URL())
+	pool := PoolOn(t, ctx, URL(), nil)
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("test database %s is not reachable (run scripts/ensure-postgres.sh): %v", redact(URL()), err)
+	}
+	return pool
+}
+
+// PoolOn opens a pool on dbURL (the test database's, through a proxy, or
+// a server the test started) with no search_path, once tune (if not nil)
+// has adjusted its configuration. It is closed when the test ends; any
+// error fails the test. Unlike Pool it does not wait for a connection.
+func PoolOn(t testing.TB, ctx context.Context, dbURL string, tune func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
-		t.Fatalf("TENURE_TEST_DATABASE_URL: %v", err)
+		t.Fatalf("database URL %s: %v", redact(dbURL), err)
 	}
 	// A statement that forgets its schema must fail, not find a table in
 	// public by luck.
 	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	if tune != nil {
+		tune(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		t.Fatalf("connecting to test database: %v", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		t.Fatalf("test database %s is not reachable (run scripts/ensure-postgres.sh): %v", redact(URL()), err)
+		t.Fatalf("connecting to %s: %v", redact(dbURL), err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
@@ -60,16 +73,26 @@ func NewSchemaName(prefix string) string {
 	return prefix + "_" + hex.EncodeToString(b[:])
 }
 
-// Schema creates and migrates a fresh schema, dropped when the test ends
-// (kept if the test failed and TENURE_TEST_KEEP is set, for inspection).
+// Schema creates and migrates a fresh schema (FreshSchema), dropped when
+// the test ends.
 func Schema(t testing.TB, pool *pgxpool.Pool) string {
 	t.Helper()
-	name := NewSchemaName("tenure_test")
+	name := FreshSchema(t, pool, "tenure_test")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := sink.Migrate(ctx, pool, name); err != nil {
 		t.Fatalf("migrating schema %s: %v", name, err)
 	}
+	return name
+}
+
+// FreshSchema returns a schema name no other test uses (NewSchemaName) for
+// the test or the code under test to create: the schema does not exist
+// yet. It is dropped when the test ends (kept if the test failed and
+// TENURE_TEST_KEEP is set, for inspection).
+func FreshSchema(t testing.TB, pool *pgxpool.Pool, prefix string) string {
+	t.Helper()
+	name := NewSchemaName(prefix)
 	t.Cleanup(func() {
 		if t.Failed() && os.Getenv("TENURE_TEST_KEEP") != "" {
 			t.Logf("keeping schema %s", name)
@@ -82,6 +105,27 @@ func Schema(t testing.TB, pool *pgxpool.Pool) string {
 		}
 	})
 	return name
+}
+
+// Querier is what QueryRows reads through: a pool, a connection or a
+// transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// QueryRows runs sql on q and makes one T of each row with scan
+// (pgx.RowTo[T] for a single column); any error fails the test.
+func QueryRows[T any](t testing.TB, ctx context.Context, q Querier, scan pgx.RowToFunc[T], sql string, args ...any) []T {
+	t.Helper()
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, scan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func redact(u string) string {
