@@ -84,6 +84,12 @@ func TestDatabaseDownForEveryoneDoesNotFlap(t *testing.T) {
 		}
 	}
 	proxy.Stall(false)
+	// Each worker's probe finds the database back on its own schedule: the
+	// first to rejoin may process everything before the other notices, so
+	// the jobs being done says nothing of the other worker (CI saw it).
+	for i, w := range ws {
+		waitRejoined(t, w, 30*time.Second, fmt.Sprintf("worker %d to join again and hold partitions", i))
+	}
 	b.waitDone(60 * time.Second)
 	for i, w := range ws {
 		if st := w.Stats(); st.StepDowns != 1 || st.SteppedDown != 0 {
