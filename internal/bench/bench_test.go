@@ -4,7 +4,6 @@ import (
 	"math"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/pprof/profile"
 
@@ -286,38 +285,48 @@ func TestBenchDimensionTargets(t *testing.T) {
 	}
 }
 
-// The producer's pace at a run's mark: its rate since it began and what it
-// had produced that was not yet committed, per round into the report; a
+// The report says how long each program's writes were held behind the gate
+// while its backlog was produced, with any run whose gate opened early; a
 // report whose runs have none (an older JSON) says nothing of it.
-func TestBenchProducerPace(t *testing.T) {
-	p := &production{start: time.Now().Add(-2 * time.Second)}
-	p.acked.Store(10000)
-	pace := p.mark()
-	p.acked.Store(50000) // after the mark: not counted
-	got := pace(9000)
-	if got.Waiting != 1000 || got.JobsPerSec > 5000 || got.JobsPerSec < 4500 {
-		t.Errorf("pace at the mark: %+v, want about 5000 jobs/s (10000 in 2 s), 1000 waiting", got)
-	}
-	if w := pace(12000).Waiting; w != 0 {
-		t.Errorf("more committed than acknowledged by the mark: %d waiting, want 0", w)
-	}
-
+func TestBenchGateReport(t *testing.T) {
 	var c PartitionCount
 	c.Partitions = 1000
-	for i, r := range []struct{ tenure, alo Pace }{{Pace{60000, 9000}, Pace{90000, 800}}, {Pace{70000, 7000}, Pace{94000, 1200}}} {
-		c.addTenure(PartitionRun{Partitions: 1000, Round: i, JobsPerSec: 1, Pace: &r.tenure})
-		c.addAtLeastOnce(Result{JobsPerSec: 1, Pace: &r.alo})
+	early := "the backlog took longer than 20s to produce: the rest came while the programs drained it"
+	for i, g := range []struct {
+		tenure, alo float64
+		note        string
+	}{{3.1, 2.9, ""}, {3.5, 20, early}} {
+		c.addTenure(PartitionRun{Partitions: 1000, Round: i, JobsPerSec: 1, GatedSeconds: g.tenure})
+		c.addAtLeastOnce(Result{JobsPerSec: 1, GatedSeconds: g.alo, Note: g.note})
 	}
 	var sb strings.Builder
-	writePace(&sb, []PartitionCount{c})
-	want := "1000 partitions: beside tenure 65000 (60000–70000) jobs/s, 8000 (7000–9000) jobs waiting; beside the at-least-once program 92000 (90000–94000) jobs/s, 1000 (800–1200) waiting"
+	writeGate(&sb, []PartitionCount{c})
+	want := "1000 partitions: tenure's writes held 3.3 (3.1–3.5) s, the at-least-once program's 11.4 (2.9–20.0) s (" + early + ")"
 	if !strings.Contains(sb.String(), want) {
-		t.Errorf("the report's pace lines:\n%s\nwant %q", sb.String(), want)
+		t.Errorf("the report's gate lines:\n%s\nwant %q", sb.String(), want)
 	}
-	c.Tenure.Runs[0].Pace, c.Tenure.Runs[1].Pace = nil, nil
+	for i := range c.Tenure.Runs {
+		c.Tenure.Runs[i].GatedSeconds, c.AtLeastOnce.Runs[i].GatedSeconds = 0, 0
+	}
 	sb.Reset()
-	writePace(&sb, []PartitionCount{c})
+	writeGate(&sb, []PartitionCount{c})
 	if sb.Len() != 0 {
-		t.Errorf("runs without a pace: %q, want nothing", sb.String())
+		t.Errorf("runs without a gate: %q, want nothing", sb.String())
+	}
+}
+
+// The partition dimension's backlog gives every partition of its largest
+// count at least dimBatches full batches, and never less than the
+// throughput runs' backlog.
+func TestBenchDimensionJobs(t *testing.T) {
+	for _, c := range []struct{ jobs, batchMax, parts, want int }{
+		{600_000, 1000, 1000, 3_000_000},
+		{600_000, 1000, 12, 600_000},
+		{5_000_000, 1000, 1000, 5_000_000},
+		{600_000, 100, 1000, 600_000},
+	} {
+		if got := dimensionJobs(c.jobs, c.batchMax, c.parts); got != c.want {
+			t.Errorf("dimensionJobs(%d, %d, %d) = %d, want %d", c.jobs, c.batchMax, c.parts, got, c.want)
+		}
 	}
 }

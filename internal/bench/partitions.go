@@ -1,11 +1,11 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,7 +16,8 @@ import (
 
 // partitionRun is one run of the partition dimension: workers tenure
 // workers join a group on an empty topic of parts partitions; once each of
-// them holds some, the backlog is produced; when a third of it is
+// them holds some, the backlog is produced behind a gate (gatedBacklog)
+// and the gate opened; when a third of it is
 // committed, the worker that holds the most partitions is killed (SIGKILL)
 // and the others drain the rest. The workers run with --session-timeout 6s
 // (the classic protocol's lowest), so that the group notices the death
@@ -76,7 +77,7 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers, round int) (Pa
 		return slices.DeleteFunc(all, func(f sink.Fence) bool { return f.Topic != topic }), err
 	}
 	// Settled: every partition claimed, by as many members as workers.
-	produced, err := b.settleThenProduce(ctx, procs, topic, func() (bool, string, error) {
+	base, gated, note, err := b.gatedBacklog(ctx, procs, s, func() (bool, string, error) {
 		fences, err := fencesOf(ctx)
 		owners := map[string]bool{}
 		for _, f := range fences {
@@ -84,31 +85,23 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers, round int) (Pa
 		}
 		return len(fences) == parts && len(owners) >= min(workers, parts),
 			fmt.Sprintf("%d partitions, %d workers: %d partitions are claimed by %d members", parts, workers, len(fences), len(owners)), err
-	})
+	}, b.backlogTo(topic))
 	if err != nil {
 		return out, err
 	}
-	defer func() {
-		if produced != nil {
-			<-produced.done
-		}
-	}()
-	base := b.cpuBase(ctx, procs)
+	out.GatedSeconds, out.Note = gated, note
 	// A third of the way, by the fencing rows' next offsets: exact and
 	// cheap (a row per partition), where the table's statistics lag by a
 	// second, a sixth of the backlog at these rates.
-	var atMark int64 // committed at the mark: the last count the wait read
-	if err := b.wait(ctx, s, "ledger", int64(b.jobs/3), procs, func(ctx context.Context) (n int64, err error) {
+	if err := b.wait(ctx, s, "ledger", int64(b.dimJobs/3), procs, func(ctx context.Context) (n int64, err error) {
 		fences, err := fencesOf(ctx)
 		for _, f := range fences {
 			n += f.NextOffset
 		}
-		atMark = n
 		return n, err
 	}); err != nil {
 		return out, err
 	}
-	out.Pace = produced.mark()(atMark)
 	// Up to the kill: CPU since the group settled, peak RSS, rows.
 	cpu, db, peak := base.since(ctx, b, procs)
 	out.PeakRSSMB = max(out.PeakRSSMB, peak)
@@ -139,11 +132,7 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers, round int) (Pa
 		v := *db / float64(n) * 1e6
 		out.DBCPUPerMJobs = &v
 	}
-	err, produced = <-produced.done, nil
-	if err != nil {
-		return out, err
-	}
-	if err := b.waitRows(ctx, s, "ledger", int64(b.jobs), survivors); err != nil {
+	if err := b.waitRows(ctx, s, "ledger", int64(b.dimJobs), survivors); err != nil {
 		return out, err
 	}
 	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+q).Scan(&out.Jobs); err != nil {
@@ -186,9 +175,9 @@ func (b *bench) partitionRun(ctx context.Context, parts, workers, round int) (Pa
 		out.HandOffClaimSeconds = *claimedAt
 	}
 	if out.HandedOff == 0 {
-		out.Note = fmt.Sprintf("none of the %d partitions the killed worker held had jobs left", out.Held)
+		out.Note = joinNotes(out.Note, fmt.Sprintf("none of the %d partitions the killed worker held had jobs left", out.Held))
 	}
-	b.say("partition dimension, %d partitions: %.0f jobs/s, %.0f claims/s, hand-off %.1f s (claimed within %.1f s) over %d of the %d partitions %s held when killed after %d of %d jobs", parts, out.JobsPerSec, out.ClaimsPerSec, out.HandOffSeconds, out.HandOffClaimSeconds, out.HandedOff, out.Held, victim, n, b.jobs)
+	b.say("partition dimension, %d partitions: %.0f jobs/s, %.0f claims/s, hand-off %.1f s (claimed within %.1f s) over %d of the %d partitions %s held when killed after %d of %d jobs", parts, out.JobsPerSec, out.ClaimsPerSec, out.HandOffSeconds, out.HandOffClaimSeconds, out.HandedOff, out.Held, victim, n, b.dimJobs)
 	return out, nil
 }
 
@@ -200,7 +189,7 @@ const dimSessionTimeout = 6 * time.Second
 // workers `bench-child alo --per-poll` processes in one consumer group (one
 // COPY per poll across partitions, what a user with many partitions would
 // write), on a topic of its own of parts partitions, the same backlog
-// produced once the group has settled, measured the same way up to a third
+// produced behind the same gate once the group has settled, measured the same way up to a third
 // of it (rate, the processes' and the server's CPU per job, the largest
 // peak RSS); then they are stopped. Nothing is killed: the program has no
 // hand-off to measure (a crash repeats its batches).
@@ -235,24 +224,18 @@ func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) 
 	// Settled: every process a member with partitions, all of them assigned
 	// (the group's view: the program has no fencing rows to read).
 	adm := kadm.NewClient(b.cl)
-	produced, err := b.settleThenProduce(ctx, procs, topic, func() (bool, string, error) {
+	base, gated, note, err := b.gatedBacklog(ctx, procs, s, func() (bool, string, error) {
 		members, assigned, err := groupAssignment(ctx, adm, group, topic)
 		return members >= workers && assigned == parts,
 			fmt.Sprintf("%d partitions, %d processes: the group has %d members holding %d partitions", parts, workers, members, assigned), err
-	})
+	}, b.backlogTo(topic))
 	if err != nil {
 		return Result{}, err
 	}
-	defer func() {
-		if produced != nil {
-			<-produced.done
-		}
-	}()
-	base := b.cpuBase(ctx, procs)
 	// A third of the way by the group's committed offsets (after the rows:
 	// never ahead of them), read from the broker so that the server whose
 	// CPU is measured is not asked.
-	if err := b.wait(ctx, s, "ledger", int64(b.jobs/3), procs, func(ctx context.Context) (n int64, err error) {
+	if err := b.wait(ctx, s, "ledger", int64(b.dimJobs/3), procs, func(ctx context.Context) (n int64, err error) {
 		offs, err := adm.FetchOffsets(ctx, group)
 		offs.Each(func(o kadm.OffsetResponse) {
 			if o.Topic == topic && o.Err == nil {
@@ -263,10 +246,7 @@ func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) 
 	}); err != nil {
 		return Result{}, err
 	}
-	// The committed offsets lag the rows by up to the autocommit interval:
-	// the producer's side is set against the rows at the mark, below.
-	pace := produced.mark()
-	var r Result
+	r := Result{GatedSeconds: gated, Note: note}
 	cpu, db, peak := base.since(ctx, b, procs)
 	r.PeakRSSMB = max(r.PeakRSSMB, peak)
 	var at time.Time
@@ -281,7 +261,6 @@ func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) 
 	if r.Jobs == 0 {
 		return r, fmt.Errorf("%d partitions: no row was written by the time a third of the jobs was committed", parts)
 	}
-	r.Pace = pace(r.Jobs)
 	if span := last.Sub(first).Seconds(); span > 0 {
 		r.JobsPerSec, r.DrainSeconds = float64(r.Jobs)/span, span
 	}
@@ -292,10 +271,6 @@ func (b *bench) aloPartitionRun(ctx context.Context, parts, workers, round int) 
 	}
 	for _, p := range procs {
 		p.stop()
-	}
-	err, produced = <-produced.done, nil
-	if err != nil {
-		return r, err
 	}
 	b.say("partition dimension, %d partitions: at-least-once %.0f jobs/s over the first %d jobs", parts, r.JobsPerSec, r.Jobs)
 	return r, nil
@@ -453,12 +428,11 @@ func (b *bench) handOff(ctx context.Context, q, topic, victim string, killAt tim
 	return handOff, claimedAt, nil
 }
 
-// settleThenProduce waits, for at most 2 minutes, until settled says the
-// group has settled (or why not), and then starts producing the backlog to
-// topic; the channel answers when the producer is done. The backlog is
-// produced while the processes drain it: producing first and waiting for
-// it would let them drain most of it meanwhile (the producer is not much
-// faster than three workers), and the kill would come after the third.
+// backlogTo produces the run's backlog to topic.
+func (b *bench) backlogTo(topic string) func(context.Context) error {
+	return func(ctx context.Context) error { return b.produce(ctx, topic, b.dimJobs) }
+}
+
 // cpuMark is the CPU the processes and the server had used when a
 // partition-dimension run's group settled.
 type cpuMark struct {
@@ -488,42 +462,81 @@ func (m cpuMark) since(ctx context.Context, b *bench, procs []*proc) (cpu float6
 	return c - m.procs, db, peak
 }
 
-func (b *bench) settleThenProduce(ctx context.Context, procs []*proc, topic string, settled func() (bool, string, error)) (*production, error) {
+// gateLimit bounds how long a gated backlog holds the programs' writes:
+// under the lock_timeout of a tenure batch transaction (half its handler
+// timeout, 30 s by default), so that a slow producer costs the drain its
+// head start, never a batch a timeout and a retry.
+const gateLimit = 20 * time.Second
+
+// gatedBacklog waits, for at most 2 minutes, until settled says the group
+// has settled (or why not); marks the CPU used so far; then produces the
+// whole backlog (produce) while the programs' writes to schema's ledger
+// wait behind a lock the bench holds (SHARE: a COPY needs ROW EXCLUSIVE),
+// and releases it. The programs fetch and buffer the jobs meanwhile
+// (their fetching is counted in the CPU from the mark) and then drain a
+// backlog that is all there: the measured rate is theirs, not the
+// producer's, which runs in the bench's process on the same cores and
+// runs slower beside the program that takes more of them. Produced while
+// they drained it instead, a program that kept up measured the producer,
+// with batches as small as the jobs that came meanwhile. Producing before
+// the group settles measured something else again: the first worker to
+// join drained much of the backlog alone.
+//
+// gated is how long the writes were held; if the backlog took longer than
+// gateLimit (b.gateLimit in tests) the gate opens then, the rest is
+// produced while they drain, and note says so.
+func (b *bench) gatedBacklog(ctx context.Context, procs []*proc, schema string, settled func() (bool, string, error), produce func(context.Context) error) (base cpuMark, gated float64, note string, err error) {
 	for start := time.Now(); ; {
 		ok, state, err := settled()
 		if err != nil {
-			return nil, err
+			return base, 0, "", err
 		}
 		if ok {
 			break
 		}
 		if time.Since(start) > 2*time.Minute {
-			return nil, fmt.Errorf("after 2 minutes not settled: %s", state)
+			return base, 0, "", fmt.Errorf("after 2 minutes not settled: %s", state)
 		}
 		for _, p := range procs {
 			if p.Exited() {
-				return nil, fmt.Errorf("a process exited before the group settled: %s", p.lastOutput())
+				return base, 0, "", fmt.Errorf("a process exited before the group settled: %s", p.lastOutput())
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	prod := &production{done: make(chan error, 1), start: time.Now()}
-	go func() { prod.done <- b.produce(ctx, topic, b.jobs, &prod.acked) }()
-	return prod, nil
-}
-
-// production is a backlog being produced while a program drains it.
-type production struct {
-	done  chan error // the producer's end
-	acked atomic.Int64
-	start time.Time
-}
-
-// mark reads the producer's side now; given the jobs committed by then,
-// the Pace: its rate so far and the jobs acknowledged but not committed.
-func (p *production) mark() func(committed int64) *Pace {
-	acked, took := p.acked.Load(), time.Since(p.start).Seconds()
-	return func(committed int64) *Pace {
-		return &Pace{JobsPerSec: float64(acked) / took, Waiting: max(0, acked-committed)}
+	base = b.cpuBase(ctx, procs)
+	gate, err := b.pool.Begin(ctx)
+	if err != nil {
+		return base, 0, "", err
 	}
+	defer gate.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // ends the gate on every path
+	if _, err := gate.Exec(ctx, `LOCK TABLE `+pgx.Identifier{schema, "ledger"}.Sanitize()+` IN SHARE MODE`); err != nil {
+		return base, 0, "", fmt.Errorf("the gate on the ledger: %w", err)
+	}
+	held := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- produce(ctx) }()
+	limit := cmp.Or(b.gateLimit, gateLimit)
+	select {
+	case err = <-done:
+	case <-time.After(limit):
+		note = fmt.Sprintf("the backlog took longer than %s to produce: the rest came while the programs drained it", limit)
+		defer func() {
+			if perr := <-done; err == nil {
+				err = perr
+			}
+		}()
+	}
+	if err != nil {
+		return base, 0, "", err
+	}
+	if err := gate.Rollback(ctx); err != nil {
+		return base, 0, "", fmt.Errorf("opening the gate on the ledger: %w", err)
+	}
+	return base, time.Since(held).Seconds(), note, nil
+}
+
+// joinNotes joins a run's notes with "; ", leaving out empty ones.
+func joinNotes(notes ...string) string {
+	return strings.Join(slices.DeleteFunc(notes, func(n string) bool { return n == "" }), "; ")
 }

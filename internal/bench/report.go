@@ -302,7 +302,12 @@ func Print(w io.Writer, rep *Report) {
 		_ = tw.Flush()
 	}
 	if len(rep.Partitions) > 0 {
-		fmt.Fprintln(w, "\npartition dimension (the same backlog, 3 workers, --session-timeout 6s; one run per count and round; rate, CPU and RSS up to the SIGKILL of one worker a third of the way through, CPU from the moment every partition was claimed;")
+		backlog := "the same backlog"
+		if rep.DimensionJobs > 0 {
+			backlog = fmt.Sprintf("the same backlog of %d jobs at every count, at least %d batches a partition at the largest, produced behind a gate (below)", rep.DimensionJobs, dimBatches)
+		}
+		fmt.Fprintf(w, "\npartition dimension (%s, 3 workers,\n", backlog)
+		fmt.Fprintln(w, "  --session-timeout 6s; one run per count and round; rate, CPU and RSS up to the SIGKILL of one worker a third of the way through, CPU from the moment every partition was claimed;")
 		fmt.Fprintln(w, "  held: the partitions the killed worker held at the kill (its last claims); hand-off: the longest time from the kill to another worker's first commit on one of them that still had jobs, and to its claim):")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		// The round, when there is more than one.
@@ -452,38 +457,45 @@ func printDimension(w io.Writer, rep *Report) {
 			cpu(t).cell(2), cpu(a).cell(2), ratio(cpu(t), cpu(a)), t.PeakRSSMB.cell(0), a.PeakRSSMB.cell(0), c.HandOffSeconds.cell(1))
 	}
 	_ = tw.Flush()
-	writePace(w, rep.PartitionCounts)
+	writeGate(w, rep.PartitionCounts)
 }
 
-// writePace says how far the producer had got at each run's mark: the
-// backlog is produced while the programs drain it, by the bench's process
-// on the same cores, so a program that leaves little waiting measured the
-// producer's pace, which the other program's CPU slows or speeds.
-func writePace(w io.Writer, counts []PartitionCount) {
-	pace := func(r Row) (rate, waiting Stat, ok bool) {
-		var rs, ws []float64
+// writeGate says how long each program's writes waited behind the gate
+// while its backlog was produced (gatedBacklog), and any run whose gate
+// opened before the backlog was all there (its rate then includes the
+// producer's pace).
+func writeGate(w io.Writer, counts []PartitionCount) {
+	gated := func(r Row) (Stat, []string) {
+		var gs []float64
+		var notes []string
 		for _, x := range r.Runs {
-			if x.Pace != nil {
-				rs, ws = append(rs, x.Pace.JobsPerSec), append(ws, float64(x.Pace.Waiting))
+			if x.GatedSeconds > 0 {
+				gs = append(gs, x.GatedSeconds)
+			}
+			if x.Note != "" && !slices.Contains(notes, x.Note) {
+				notes = append(notes, x.Note)
 			}
 		}
-		return summarize(rs), summarize(ws), len(rs) > 0
+		return summarize(gs), notes
 	}
 	var lines []string
 	for _, c := range counts {
-		tr, tw, tok := pace(c.Tenure)
-		ar, aw, aok := pace(c.AtLeastOnce)
-		if !tok || !aok {
+		tg, tn := gated(c.Tenure)
+		ag, an := gated(c.AtLeastOnce)
+		if tg.N == 0 && ag.N == 0 {
 			continue
 		}
-		lines = append(lines, fmt.Sprintf("  %d partitions: beside tenure %s jobs/s, %s jobs waiting; beside the at-least-once program %s jobs/s, %s waiting",
-			c.Partitions, tr.cell(0), tw.cell(0), ar.cell(0), aw.cell(0)))
+		l := fmt.Sprintf("  %d partitions: tenure's writes held %s s, the at-least-once program's %s s", c.Partitions, tg.cell(1), ag.cell(1))
+		if notes := slices.Concat(tn, an); len(notes) > 0 {
+			l += " (" + strings.Join(notes, "; ") + ")"
+		}
+		lines = append(lines, l)
 	}
 	if len(lines) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "\nthe producer at each run's mark (the bench's process produces the backlog on the same cores while the program drains it): its rate since it began,\n"+
-		"  and the jobs it had produced that were not yet committed; a program that leaves few waiting drained as fast as jobs came, so its rate there is the producer's, not its own ceiling:")
+	fmt.Fprintln(w, "\nthe backlog, produced once the group settled while each program's writes waited behind a lock on its table (the programs fetch it meanwhile), then released:\n"+
+		"  the rates are the programs' own draining what is all there, not the producer's pace (it runs on the same cores):")
 	for _, l := range lines {
 		fmt.Fprintln(w, l)
 	}
