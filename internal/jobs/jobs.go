@@ -210,20 +210,19 @@ func (l *Ledger) HandleBatches(ctx context.Context, tx consumer.Tx, batches []*c
 		}
 		return nil
 	}
-	c := copyBuffers.Get().(*copyBuffer)
-	c.buf = encodeLedger(c.buf[:0], l.worker, batches...)
-	c.r.Reset(c.buf)
-	_, err := bc.CopyFromBinary(ctx, table, ledgerColumns, &c.r)
-	// Only a COPY that succeeded gives the buffer back. pgx reads the
+	r := ledgerStreams.Get().(*ledgerRows)
+	r.reset(l.worker, batches)
+	_, err := bc.CopyFromBinary(ctx, table, ledgerColumns, r)
+	// Only a COPY that succeeded gives the stream back. pgx reads the
 	// stream in a goroutine of its own, and when the connection breaks
 	// mid-COPY (a network error, the context's deadline) it returns
 	// without waiting for that goroutine: the goroutine can still be in
-	// c.r.Read, and a lane that took c from the pool would be encoding its
-	// batch into the array being read. Left to the collector instead, c
+	// r.Read, and a lane that took r from the pool would be encoding its
+	// batch into the array being read. Left to the collector instead, r
 	// goes when the goroutine is done with it.
-	if err == nil && cap(c.buf) <= maxKeptCopyBuffer {
-		c.r.Reset(nil)
-		copyBuffers.Put(c)
+	if err == nil && cap(r.buf) <= maxKeptChunk {
+		r.reset("", nil)
+		ledgerStreams.Put(r)
 	}
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"strings"
@@ -260,14 +261,22 @@ func ledgerBatch() *consumer.Batch {
 }
 
 // The ledger's own binary encoding writes what pgx's CopyFrom writes for
-// the same batch: every column of every row, NULL and empty told apart.
+// the same batches: every column of every row, NULL and empty told apart,
+// for one batch (Handle) and for several in one COPY (HandleBatches, the
+// rows streamed in chunks: the second batch alone is several of them).
 func TestLedgerEncodingsWriteTheSameRows(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b := ledgerBatch()
-	// Twice each: the second batch's rows are encoded into the buffer the
+	many := &consumer.Batch{Group: "g", Topic: "jobs.eu_1-x", Partition: 3, Token: sink.Token{Incarnation: 2, Epoch: 5}, Owner: "o"}
+	for i := range 5000 {
+		many.Records = append(many.Records, &kgo.Record{Topic: many.Topic, Partition: many.Partition,
+			Offset: int64(i), Key: fmt.Appendf(nil, "key-%d", i), Value: []byte("v")})
+	}
+	many.From, many.To = 0, 5000
+	// Twice each: the second time's rows are encoded into the stream the
 	// first one left in the pool.
 	read := func(name string, wrap func(pgx.Tx) consumer.Tx) []string {
 		schema := testdb.Schema(t, pool)
@@ -275,22 +284,27 @@ func TestLedgerEncodingsWriteTheSameRows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for range 2 {
-			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h.Handle(ctx, wrap(tx), b) }); err != nil {
+		for _, handle := range []func(tx consumer.Tx) error{
+			func(tx consumer.Tx) error { return h.Handle(ctx, tx, b) },
+			func(tx consumer.Tx) error {
+				return h.(consumer.BatchesHandler).HandleBatches(ctx, tx, []*consumer.Batch{b, many})
+			},
+		} {
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return handle(wrap(tx)) }); err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
 		}
 		return testdb.QueryRows(t, ctx, pool, pgx.RowTo[string], `SELECT format('%s|%s|%s|%s|%s|%s|%s|%s|%s', topic, partition, job_offset, job_key,
 			encode(job_key_bytes, 'hex'), job_key_bytes IS NULL, incarnation, epoch, worker)
-			FROM `+pgx.Identifier{schema, "ledger"}.Sanitize()+` ORDER BY job_offset, job_key`)
+			FROM `+pgx.Identifier{schema, "ledger"}.Sanitize()+` ORDER BY partition, job_offset, job_key`)
 	}
 	viaPgx := read("pgx's CopyFrom", func(tx pgx.Tx) consumer.Tx { return txOf{tx} })
 	own := read("binary COPY", func(tx pgx.Tx) consumer.Tx { return copyTx{txOf{tx}} })
-	if want := 2 * len(b.Records); len(viaPgx) != want {
+	if want := 2*len(b.Records) + len(many.Records); len(viaPgx) != want {
 		t.Fatalf("pgx's CopyFrom wrote %d rows, want %d", len(viaPgx), want)
 	}
-	if !strings.HasSuffix(viaPgx[0], "||t|9223372036854775807|2147483647|wörker-1") {
-		t.Errorf("no key: %q, want NULL key bytes", viaPgx[0])
+	if first := viaPgx[len(many.Records)]; !strings.HasSuffix(first, "||t|9223372036854775807|2147483647|wörker-1") {
+		t.Errorf("no key: %q, want NULL key bytes", first)
 	}
 	if len(own) != len(viaPgx) {
 		t.Fatalf("binary COPY wrote %d rows, pgx's CopyFrom %d", len(own), len(viaPgx))

@@ -3,9 +3,12 @@ package jobs
 import (
 	"bytes"
 	"encoding/binary"
+	"io"
 	"strings"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tenure-dev/tenure/consumer"
 )
@@ -19,6 +22,13 @@ import (
 // (migration 002 and later), so each row is a few appends into a buffer
 // that is reused from batch to batch.
 //
+// The rows are encoded as COPY reads them, a chunk at a time (ledgerRows),
+// not all at once: a transaction that spans partitions carries up to
+// --commit-span batches (64 of 1,000 jobs by default, about 6 MB encoded),
+// and encoded whole each was a buffer grown to that size (the collector's
+// work, and a worker's peak memory with four such transactions at once),
+// where a chunk is ledgerChunk whatever the span.
+//
 // The bytes sent are what pgx sends for the rows the Tx.CopyFrom path
 // builds (TestLedgerEncodingsWriteTheSameRows compares the tables).
 
@@ -30,51 +40,85 @@ var ledgerColumns = []string{"topic", "partition", "job_offset", "job_key", "job
 // header extension.
 var copyHeader = []byte("PGCOPY\n\377\r\n\000\x00\x00\x00\x00\x00\x00\x00\x00")
 
-// copyBuffer is one batch's encoded rows and the reader COPY takes them
-// from, kept together so that neither is allocated per batch.
-type copyBuffer struct {
-	buf []byte
-	r   bytes.Reader
+// ledgerChunk is how many bytes of rows ledgerRows encodes at a time, at
+// least: pgx reads the stream in reads of 64 KiB.
+var ledgerChunk = 64 << 10
+
+// ledgerRows is a binary COPY stream of batches' rows, header and trailer
+// included, encoded as it is read: at most about ledgerChunk bytes (and
+// one row) at a time.
+type ledgerRows struct {
+	worker  string
+	batches []*consumer.Batch
+	b, i    int // the next row: batches[b].Records[i]
+	buf     []byte
+	off     int // buf[off:] is encoded and not yet read
+	ended   bool
 }
 
-// copyBuffers holds the buffers between batches: the lanes call Handle
-// concurrently, and each takes one while it encodes and sends.
-var copyBuffers = sync.Pool{New: func() any { return new(copyBuffer) }}
-
-// maxKeptCopyBuffer bounds what a buffer may keep when it goes back to the
-// pool: a batch of unusually large keys should not pin its memory for good.
-const maxKeptCopyBuffer = 4 << 20
-
-// encodeLedger appends the rows of batches, header and trailer included,
-// to buf: one COPY stream for all of them.
-func encodeLedger(buf []byte, worker string, batches ...*consumer.Batch) []byte {
-	buf = append(buf, copyHeader...)
-	for _, b := range batches {
-		buf = appendLedgerRows(buf, b, worker)
-	}
-	// The trailer: a row of -1 fields.
-	return binary.BigEndian.AppendUint16(buf, 0xFFFF)
+// reset makes r the stream of batches' rows, keeping its buffer.
+func (r *ledgerRows) reset(worker string, batches []*consumer.Batch) {
+	*r = ledgerRows{worker: worker, batches: batches, buf: append(r.buf[:0], copyHeader...)}
 }
 
-// appendLedgerRows appends b's rows to buf.
-func appendLedgerRows(buf []byte, b *consumer.Batch, worker string) []byte {
-	for _, r := range b.Records {
-		buf = binary.BigEndian.AppendUint16(buf, uint16(len(ledgerColumns)))
-		buf = appendText(buf, r.Topic)
-		buf = appendInt32(buf, r.Partition)
-		buf = appendInt64(buf, r.Offset)
-		buf = appendKeyText(buf, r.Key)
-		if r.Key == nil {
-			// pgx writes a nil []byte as NULL (and an empty one as '').
-			buf = binary.BigEndian.AppendUint32(buf, 0xFFFFFFFF)
-		} else {
-			buf = binary.BigEndian.AppendUint32(buf, uint32(len(r.Key)))
-			buf = append(buf, r.Key...)
+// Read implements io.Reader.
+func (r *ledgerRows) Read(p []byte) (int, error) {
+	for r.off == len(r.buf) {
+		if r.ended {
+			return 0, io.EOF
 		}
-		buf = appendInt64(buf, b.Token.Incarnation)
-		buf = appendInt32(buf, b.Token.Epoch)
-		buf = appendText(buf, worker)
+		r.fill()
 	}
+	n := copy(p, r.buf[r.off:])
+	r.off += n
+	return n, nil
+}
+
+// fill encodes the next rows into the buffer, once it has been read: up to
+// ledgerChunk bytes, then the trailer (a row of -1 fields) after the last.
+func (r *ledgerRows) fill() {
+	r.buf, r.off = r.buf[:0], 0
+	for len(r.buf) < ledgerChunk && r.b < len(r.batches) {
+		b := r.batches[r.b]
+		if r.i == len(b.Records) {
+			r.b, r.i = r.b+1, 0
+			continue
+		}
+		r.buf = appendLedgerRow(r.buf, b, b.Records[r.i], r.worker)
+		r.i++
+	}
+	if r.b == len(r.batches) {
+		r.buf = binary.BigEndian.AppendUint16(r.buf, 0xFFFF)
+		r.ended = true
+	}
+}
+
+// ledgerStreams holds streams between transactions: the lanes call Handle
+// concurrently, and each takes one while it encodes and sends.
+var ledgerStreams = sync.Pool{New: func() any { return new(ledgerRows) }}
+
+// maxKeptChunk bounds what a stream's buffer may keep when it goes back to
+// the pool: a row of unusually large keys should not pin its memory for
+// good.
+const maxKeptChunk = 1 << 20
+
+// appendLedgerRow appends the row of r, a record of b, to buf.
+func appendLedgerRow(buf []byte, b *consumer.Batch, r *kgo.Record, worker string) []byte {
+	buf = binary.BigEndian.AppendUint16(buf, uint16(len(ledgerColumns)))
+	buf = appendText(buf, r.Topic)
+	buf = appendInt32(buf, r.Partition)
+	buf = appendInt64(buf, r.Offset)
+	buf = appendKeyText(buf, r.Key)
+	if r.Key == nil {
+		// pgx writes a nil []byte as NULL (and an empty one as '').
+		buf = binary.BigEndian.AppendUint32(buf, 0xFFFFFFFF)
+	} else {
+		buf = binary.BigEndian.AppendUint32(buf, uint32(len(r.Key)))
+		buf = append(buf, r.Key...)
+	}
+	buf = appendInt64(buf, b.Token.Incarnation)
+	buf = appendInt32(buf, b.Token.Epoch)
+	buf = appendText(buf, worker)
 	return buf
 }
 
