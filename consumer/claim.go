@@ -530,7 +530,7 @@ func (c *Consumer) claimOne(ctx context.Context, cl *kgo.Client, l *lane, start 
 				l.log.Warn("ended the session of an older owner of this partition that held its fencing row (stopped between its fence and its COMMIT)",
 					zap.Int("sessions", n))
 			}
-			l.claimedOnce = true
+			l.claimedOnce, l.fresh = true, true
 			l.token = token
 			l.logEpoch = claimed.LogEpoch
 			l.next = claimed.NextOffset

@@ -82,9 +82,12 @@ type lane struct {
 type laneCommit struct {
 	// Set by the claim, then read by the lane goroutine only.
 	claimedOnce bool // a claim of this lane was accepted
-	token       sink.Token
-	logEpoch    int64 // the partition's log epoch at the claim (sink.Claimed.LogEpoch)
-	next        int64 // the stored next offset as this lane knows it
+	// fresh: accepted since the lane's last commit; the joint committer
+	// puts its first batch ahead (jointCommitter), which clears it.
+	fresh    bool
+	token    sink.Token
+	logEpoch int64 // the partition's log epoch at the claim (sink.Claimed.LogEpoch)
+	next     int64 // the stored next offset as this lane knows it
 
 	// Fixed when the lane starts (startCommit), read by the lane goroutine.
 	committer committer     // fenced, strict or unfenced
