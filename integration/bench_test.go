@@ -146,6 +146,7 @@ type benchReport struct {
 			}
 		} `json:"at_least_once"`
 	} `json:"partition_dimension_by_count"`
+	DimensionJobs int64 `json:"partition_dimension_jobs"`
 	Targets []struct{ Name, Verdict string }
 	Profile *struct {
 		File  string
@@ -159,9 +160,15 @@ type benchReport struct {
 
 // checkBenchDimensions: the latency percentiles in order, the scaling
 // and partition dimension runs with exactly their jobs (a SIGKILL loses
-// none and duplicates none).
+// none and duplicates none). The partition dimension's backlog is three
+// batches of the default --batch-max (1000) for each partition of its
+// largest count (6), more than the throughput runs' jobs.
 func checkBenchDimensions(t *testing.T, rep benchReport, jobs, scaling int64) {
 	t.Helper()
+	if want := max(jobs, 3*1000*6); rep.DimensionJobs != want {
+		t.Errorf("the partition dimension's backlog: %d jobs, want %d", rep.DimensionJobs, want)
+	}
+	jobs = rep.DimensionJobs
 	if l := rep.Latency; l["jobs"].Min < 1 || l["p50"].Median <= 0 || l["p50"].Median > l["p99"].Median || l["p99"].Median > l["max"].Median || l["p99"].N != 2 {
 		t.Errorf("latency percentiles out of order or missing: %v", l)
 	}
