@@ -147,8 +147,8 @@ type benchReport struct {
 		} `json:"at_least_once"`
 	} `json:"partition_dimension_by_count"`
 	DimensionJobs int64 `json:"partition_dimension_jobs"`
-	Targets []struct{ Name, Verdict string }
-	Profile *struct {
+	Targets       []struct{ Name, Verdict string }
+	Profile       *struct {
 		File  string
 		Note  string
 		Areas []struct {
