@@ -107,7 +107,7 @@ type Config struct {
 	//
 	// WorkerBufferBytes bounds the records all lanes together hold, buffered
 	// and in the batches being handled, whatever the number of partitions
-	// (default DefaultWorkerBufferBytes, 16 MiB): once a poll takes them
+	// (default DefaultWorkerBufferBytes, 32 MiB): once a poll takes them
 	// past it, every partition of the worker pauses until the lanes have
 	// drained half. They can exceed it by the poll that crossed it: a
 	// response of at most WorkerBufferBytes/32 on the wire from each broker
@@ -348,16 +348,17 @@ var ErrStaticMembership = errors.New("static group membership (group.instance.id
 // same rate, where 500 left the fence 30% of the cost), and the buffers keep
 // peak RSS near 120 MB. At 12 partitions a worker's lanes hold at most
 // about 16 MiB (four lanes), below the worker's bound; the worker's bound
-// is what holds at hundreds of partitions. A worker holding 334 of 1,000
-// partitions that drains a backlog fills it: at 32 MiB its heap held 62
-// MiB live (kgo's record slabs and decoded batches) and peaked at 160-171
-// MB RSS; at 16 MiB, 105 MB, at the same rate at 12 and 1,000 partitions
-// (tenure bench's partition dimension, docs/operations.md, "Memory").
+// is what holds at hundreds of partitions. Draining a backlog, a worker
+// of 334 of 1,000 partitions fills it and peaked at 160-171 MB RSS (62
+// MiB live: kgo's record slabs and decoded batches); 16 MiB held it to
+// 105 MB, but cost one worker of 12 partitions 40% of its rate (one run:
+// 303,228 jobs/s against 496,925), so 32 MiB stays the default
+// (docs/operations.md, "Memory").
 const (
 	DefaultBatchMax             = 1000
 	DefaultBatchMaxBytes        = 4 << 20
 	DefaultPartitionBufferBytes = 4 << 20
-	DefaultWorkerBufferBytes    = 16 << 20
+	DefaultWorkerBufferBytes    = 32 << 20
 )
 
 // DefaultCommitSpan is Config.CommitSpan's default, except with Strict or

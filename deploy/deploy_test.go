@@ -351,7 +351,7 @@ func restrictedViolations(t *testing.T, meta *metav1.ObjectMeta, spec *corev1.Po
 }
 
 // Peak RSS of a worker with the default buffers (--partition-buffer-bytes
-// 4MiB, --worker-buffer-bytes 32MiB or 64MiB then, 16MiB now): draining a backlog, 110-140 MB
+// 4MiB, --worker-buffer-bytes 32MiB; 64MiB then): draining a backlog, 110-140 MB
 // (an earlier `tenure bench` run than docs/throughput.md's: 98-124 MB with
 // 12 partitions over 1-3 workers; another measurement: 101-120 MB, 111 MB
 // per worker with 1,000 partitions);
