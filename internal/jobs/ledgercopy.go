@@ -61,16 +61,27 @@ func (r *ledgerRows) reset(worker string, batches []*consumer.Batch) {
 	*r = ledgerRows{worker: worker, batches: batches, buf: append(r.buf[:0], copyHeader...)}
 }
 
-// Read implements io.Reader.
+// Read implements io.Reader. It fills p across chunks: pgx sends each
+// read as a CopyData message of its own, and a read that stopped at a
+// chunk's end sent a message of the chunk's last few rows after each full
+// one.
 func (r *ledgerRows) Read(p []byte) (int, error) {
-	for r.off == len(r.buf) {
-		if r.ended {
-			return 0, io.EOF
+	n := 0
+	for n < len(p) {
+		if r.off == len(r.buf) {
+			if r.ended {
+				break
+			}
+			r.fill()
+			continue
 		}
-		r.fill()
+		c := copy(p[n:], r.buf[r.off:])
+		r.off += c
+		n += c
 	}
-	n := copy(p, r.buf[r.off:])
-	r.off += n
+	if n == 0 && len(p) > 0 {
+		return 0, io.EOF
+	}
 	return n, nil
 }
 
