@@ -110,11 +110,11 @@ type Config struct {
 	// (default DefaultWorkerBufferBytes, 32 MiB): once a poll takes them
 	// past it, every partition of the worker pauses until the lanes have
 	// drained half. They can exceed it by the poll that crossed it: a
-	// response of at most WorkerBufferBytes/32 on the wire from each broker
+	// response of at most WorkerBufferBytes/128 on the wire from each broker
 	// that leads some of the worker's partitions (kgo fetches from each at
 	// once; kgo.MaxConcurrentFetches in KgoOpts bounds that count).
 	//
-	// Fetches are sized from them (a response at most WorkerBufferBytes/32
+	// Fetches are sized from them (a response at most WorkerBufferBytes/128
 	// on the wire, a partition's share PartitionBufferBytes/32: compressed
 	// bytes, decoded several times larger), so memory stays bounded
 	// whatever the backlog and the partition count; docs/operations.md

@@ -171,11 +171,15 @@ func New(cfg Config) (*Consumer, error) {
 		// partition limit is what sets peak memory: kgo's 1 MiB gave 450 MB
 		// RSS, a thirty-second of the partition's buffer (128 KiB) 100-125
 		// MB at the same rate. The response as a whole is at most a
-		// thirty-second of the worker's buffer (kgo's default is 50 MiB):
-		// with hundreds of partitions that limit, not the partition's, is
-		// the one that binds, and its records, decoded, are what the
-		// lanes can hold past the worker's bound (the poll that crossed
-		// it) and what kgo holds beside them (the next response).
+		// 128th of the worker's buffer (kgo's default is 50 MiB): with
+		// hundreds of partitions that limit, not the partition's, is the
+		// one that binds, and its records, decoded, are what the lanes
+		// can hold past the worker's bound (the poll that crossed it) and
+		// what kgo holds beside them (the next response). At a
+		// thirty-second (1 MiB, 10 MiB decoded) a worker of 334
+		// partitions draining a backlog peaked at 160-171 MB RSS; at a
+		// 128th, 133-147 MB, and one worker of 12 partitions ran no
+		// slower (tenure bench; docs/operations.md, "Memory").
 		kgo.FetchMaxBytes(fetchMaxBytes(cfg.WorkerBufferBytes)),
 		kgo.FetchMaxPartitionBytes(int32(max(min(cfg.PartitionBufferBytes/32, 1<<30), 16<<10))),
 		// kgo fetches from every broker that leads one of the worker's
@@ -218,9 +222,9 @@ func heartbeatInterval(session time.Duration) (time.Duration, bool) {
 }
 
 // fetchMaxBytes is a fetch response's limit for a worker budget of
-// workerBytes: a thirty-second of it, from 64 KiB to 1 GiB.
+// workerBytes: a 128th of it, from 64 KiB to 1 GiB.
 func fetchMaxBytes(workerBytes int64) int32 {
-	return int32(max(min(workerBytes/32, 1<<30), 64<<10))
+	return int32(max(min(workerBytes/128, 1<<30), 64<<10))
 }
 
 // ErrReservedKgoOpt is matched by the error of a Config whose KgoOpts set an
