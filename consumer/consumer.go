@@ -178,7 +178,7 @@ func New(cfg Config) (*Consumer, error) {
 		// what kgo holds beside them (the next response). At a
 		// thirty-second (1 MiB, 10 MiB decoded) a worker of 334
 		// partitions draining a backlog peaked at 160-171 MB RSS; at a
-		// 128th, 133-147 MB, and one worker of 12 partitions ran no
+		// 128th, 133-151 MB, and one worker of 12 partitions ran no
 		// slower (tenure bench; docs/operations.md, "Memory").
 		kgo.FetchMaxBytes(fetchMaxBytes(cfg.WorkerBufferBytes)),
 		kgo.FetchMaxPartitionBytes(int32(max(min(cfg.PartitionBufferBytes/32, 1<<30), 16<<10))),
