@@ -221,8 +221,11 @@ type Report struct {
 	// (seconds): the hand-off target is it plus 2.
 	DimensionSessionTimeout float64 `json:"partition_dimension_session_timeout_seconds,omitempty"`
 	// DimensionJobs is the partition dimension's backlog (dimensionJobs).
-	DimensionJobs int      `json:"partition_dimension_jobs,omitempty"`
-	Targets       []Target `json:"targets"`
+	DimensionJobs int `json:"partition_dimension_jobs,omitempty"`
+	// DimensionFailed is why the partition dimension is not in the report
+	// (dropDimension); the bench then exits with that error.
+	DimensionFailed string   `json:"partition_dimension_failed,omitempty"`
+	Targets         []Target `json:"targets"`
 	// Profile is where a tenure worker's CPU goes (one more run, profiled).
 	Profile *Profile `json:"profile,omitempty"`
 	// WhereTimeGoes explains the targets not met.
@@ -433,8 +436,12 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	if err := b.dimension(ctx, rep); err != nil {
-		return err
+	dimErr := b.dimension(ctx, rep)
+	if dimErr != nil {
+		if ctx.Err() != nil {
+			return dimErr
+		}
+		dropDimension(rep, dimErr)
 	}
 	rep.Targets = targets(rep)
 	rep.WhereTimeGoes = whereTimeGoes(rep)
@@ -448,7 +455,22 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
+	if dimErr != nil {
+		return fmt.Errorf("the report above has no partition dimension: %w", dimErr)
+	}
 	return nil
+}
+
+// dropDimension takes a failed partition dimension out of the report and
+// says why. The runs before it are kept out too: the dimension's targets
+// pair round i of tenure with round i of the at-least-once program, so a
+// dimension cut short would judge them on part of a round. The rest of the
+// report (in a full run, the throughput, latency and scaling runs: most of
+// its twenty minutes) is still printed and written; one comparison
+// process that exited at 1,000 partitions used to lose all of it.
+func dropDimension(rep *Report, err error) {
+	rep.DimensionFailed = err.Error()
+	rep.Partitions, rep.PartitionCounts = nil, nil
 }
 
 // dimension runs the partition dimension: in each of DimensionRepeat

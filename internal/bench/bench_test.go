@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -328,5 +330,39 @@ func TestBenchDimensionJobs(t *testing.T) {
 		if got := dimensionJobs(c.jobs, c.batchMax, c.parts); got != c.want {
 			t.Errorf("dimensionJobs(%d, %d, %d) = %d, want %d", c.jobs, c.batchMax, c.parts, got, c.want)
 		}
+	}
+}
+
+// A partition dimension that failed leaves the report without it, saying
+// why, and without its targets; the rest is still printed. A dimension cut
+// short would pair tenure's rounds with the at-least-once program's rounds
+// that never came.
+func TestBenchDimensionFailureKeepsTheReport(t *testing.T) {
+	var c PartitionCount
+	db := 1.0
+	c.addTenure(PartitionRun{Partitions: 1000, Workers: 3, Jobs: 1000, JobsPerSec: 100, CPUPerMJobs: 1, DBCPUPerMJobs: &db, PeakRSSMB: 140, HandedOff: 3, Held: 3, HandOffSeconds: 7})
+	rep := &Report{Repeat: 1, DimensionSessionTimeout: 6, Settings: map[string]any{},
+		Results:         []Row{{Name: "tenure", Runs: []Result{{Jobs: 1000, JobsPerSec: 500}}, JobsPerSec: Stat{N: 1, Median: 500, Min: 500, Max: 500}}},
+		PartitionCounts: []PartitionCount{c},
+		Partitions:      []PartitionRun{{Partitions: 1000, Workers: 3, JobsPerSec: 100}},
+	}
+	if !slices.ContainsFunc(targets(rep), func(tg Target) bool { return strings.HasPrefix(tg.Name, "partition dimension") }) {
+		t.Fatal("no dimension target before the dimension is dropped: the test checks nothing")
+	}
+	dropDimension(rep, errors.New("partition dimension, at-least-once, 1000 partitions: the measured process exited"))
+	rep.Targets = targets(rep)
+	for _, tg := range rep.Targets {
+		if strings.HasPrefix(tg.Name, "partition dimension") {
+			t.Errorf("a dropped dimension's target is judged: %+v", tg)
+		}
+	}
+	var sb strings.Builder
+	Print(&sb, rep)
+	out := sb.String()
+	if !strings.Contains(out, "partition dimension: not reported, a run failed (its targets are not judged): partition dimension, at-least-once, 1000 partitions: the measured process exited") {
+		t.Errorf("the report does not say why the dimension is missing:\n%s", out)
+	}
+	if strings.Contains(out, "partition dimension (the same") || strings.Contains(out, "side by side") || !strings.Contains(out, "\ntenure ") {
+		t.Errorf("want the throughput rows and no dimension table:\n%s", out)
 	}
 }

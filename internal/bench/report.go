@@ -327,6 +327,9 @@ func Print(w io.Writer, rep *Report) {
 	if len(rep.PartitionCounts) > 0 {
 		printDimension(w, rep)
 	}
+	if rep.DimensionFailed != "" {
+		fmt.Fprintf(w, "\npartition dimension: not reported, a run failed (its targets are not judged): %s\n", rep.DimensionFailed)
+	}
 	fmt.Fprintln(w, "\ntargets (ratios: the ratio of the medians, spread: the lowest and highest per-repeat ratio; met only when the whole spread is on the right side, unclear when it straddles):")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, t := range rep.Targets {
