@@ -164,18 +164,7 @@ func (w *exportWorld) halt() {
 
 // objectsOf lists the store's objects staged under token.
 func (w *exportWorld) objectsOf(token string) []string {
-	w.t.Helper()
-	var out []string
-	err := w.store.List(context.Background(), func(o export.ObjectInfo) error {
-		if n, err := export.ParseName(o.Name); err == nil && n.Token.String() == token {
-			out = append(out, o.Name)
-		}
-		return nil
-	})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return out
+	return w.objectsWhere(func(n export.ObjectName) bool { return n.Token.String() == token })
 }
 
 // objectsOfHeld lists the objects a batch held by --hold-once staged: its
@@ -184,13 +173,20 @@ func (w *exportWorld) objectsOf(token string) []string {
 // lanes share it and go on committing, and the objects their newer
 // publications replace are garbage the collector may delete.
 func (w *exportWorld) objectsOfHeld(held map[string]any) []string {
-	w.t.Helper()
 	from, to := int64(held["from"].(float64)), int64(held["to"].(float64))
+	part, token := int32(held["partition"].(float64)), fmt.Sprint(held["token"])
+	return w.objectsWhere(func(n export.ObjectName) bool {
+		return n.Token.String() == token && n.Position.Topic == held["topic"] && n.Position.Partition == part &&
+			n.Position.Offset >= from && n.Position.Offset < to
+	})
+}
+
+// objectsWhere lists the store's objects whose parsed names match.
+func (w *exportWorld) objectsWhere(match func(export.ObjectName) bool) []string {
+	w.t.Helper()
 	var out []string
 	err := w.store.List(context.Background(), func(o export.ObjectInfo) error {
-		n, err := export.ParseName(o.Name)
-		if err == nil && n.Token.String() == fmt.Sprint(held["token"]) && n.Position.Topic == held["topic"] &&
-			n.Position.Partition == int32(held["partition"].(float64)) && n.Position.Offset >= from && n.Position.Offset < to {
+		if n, err := export.ParseName(o.Name); err == nil && match(n) {
 			out = append(out, o.Name)
 		}
 		return nil
