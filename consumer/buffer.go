@@ -288,6 +288,7 @@ func (l *lane) take() *Batch {
 			i++
 		}
 		if i > 0 {
+			clear(l.queue[:i]) // see below: the array must not keep them
 			l.setQueueLocked(l.queue[i:], l.queueBytes-skipped)
 		}
 		// A batch closes on BatchMax records or BatchMaxBytes bytes (one
@@ -306,6 +307,14 @@ func (l *lane) take() *Batch {
 		if n > 0 && (full || lingered || l.c.cfg.BatchLinger <= 0) {
 			recs := make([]*kgo.Record, n)
 			copy(recs, l.queue[:n])
+			// The buffer's array outlives this batch (push appends to
+			// what is left of it), and the collector keeps every record
+			// any of its slots points to, in front of the slice or not.
+			// Without the clear each lane kept records it had handed out
+			// alive until its array was replaced: at 1,000 partitions a
+			// worker's heap held half again the records its budget
+			// counted, and its peak RSS was 134-151 MB against 118-121.
+			clear(l.queue[:n])
 			rest := l.queue[n:]
 			if len(rest) == 0 {
 				rest = nil // let the backing array go

@@ -1,7 +1,9 @@
 package consumer
 
 import (
+	"runtime"
 	"testing"
+	"weak"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -184,4 +186,64 @@ func TestResumeWaitsWhileTheWorkerIsFull(t *testing.T) {
 
 func pausedInKgo(l *lane) bool {
 	return len(l.cl.PauseFetchPartitions(nil)[l.key.Topic]) == 1
+}
+
+// A record handed out in a batch, or skipped because it was committed
+// already, must not stay reachable through the buffer once the batch is
+// done: the buffer's array outlives both (push appends to what is left of
+// it), and a slot in front of the slice still keeps its record alive. With
+// hundreds of lanes that was a third more memory than the worker's budget
+// counts.
+func TestTakenRecordsAreNotKeptByTheBuffer(t *testing.T) {
+	t.Parallel()
+	l := testLane(t, 0)
+	l.c.cfg.BatchMaxBytes = 1 << 20
+	// weakRecs pushes records at offsets [from, to) and returns weak
+	// pointers to them; the test keeps no other reference.
+	weakRecs := func(from, to int64) []weak.Pointer[kgo.Record] {
+		rs := make([]*kgo.Record, 0, to-from)
+		ws := make([]weak.Pointer[kgo.Record], 0, to-from)
+		for o := from; o < to; o++ {
+			r := &kgo.Record{Topic: "t", Offset: o, Value: make([]byte, 64)}
+			rs = append(rs, r)
+			ws = append(ws, weak.Make(r))
+		}
+		l.push(rs, 0)
+		return ws
+	}
+	kept := func(ws []weak.Pointer[kgo.Record]) int {
+		runtime.GC()
+		n := 0
+		for _, w := range ws {
+			if w.Value() != nil {
+				n++
+			}
+		}
+		return n
+	}
+
+	taken := weakRecs(0, 100)
+	rest := weakRecs(100, 350)
+	b := l.take() // BatchMax 100: offsets [0, 100), 250 stay buffered
+	if b == nil || b.From != 0 || b.To != 100 {
+		t.Fatalf("took %+v, want offsets [0, 100)", b)
+	}
+	b = nil
+	l.batchDone()
+	if n := kept(taken); n != 0 {
+		t.Errorf("%d of the 100 records of a done batch are still reachable", n)
+	}
+
+	// A requeued batch committed meanwhile: take skips what is below next
+	// and hands out [160, 260), and 90 records stay in the array.
+	l.mu.Lock()
+	l.next = 160
+	l.mu.Unlock()
+	if b := l.take(); b == nil || b.From != 160 || b.To != 260 {
+		t.Fatalf("took %+v, want offsets [160, 260)", b)
+	}
+	if n := kept(rest[:60]); n != 0 {
+		t.Errorf("%d of the 60 skipped records are still reachable", n)
+	}
+	runtime.KeepAlive(l)
 }
