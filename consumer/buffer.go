@@ -313,7 +313,7 @@ func (l *lane) take() *Batch {
 			// Without the clear each lane kept records it had handed out
 			// alive until its array was replaced: at 1,000 partitions a
 			// worker's heap held half again the records its budget
-			// counted, and its peak RSS was 134-151 MB against 118-121.
+			// counted (docs/operations.md, "Memory").
 			clear(l.queue[:n])
 			rest := l.queue[n:]
 			if len(rest) == 0 {
