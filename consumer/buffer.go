@@ -111,6 +111,7 @@ func (l *lane) push(recs []*kgo.Record, logStart int64) {
 		return
 	}
 	l.fetchPos = recs[len(recs)-1].Offset + 1
+	l.fedLocked()
 	var n int64
 	for _, r := range recs {
 		n += recordSize(r)
@@ -241,6 +242,7 @@ func (l *lane) end() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.ended = true
+	l.fedLocked()
 	l.setQueueLocked(nil, 0)
 	l.pauseLocked()
 }
@@ -255,6 +257,7 @@ func (l *lane) release() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.ended = true
+	l.fedLocked()
 	l.setQueueLocked(nil, 0)
 	if l.paused && !l.removed {
 		l.cl.ResumeFetchPartitions(map[string][]int32{l.key.Topic: {l.key.Partition}})

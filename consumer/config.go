@@ -227,7 +227,9 @@ type Config struct {
 	// runs the group itself (Group, SessionTimeout, RebalanceTimeout,
 	// Protocol, Hooks). Static membership (kgo.InstanceID) is refused with
 	// ErrStaticMembership. The options are read with kgo's own OptValues
-	// and option types, never by reflecting on kgo's internals.
+	// and option types, never by reflecting on kgo's internals. A
+	// kgo.ConsumePreferringLagFn replaces tenure's fetch order (newly
+	// assigned partitions first), which decides only who waits.
 	KgoOpts []kgo.Opt
 	// Hooks observe a batch's life; nil hooks are skipped.
 	Hooks Hooks

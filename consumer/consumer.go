@@ -57,6 +57,9 @@ type Consumer struct {
 	// forWorker: some lane may be paused because the worker's buffers were
 	// full; resumeDrained looks at the lanes only then.
 	forWorker atomic.Bool
+	// unfed are the lanes no record has come for yet: their partitions
+	// go first in fetch requests (fetchorder.go).
+	unfed unfedLanes
 
 	// lockWatchOff turns the lock watch (handoff.go) off for good once
 	// ending a session was refused for want of privilege.
@@ -163,6 +166,8 @@ func New(cfg Config) (*Consumer, error) {
 		// A fetch in flight holds back a partition resumed or assigned
 		// meanwhile: the wait bounds that (kgo's default is 5s).
 		kgo.FetchMaxWait(cfg.FetchMaxWait),
+		// Newly assigned partitions first (fetchorder.go).
+		kgo.ConsumePreferringLagFn(c.unfed.prefer),
 		// A fetch's limits count bytes on the wire, compressed, and a
 		// response is decoded whole before a lane can pause: the benchmark's
 		// snappy-compressed JSON grows about 10x, and kgo keeps each

@@ -137,6 +137,9 @@ type laneBuffer struct {
 	pausedForWorker bool
 	ended           bool // the lane no longer accepts records
 	removed         bool // the lane left the consumer's map: it must not touch the partition's fetch state
+	// unfed: no record has come for the lane yet; its partition goes first
+	// in fetch requests until one does (fetchorder.go).
+	unfed bool
 	// fetchPos is where kgo's fetch position for the partition is expected
 	// to be: the claimed or sought offset, then one past the last record
 	// pushed. Records that do not continue from it mean the log moved under
@@ -172,6 +175,8 @@ func newLane(c *Consumer, cl *kgo.Client, key sink.Partition, owner string, epoc
 	}
 	l.through.Store(epoch)
 	l.seekTo.Store(-1)
+	l.unfed = true
+	c.unfed.add(l)
 	return l
 }
 

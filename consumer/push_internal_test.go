@@ -16,6 +16,13 @@ import (
 // connects nowhere (pausing and resuming only touch its state).
 func testLane(t *testing.T, at int64) *lane {
 	t.Helper()
+	return testConsumer(t).testLane("t", 0, at)
+}
+
+// testConsumer is a consumer for lanes made by hand, with a client that
+// connects nowhere.
+func testConsumer(t *testing.T) *Consumer {
+	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
 	if err != nil {
 		t.Fatal(err)
@@ -24,7 +31,12 @@ func testLane(t *testing.T, at int64) *lane {
 	c := &Consumer{cfg: Config{PartitionBufferBytes: 1 << 20, WorkerBufferBytes: 1 << 30, BatchMax: 100}, lanes: map[tp]*lane{}, log: zap.NewNop()}
 	c.cl.Store(cl)
 	c.claimBase = 1
-	l := newLane(c, cl, sink.Partition{Group: "g", Topic: "t", Partition: 0}, "m", 1, 1, zap.NewNop())
+	return c
+}
+
+// testLane is a lane of c for topic's partition p, its fetch position at.
+func (c *Consumer) testLane(topic string, p int32, at int64) *lane {
+	l := newLane(c, c.cl.Load(), sink.Partition{Group: "g", Topic: topic, Partition: p}, "m", 1, 1, zap.NewNop())
 	l.fetchPos, l.next = at, at
 	return l
 }
