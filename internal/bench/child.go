@@ -83,8 +83,11 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 		for i, r := range recs {
 			rows[i] = []any{r.Topic, r.Partition, r.Offset, string(r.Key), r.Key, int64(0), int32(0), "bench"}
 		}
+		start := time.Now()
 		if _, err := pool.CopyFrom(ctx, tbl, ledgerColumns, pgx.CopyFromRows(rows)); err != nil {
-			return err
+			// Say which step and how far: a bare driver error ("unexpected
+			// EOF") reaches the bench's report as the process's last line.
+			return fmt.Errorf("COPY of %d rows, after %s and %d rows written before it: %w", len(recs), time.Since(start).Round(time.Millisecond), done.Load(), err)
 		}
 		done.Add(int64(len(recs)))
 		return nil
@@ -148,7 +151,7 @@ func benchConsume(ctx context.Context, pool *pgxpool.Pool, kind string, brokers 
 		// After the rows: a crash before this line repeats the batch.
 		if err := cl.CommitUncommittedOffsets(ctx); err != nil && ctx.Err() == nil {
 			cl.AllowRebalance()
-			return err
+			return fmt.Errorf("committing the Kafka offsets after %d rows written: %w", done.Load(), err)
 		}
 		cl.AllowRebalance()
 	}
