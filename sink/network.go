@@ -23,7 +23,14 @@ const (
 	// (TCP_USER_TIMEOUT, Linux): a request or its answer dropped by the
 	// network fails the statement within it instead of after TCP's
 	// retransmissions run out. An answer that takes long to compute is not
-	// affected: the request itself was acknowledged at once.
+	// affected when the request fits in the socket buffers (it was
+	// acknowledged at once). A larger one is: a COPY of megabytes that
+	// waits for a lock stops being read once the buffers fill, and the
+	// kernel aborts the connection after this long (the peer's zero
+	// window counts as unacknowledged), before the transaction's
+	// lock_timeout. Measured on loopback: a 300,000-row COPY behind a
+	// lock held 14 s failed after 10.6 s ("connection timed out"); the
+	// same COPY behind 5 s, or 1,000 rows behind 14 s, went through.
 	TCPUserTimeout = 10 * time.Second
 	// Keepalive probes find a pooled connection whose peer vanished while
 	// it was idle: the first after KeepAliveIdle without traffic, then

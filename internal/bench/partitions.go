@@ -462,11 +462,17 @@ func (m cpuMark) since(ctx context.Context, b *bench, procs []*proc) (cpu float6
 	return c - m.procs, db, peak
 }
 
-// gateLimit bounds how long a gated backlog holds the programs' writes:
-// under the lock_timeout of a tenure batch transaction (half its handler
-// timeout, 30 s by default), so that a slow producer costs the drain its
-// head start, never a batch a timeout and a retry.
-const gateLimit = 20 * time.Second
+// gateLimit bounds how long a gated backlog holds the programs' writes,
+// so that a slow producer costs the drain its head start, never a batch a
+// timeout and a retry. The tightest bound is not the lock_timeout of a
+// tenure batch transaction (half its handler timeout, 30 s by default)
+// but the kernel's: a COPY that waits behind the gate stops being read by
+// its server once the socket buffers are full, and a connection whose
+// data goes unread for sink.TCPUserTimeout (10 s) is aborted by its own
+// kernel, as if the network had dropped it. At 20 s the at-least-once
+// program's first COPY of a poll across 1,000 partitions died that way
+// ("unexpected EOF") whenever the backlog took over 10 s to produce.
+const gateLimit = sink.TCPUserTimeout - 2*time.Second
 
 // gatedBacklog waits, for at most 2 minutes, until settled says the group
 // has settled (or why not); marks the CPU used so far; then produces the
